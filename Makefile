@@ -1,0 +1,32 @@
+# The two commands a new user needs are `make run` and `make test`; both start with `make install`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DATA_DIR ?= ./data
+
+.PHONY: install run test test-fast bench clean
+
+install: $(STAMP)
+
+# Re-runs only when pyproject.toml changes; safe to call any number of times.
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	@touch $(STAMP)
+
+run: install
+	$(BIN)/eventlog serve --data-dir $(DATA_DIR) --host 127.0.0.1 --port 8080
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

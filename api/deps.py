@@ -1,0 +1,20 @@
+"""Dependencies shared by the routers (Annotated aliases)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from engine.errors import LogClosedError
+from engine.log_manager import LogManager
+
+
+def get_engine(request: Request) -> LogManager:
+    engine = request.app.state.engine
+    if engine is None or request.app.state.shutting_down:
+        raise LogClosedError("engine")
+    return engine
+
+
+Engine = Annotated[LogManager, Depends(get_engine)]

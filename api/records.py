@@ -1,0 +1,292 @@
+"""Produce and fetch.
+
+Produce bodies are parsed with orjson and checked here by hand (the pydantic models in
+schemas.py document them); a request is all-or-nothing: every record is checked and encoded
+before anything is appended. Records are grouped by partition, one batch (or a few, when
+max.message.bytes forces a split) per partition, and all partitions are appended concurrently;
+the response lists offsets in request order once every append is durable.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import anyio
+import orjson
+from fastapi import APIRouter, Query, Request
+from starlette.responses import Response
+
+from engine import compression
+from engine.errors import PartitionNotFoundError, RecordTooLargeError
+from engine.partition_log import PartitionLog, PreparedBatch, prepare_batches, wall_clock_ms
+from engine.partitioner import partition_for_key
+from engine.records import encode_batch
+
+from . import formats
+from .deps import Engine
+from .errors import ApiError
+from .schemas import FetchResponse, Format, ProduceResponse, Problem
+
+router = APIRouter(prefix="/v1/topics", tags=["records"])
+
+RECORD_BATCH_MEDIA_TYPE = "application/vnd.kafka.record-batch.v2"
+_RECORD_KEYS = frozenset({"key", "value", "headers", "timestamp", "partition"})
+_spread = itertools.count()
+
+_produce_problems: dict[int | str, dict[str, Any]] = {
+    400: {"model": Problem, "description": "invalid_json, corrupt_batch"},
+    404: {"model": Problem, "description": "topic_not_found, partition_not_found"},
+    413: {"model": Problem, "description": "record_too_large"},
+    422: {"model": Problem, "description": "validation_error"},
+}
+
+
+def _json_body(body: bytes) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "invalid_json", f"request body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ApiError(422, "validation_error", "request body must be a JSON object")
+    return doc
+
+
+def _format(doc: dict[str, Any], name: str) -> str:
+    fmt = doc.get(name, "string")
+    if fmt not in formats.FORMATS:
+        raise ApiError(422, "validation_error", f"{name}: must be one of {', '.join(formats.FORMATS)}")
+    return fmt
+
+
+def _parse_records(
+    doc: dict[str, Any], topic: str, partitions: int, *, fixed_partition: int | None, now: int
+) -> list[tuple[int, bytes | None, bytes | None, int, list[tuple[str, bytes | None]]]]:
+    """(partition, key, value, timestamp, headers) for each record, in request order."""
+    records = doc.get("records")
+    if not isinstance(records, list) or not records:
+        raise ApiError(422, "validation_error", "records: must be a non-empty list")
+    unknown = set(doc) - {"records", "key_format", "value_format"}
+    if unknown:
+        raise ApiError(422, "validation_error", f"unknown field(s): {', '.join(sorted(unknown))}")
+    key_format = _format(doc, "key_format")
+    value_format = _format(doc, "value_format")
+    out = []
+    for i, rec in enumerate(records):
+        where = f"records[{i}]"
+        if not isinstance(rec, dict):
+            raise ApiError(422, "validation_error", f"{where}: must be an object")
+        if rec.keys() - _RECORD_KEYS:
+            raise ApiError(422, "validation_error", f"{where}: unknown field(s): {', '.join(sorted(rec.keys() - _RECORD_KEYS))}")
+        key = formats.encode(rec.get("key"), key_format, f"{where}.key")
+        value = formats.encode(rec.get("value"), value_format, f"{where}.value")
+        ts = rec.get("timestamp")
+        if ts is None:
+            ts = now
+        elif isinstance(ts, bool) or not isinstance(ts, int) or not 0 <= ts < 2**63:
+            raise ApiError(422, "validation_error", f"{where}.timestamp: must be a non-negative integer (ms)")
+        headers = []
+        raw_headers = rec.get("headers") or []
+        if not isinstance(raw_headers, list):
+            raise ApiError(422, "validation_error", f"{where}.headers: must be a list")
+        for j, h in enumerate(raw_headers):
+            if not isinstance(h, dict) or not isinstance(h.get("key"), str) or h.keys() - {"key", "value"}:
+                raise ApiError(422, "validation_error", f"{where}.headers[{j}]: must be {{\"key\": string, \"value\": ...}}")
+            headers.append((h["key"], formats.encode(h.get("value"), value_format, f"{where}.headers[{j}].value")))
+        partition = rec.get("partition")
+        if fixed_partition is not None:
+            if partition is not None and partition != fixed_partition:
+                raise ApiError(422, "validation_error", f"{where}.partition: this endpoint writes partition {fixed_partition}")
+            partition = fixed_partition
+        elif partition is None:
+            partition = partition_for_key(key, partitions) if key is not None else next(_spread) % partitions
+        elif isinstance(partition, bool) or not isinstance(partition, int):
+            raise ApiError(422, "validation_error", f"{where}.partition: must be an integer")
+        elif not 0 <= partition < partitions:
+            raise PartitionNotFoundError(topic, partition, partitions)
+        out.append((partition, key, value, ts, headers))
+    return out
+
+
+def _encode_batches(records: list[tuple], log: PartitionLog) -> list[PreparedBatch]:
+    """One batch per partition, split in halves until each fits max.message.bytes."""
+    config = log.config
+    codec = compression.CODECS.get(config.compression_type, compression.NONE)  # producer/uncompressed: none
+    limit = config.max_batch_bytes
+
+    def build(chunk: list[tuple]) -> list[PreparedBatch]:
+        batch = encode_batch(0, [(k, v, ts, h) for _p, k, v, ts, h in chunk], compression_type=codec)
+        if len(batch) > limit:
+            if len(chunk) == 1:
+                raise RecordTooLargeError(len(batch), limit, "max.message.bytes" if limit == config.max_message_bytes else "segment.bytes")
+            mid = len(chunk) // 2
+            return build(chunk[:mid]) + build(chunk[mid:])
+        return prepare_batches(batch, config, check_records=False)
+
+    return build(records)
+
+
+async def _append_all(groups: dict[int, tuple[PartitionLog, list[PreparedBatch]]]) -> dict[int, Any]:
+    results: dict[int, Any] = {}
+
+    async def one(p: int, log: PartitionLog, batches: list[PreparedBatch]) -> None:
+        results[p] = await log.append(batches)
+
+    if len(groups) == 1:
+        (p, (log, batches)), = groups.items()
+        await one(p, log, batches)
+        return results
+    async with anyio.create_task_group() as tg:
+        for p, (log, batches) in groups.items():
+            tg.start_soon(one, p, log, batches)
+    return results
+
+
+async def _produce_json(engine, topic: str, body: bytes, fixed_partition: int | None) -> list[dict[str, int]]:
+    state = engine.topic(topic)
+    if fixed_partition is not None:
+        engine.partition(topic, fixed_partition)
+    now = wall_clock_ms()
+    records = _parse_records(_json_body(body), topic, len(state.partitions), fixed_partition=fixed_partition, now=now)
+    by_partition: dict[int, list[tuple]] = {}
+    for rec in records:
+        by_partition.setdefault(rec[0], []).append(rec)
+    groups = {}
+    for p, recs in by_partition.items():
+        log = engine.partition(topic, p)
+        groups[p] = (log, _encode_batches(recs, log))
+    results = await _append_all(groups)
+    # offsets in request order: the i-th record of partition p is result.base_offset + i
+    # (the batches of one append get consecutive offsets)
+    seen: dict[int, int] = {}
+    out = []
+    for p, _k, _v, ts, _h in records:
+        i = seen.get(p, 0)
+        seen[p] = i + 1
+        result = results[p]
+        out.append({
+            "partition": p,
+            "offset": result.base_offset + i,
+            "timestamp": result.log_append_time if result.log_append_time >= 0 else ts,
+        })
+    return out
+
+
+@router.post(
+    "/{topic}/records",
+    operation_id="produceRecords",
+    response_model=ProduceResponse,
+    responses=_produce_problems,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ProduceRequest"}}},
+        }
+    },
+    summary="Produce records (JSON); partitions chosen by murmur2(key) unless given",
+)
+async def produce(topic: str, request: Request, engine: Engine) -> Response:
+    offsets = await _produce_json(engine, topic, await request.body(), None)
+    return Response(orjson.dumps({"offsets": offsets}), media_type="application/json")
+
+
+@router.post(
+    "/{topic}/partitions/{partition}/records",
+    operation_id="produceToPartition",
+    responses=_produce_problems,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/ProduceRequest"}},
+                RECORD_BATCH_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}},
+            },
+        }
+    },
+    summary="Produce to one partition: JSON records, or raw Kafka v2 record batches",
+)
+async def produce_to_partition(topic: str, partition: int, request: Request, engine: Engine) -> Response:
+    log = engine.partition(topic, partition)
+    body = await request.body()
+    content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if content_type == RECORD_BATCH_MEDIA_TYPE:
+        if len(body) > 1024 * 1024:
+            batches = await anyio.to_thread.run_sync(prepare_batches, body, log.config)
+        else:
+            batches = prepare_batches(body, log.config)
+        result = await log.append(batches)
+        timestamp = result.log_append_time if result.log_append_time >= 0 else max(b.header.max_timestamp for b in batches)
+        payload = {"partition": partition, "base_offset": result.base_offset, "last_offset": result.last_offset, "timestamp": timestamp}
+    elif content_type in ("application/json", ""):
+        offsets = await _produce_json(engine, topic, body, partition)
+        payload = {
+            "partition": partition,
+            "base_offset": offsets[0]["offset"],
+            "last_offset": offsets[-1]["offset"],
+            "timestamp": max(o["timestamp"] for o in offsets),
+        }
+    else:
+        raise ApiError(415, "unsupported_media_type", f"use application/json or {RECORD_BATCH_MEDIA_TYPE}")
+    return Response(orjson.dumps(payload), media_type="application/json")
+
+
+@router.get(
+    "/{topic}/partitions/{partition}/records",
+    operation_id="fetchRecords",
+    response_model=FetchResponse,
+    responses={
+        200: {"content": {RECORD_BATCH_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}},
+        404: {"model": Problem, "description": "topic_not_found, partition_not_found"},
+        416: {"model": Problem, "description": "offset_out_of_range"},
+        422: {"model": Problem, "description": "validation_error, not_utf8, not_json"},
+    },
+    summary="Fetch records from an offset (JSON, or raw batches with Accept: " + RECORD_BATCH_MEDIA_TYPE + ")",
+)
+async def fetch(
+    topic: str,
+    partition: int,
+    request: Request,
+    engine: Engine,
+    offset: int | None = Query(None, ge=0, description="default: the log start offset"),
+    max_records: int = Query(500, ge=1, le=100_000),
+    max_bytes: int = Query(1_048_576, ge=1, le=64 * 1024 * 1024),
+    max_wait_ms: int = Query(0, ge=0, le=300_000, description="long-poll: wait this long for data at the end"),
+    key_format: Format = Format.string,
+    value_format: Format = Format.string,
+) -> Response:
+    log = engine.partition(topic, partition)
+    if offset is None:
+        offset = log.log_start_offset
+    log.check_offset(offset)
+    if max_wait_ms and offset >= log.high_watermark:
+        await log.wait_for_data(offset, max_wait_ms / 1000)
+    raw = RECORD_BATCH_MEDIA_TYPE in request.headers.get("accept", "")
+    if raw:
+        slice_ = log.fetch_slice(offset, max_bytes)
+        view = log.view
+        data = b"" if slice_ is None else await log.read_slice(slice_)
+        headers = {
+            "X-Next-Offset": str(offset if slice_ is None else slice_.next_offset),
+            "X-High-Watermark": str(view.high_watermark if slice_ is None else slice_.high_watermark),
+            "X-Log-Start-Offset": str(view.log_start_offset),
+        }
+        return Response(data, media_type=RECORD_BATCH_MEDIA_TYPE, headers=headers)
+    result = await log.read_records(offset, max_records, max_bytes)
+    kf, vf = key_format.value, value_format.value
+    records = [
+        {
+            "offset": r.offset,
+            "timestamp": r.timestamp,
+            "key": formats.decode(r.key, kf, "key", r.offset),
+            "value": formats.decode(r.value, vf, "value", r.offset),
+            "headers": [{"key": k, "value": formats.decode(v, vf, "value of header", r.offset)} for k, v in r.headers],
+        }
+        for r in result.records
+    ]
+    body = {
+        "records": records,
+        "next_offset": result.next_offset,
+        "high_watermark": result.high_watermark,
+        "log_start_offset": result.log_start_offset,
+    }
+    return Response(orjson.dumps(body), media_type="application/json")

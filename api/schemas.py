@@ -1,0 +1,124 @@
+"""Request and response models: the OpenAPI document's types.
+
+Hot request bodies (produce) are parsed with orjson and checked by hand in records.py; the
+models here still describe them, so generated SDKs get real types.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details; `code` is stable and meant for programs."""
+
+    type: str = Field(examples=["urn:eventlog:problem:topic_not_found"])
+    title: str
+    status: int
+    detail: str
+    code: str = Field(examples=["topic_not_found"])
+    model_config = ConfigDict(extra="allow")
+
+
+class Status(BaseModel):
+    status: str = Field(examples=["ok"])
+
+
+class Format(str, Enum):
+    string = "string"
+    base64 = "base64"
+    json = "json"
+
+
+ConfigValue = str | int | float
+
+
+class TopicCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=249, examples=["orders"])
+    partitions: int | None = Field(None, ge=1, le=10_000, description="default: the server's num.partitions (1)")
+    configs: dict[str, ConfigValue] = Field(default_factory=dict, examples=[{"cleanup.policy": "compact"}])
+    model_config = ConfigDict(extra="forbid")
+
+
+class TopicSummary(BaseModel):
+    name: str
+    partitions: int
+    internal: bool = False
+
+
+class TopicList(BaseModel):
+    topics: list[TopicSummary]
+
+
+class Topic(BaseModel):
+    name: str
+    partitions: int
+    configs: dict[str, str] = Field(description="effective configs, Kafka names and string values")
+    overrides: dict[str, str] = Field(default_factory=dict, description="the configs set on this topic")
+    topic_id: str
+    internal: bool = False
+
+
+class PartitionInfo(BaseModel):
+    partition: int
+    log_start_offset: int
+    high_watermark: int
+    log_end_offset: int
+    segments: int
+    size_bytes: int
+
+
+class TopicDetail(BaseModel):
+    name: str
+    topic_id: str
+    internal: bool = False
+    configs: dict[str, str]
+    overrides: dict[str, str] = Field(default_factory=dict)
+    partitions: list[PartitionInfo]
+
+
+class RecordHeader(BaseModel):
+    key: str
+    value: Any = None
+
+
+class ProduceRecord(BaseModel):
+    key: Any = None
+    value: Any = None
+    headers: list[RecordHeader] = Field(default_factory=list)
+    timestamp: int | None = Field(None, description="CreateTime in ms; default: now")
+    partition: int | None = Field(None, ge=0, description="default: murmur2(key), or spread when keyless")
+
+
+class ProduceRequest(BaseModel):
+    records: list[ProduceRecord] = Field(min_length=1)
+    key_format: Format = Format.string
+    value_format: Format = Format.string
+
+
+class RecordOffset(BaseModel):
+    partition: int
+    offset: int
+    timestamp: int
+
+
+class ProduceResponse(BaseModel):
+    offsets: list[RecordOffset]
+
+
+class FetchedRecord(BaseModel):
+    offset: int
+    timestamp: int
+    key: Any = None
+    value: Any = None
+    headers: list[RecordHeader] = Field(default_factory=list)
+
+
+class FetchResponse(BaseModel):
+    records: list[FetchedRecord]
+    next_offset: int
+    high_watermark: int
+    log_start_offset: int

@@ -1,0 +1,159 @@
+"""The `eventlog` command: serve, dump-log, import-kafka, version."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+import uvicorn
+from pydantic import ValidationError
+from rich.console import Console
+
+from .settings import Settings
+
+cli = typer.Typer(
+    name="eventlog",
+    help="Apache Kafka's log layer behind a REST API.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+
+
+def _settings(**overrides: object) -> Settings:
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return Settings(**given)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        err.print(f"[red]invalid settings:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, minus re-raising the shutdown signal afterwards: SIGTERM and SIGINT
+    mean a clean shutdown and exit status 0."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+class _HideStartupTraceback(logging.Filter):
+    """When the engine refuses to start (a locked or broken data dir), the lifespan has logged
+    one clear line and the CLI prints it again; uvicorn's traceback of it adds only noise."""
+
+    def __init__(self, app: object) -> None:
+        super().__init__()
+        self.app = app
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and self.app.state.startup_error is not None)  # type: ignore[attr-defined]
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@cli.command()
+def serve(
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="data directory [env EVENTLOG_DATA_DIR; default ./data]"),
+    host: Optional[str] = typer.Option(None, "--host", help="listen address [env EVENTLOG_HOST; default 127.0.0.1]"),
+    port: Optional[int] = typer.Option(None, "--port", help="listen port [env EVENTLOG_PORT; default 8080]"),
+    log_level: Optional[str] = typer.Option(None, "--log-level", help="critical|error|warning|info|debug"),
+) -> None:
+    """Run the HTTP service until SIGTERM or SIGINT, then shut down cleanly."""
+    from .main import create_app
+
+    settings = _settings(data_dir=data_dir, host=host, port=port, log_level=log_level)
+    _configure_logging(settings.log_level)
+    log = logging.getLogger("eventlog.app")
+    if settings.listens_beyond_loopback:
+        log.warning("listening on %s: anyone who can reach this address can read and write every topic", settings.host)
+    app = create_app(settings)
+    logging.getLogger("uvicorn.error").addFilter(_HideStartupTraceback(app))
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        lifespan="on",
+        log_config=None,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        timeout_graceful_shutdown=30,
+    )
+    server = _Server(config)
+    try:
+        asyncio.run(server.serve())
+    except SystemExit:  # uvicorn exits with status 3 when the lifespan fails
+        pass
+    if app.state.startup_error is not None:
+        err.print(f"[red]eventlog: cannot start:[/red] {app.state.startup_error}")
+        raise typer.Exit(1)
+    if not server.started:
+        raise typer.Exit(1)
+
+
+@cli.command("dump-log")
+def dump_log(
+    files: list[Path] = typer.Argument(..., exists=True, dir_okay=False, help=".log, .index or .timeindex files"),
+    verify: bool = typer.Option(False, "--verify", help="check every batch's CRC and every index entry against the log"),
+    records: bool = typer.Option(False, "--records", help="print each record, not only batches"),
+    values: bool = typer.Option(False, "--print-values", help="with --records, print keys and values too"),
+) -> None:
+    """Print what a segment file holds, like Kafka's kafka-dump-log.sh; non-zero exit on a problem."""
+    from .dump import run_dump
+
+    raise typer.Exit(run_dump(files, verify=verify, records=records, values=values))
+
+
+@cli.command("import-kafka")
+def import_kafka(
+    kafka_log_dir: Path = typer.Argument(..., exists=True, file_okay=False, help="a Kafka broker's log.dirs entry"),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="eventlog data directory [default ./data]"),
+    topics: Optional[str] = typer.Option(None, "--topics", help="comma-separated topics to import (default: all)"),
+    link: bool = typer.Option(False, "--link/--copy", help="hard-link segment files instead of copying them"),
+) -> None:
+    """Adopt partition directories written by Apache Kafka into an eventlog data dir."""
+    from .importer import run_import
+
+    settings = _settings(data_dir=data_dir)
+    _configure_logging("warning")
+    wanted = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
+    raise typer.Exit(run_import(settings, kafka_log_dir, wanted, link=link))
+
+
+@cli.command()
+def version() -> None:
+    """Print the version."""
+    from .main import __version__
+
+    typer.echo(f"eventlog {__version__}")
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""The FastAPI lifespan: open the engine (recovery first), serve, close cleanly."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import FastAPI
+
+from engine.errors import EngineError
+from engine.log_manager import open_engine
+
+from .settings import Settings
+
+logger = logging.getLogger("eventlog.app")
+
+
+def make_lifespan(settings: Settings):
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            async with open_engine(settings.engine_config()) as engine:
+                app.state.engine = engine
+                try:
+                    yield
+                finally:
+                    app.state.shutting_down = True
+        except EngineError as exc:
+            if app.state.engine is None:
+                app.state.startup_error = exc
+                logger.error("cannot start: %s", exc)
+            raise
+
+    return lifespan

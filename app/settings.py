@@ -1,0 +1,72 @@
+"""Server settings: one pydantic-settings model, environment prefix EVENTLOG_.
+
+Every field can be set as EVENTLOG_<FIELD> (EVENTLOG_DATA_DIR, EVENTLOG_PORT, ...); the CLI's
+flags override the environment. Built once by app/ and handed down; the engine receives the
+plain EngineConfig that engine_config() derives.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from engine.config import LogConfig
+from engine.errors import InvalidConfigError
+from engine.log_manager import EngineConfig
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="EVENTLOG_", extra="ignore", frozen=True)
+
+    data_dir: Path = Field(Path("./data"), description="where topics live (and snapshots)")
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    log_dirs: Annotated[tuple[Path, ...], NoDecode] = Field(
+        (), description="log.dirs: comma-separated directories for partitions; default: data_dir"
+    )
+    node_id: int = Field(0, ge=0)
+    default_partitions: int = Field(1, ge=1, le=10_000, description="num.partitions for new topics")
+    topic_defaults: dict[str, Any] = Field(
+        default_factory=dict,
+        description='JSON object of topic config defaults, e.g. {"segment.bytes": 104857600}',
+    )
+    recovery_threads: int = Field(2, ge=1, le=64)
+    checkpoint_interval_ms: int = Field(60_000, ge=100)
+    log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$")
+    access_log: bool = True
+
+    @field_validator("log_dirs", mode="before")
+    @classmethod
+    def _split_dirs(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(Path(p.strip()) for p in value.split(",") if p.strip())
+        return value
+
+    @model_validator(mode="after")
+    def _check_topic_defaults(self) -> Settings:
+        try:
+            LogConfig().with_overrides(self.topic_defaults)
+        except InvalidConfigError as exc:
+            raise ValueError(f"topic_defaults: {exc}") from exc
+        return self
+
+    @property
+    def effective_log_dirs(self) -> tuple[Path, ...]:
+        return self.log_dirs or (self.data_dir,)
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            log_dirs=self.effective_log_dirs,
+            default_log_config=LogConfig().with_overrides(self.topic_defaults),
+            node_id=self.node_id,
+            recovery_threads=self.recovery_threads,
+            checkpoint_interval_ms=self.checkpoint_interval_ms,
+            default_partitions=self.default_partitions,
+        )
+
+    @property
+    def listens_beyond_loopback(self) -> bool:
+        return self.host not in ("127.0.0.1", "::1", "localhost")

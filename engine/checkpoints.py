@@ -1,0 +1,79 @@
+"""Offset checkpoint files in Kafka's text format.
+
+    version\\n                 always 0
+    count\\n                   number of entries
+    topic SP partition SP offset\\n   x count (any order)
+
+An empty set is written as "0\\n0\\n"; a 0-byte file (seen in real Kafka dirs) reads as empty.
+Used for recovery-point-offset-checkpoint, log-start-offset-checkpoint and
+cleaner-offset-checkpoint. Writes go to "<name>.tmp", are fsynced, renamed over the old file,
+and the directory is fsynced, so after a crash the file is either the old or the new one.
+Blocking; call from a worker thread.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import StorageError
+from .fileutil import fsync_dir
+
+RECOVERY_POINT = "recovery-point-offset-checkpoint"
+LOG_START_OFFSET = "log-start-offset-checkpoint"
+CLEANER_OFFSET = "cleaner-offset-checkpoint"
+CHECKPOINT_NAMES = (RECOVERY_POINT, LOG_START_OFFSET, CLEANER_OFFSET)
+
+_VERSION = 0
+
+TopicPartition = tuple[str, int]
+
+
+def read_checkpoint(path: Path) -> dict[TopicPartition, int]:
+    """Entries of a checkpoint file; {} when it is missing or 0 bytes long."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise StorageError(path, f"cannot read checkpoint: {exc}") from exc
+    if not text:
+        return {}
+    lines = text.split("\n")
+    try:
+        version = int(lines[0])
+        if version != _VERSION:
+            raise StorageError(path, f"unsupported checkpoint version {version}")
+        count = int(lines[1])
+        entries: dict[TopicPartition, int] = {}
+        for line in lines[2 : 2 + count]:
+            topic, partition, offset = line.rsplit(" ", 2)
+            entries[(topic, int(partition))] = int(offset)
+    except (IndexError, ValueError) as exc:
+        raise StorageError(path, f"malformed checkpoint: {exc}") from exc
+    if len(entries) != count:
+        raise StorageError(path, f"checkpoint says {count} entries, holds {len(entries)}")
+    return entries
+
+
+def format_checkpoint(entries: dict[TopicPartition, int]) -> str:
+    lines = [str(_VERSION), str(len(entries))]
+    lines += [f"{topic} {partition} {offset}" for (topic, partition), offset in sorted(entries.items())]
+    return "\n".join(lines) + "\n"
+
+
+def write_checkpoint(path: Path, entries: dict[TopicPartition, int]) -> None:
+    """Atomically replace `path` with `entries` (temp file, fsync, rename, fsync dir)."""
+    tmp = path.with_name(path.name + ".tmp")
+    data = format_checkpoint(entries).encode("utf-8")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        raise StorageError(path, f"cannot write checkpoint: {exc}") from exc

@@ -1,0 +1,169 @@
+"""Errors raised by the storage engine.
+
+    EngineError
+    ├── NotFoundError
+    │   ├── TopicNotFoundError
+    │   └── PartitionNotFoundError
+    ├── TopicExistsError
+    ├── InvalidTopicNameError
+    ├── InvalidConfigError
+    ├── InvalidRequestError
+    │   ├── CorruptBatchError
+    │   ├── RecordTooLargeError
+    │   └── InvalidPartitionsError
+    ├── OffsetOutOfRangeError
+    ├── LogClosedError
+    ├── DataDirError
+    │   └── DataDirLockedError
+    └── StorageError
+        ├── CorruptIndexError
+        └── CorruptSegmentError
+
+Engine code never speaks HTTP; api/errors.py maps these classes to problem+json. Every class
+carries the offending values as attributes so that the mapping (and log lines) can show them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class EngineError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+
+class NotFoundError(EngineError):
+    """Raised when a named thing does not exist."""
+
+
+class TopicNotFoundError(NotFoundError):
+    """Raised when a topic does not exist."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic!r} does not exist")
+        self.topic = topic
+
+
+class PartitionNotFoundError(NotFoundError):
+    """Raised when a topic exists but the partition number is outside [0, partitions)."""
+
+    def __init__(self, topic: str, partition: int, partitions: int) -> None:
+        super().__init__(
+            f"topic {topic!r} has {partitions} partition(s); partition {partition} does not exist"
+        )
+        self.topic = topic
+        self.partition = partition
+        self.partitions = partitions
+
+
+class TopicExistsError(EngineError):
+    """Raised when creating a topic whose name is taken."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic!r} already exists")
+        self.topic = topic
+
+
+class InvalidTopicNameError(EngineError):
+    """Raised when a topic name breaks Kafka's naming rules."""
+
+    def __init__(self, topic: str, reason: str) -> None:
+        super().__init__(f"invalid topic name {topic!r}: {reason}")
+        self.topic = topic
+        self.reason = reason
+
+
+class InvalidConfigError(EngineError):
+    """Raised when a topic config name is unknown or its value is out of range."""
+
+    def __init__(self, name: str, value: object, reason: str) -> None:
+        super().__init__(f"invalid config {name}={value!r}: {reason}")
+        self.name = name
+        self.value = value
+        self.reason = reason
+
+
+class InvalidRequestError(EngineError):
+    """Raised when a caller's input is malformed in a way the engine detects."""
+
+
+class CorruptBatchError(InvalidRequestError):
+    """Raised when bytes offered as Kafka v2 record batches fail framing, magic or CRC checks."""
+
+    def __init__(self, reason: str, position: int = 0) -> None:
+        super().__init__(f"corrupt record batch at byte {position}: {reason}")
+        self.reason = reason
+        self.position = position
+
+
+class RecordTooLargeError(InvalidRequestError):
+    """Raised when a batch is larger than the topic's max.message.bytes or segment.bytes."""
+
+    def __init__(self, size: int, limit: int, what: str = "max.message.bytes") -> None:
+        super().__init__(f"record batch of {size} bytes exceeds {what}={limit}")
+        self.size = size
+        self.limit = limit
+        self.what = what
+
+
+class InvalidPartitionsError(InvalidRequestError):
+    """Raised when a partition count is not positive or would shrink a topic."""
+
+    def __init__(self, requested: int, current: int | None = None) -> None:
+        if current is None:
+            msg = f"partition count must be at least 1, got {requested}"
+        else:
+            msg = f"partitions only grow: topic has {current}, asked for {requested}"
+        super().__init__(msg)
+        self.requested = requested
+        self.current = current
+
+
+class OffsetOutOfRangeError(EngineError):
+    """Raised when an offset lies outside [log_start_offset, high_watermark]."""
+
+    def __init__(self, offset: int, log_start_offset: int, high_watermark: int) -> None:
+        super().__init__(
+            f"offset {offset} is outside [{log_start_offset}, {high_watermark}]"
+        )
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.high_watermark = high_watermark
+
+
+class LogClosedError(EngineError):
+    """Raised when a request reaches a partition log that is shutting down or was deleted."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"partition log {name} is closed")
+        self.name = name
+
+
+class DataDirError(EngineError):
+    """Raised when a data directory cannot be opened or is inconsistent."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        super().__init__(f"data dir {path}: {reason}")
+        self.path = Path(path)
+        self.reason = reason
+
+
+class DataDirLockedError(DataDirError):
+    """Raised when another process already holds a data directory's lock file."""
+
+
+class StorageError(EngineError):
+    """Raised when the file system fails or files are damaged beyond what recovery repairs."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = Path(path)
+        self.reason = reason
+
+
+class CorruptIndexError(StorageError):
+    """Raised when an index file fails its sanity check (recovery rebuilds it)."""
+
+
+class CorruptSegmentError(StorageError):
+    """Raised when a closed segment holds an invalid batch (dump-log --verify reports it)."""

@@ -1,0 +1,259 @@
+"""Kafka v2 RecordBatch framing: the 61-byte header, CRC-32C, and in-place rewrites.
+
+Layout (big-endian), offsets in bytes from the batch start:
+
+    0  baseOffset            int64   first offset of the batch      (not covered by the CRC)
+    8  batchLength           int32   bytes after this field; batch size = batchLength + 12
+   12  partitionLeaderEpoch  int32                                    (not covered by the CRC)
+   16  magic                 int8    always 2
+   17  crc                   uint32  CRC-32C (Castagnoli) of bytes [21, end)
+   21  attributes            int16   bits 0-2 codec, 3 LogAppendTime, 4 transactional,
+                                     5 control, 6 hasDeleteHorizonMs
+   23  lastOffsetDelta       int32   last offset = baseOffset + lastOffsetDelta
+   27  baseTimestamp         int64
+   35  maxTimestamp          int64
+   43  producerId            int64   -1 if none
+   51  producerEpoch         int16   -1 if none
+   53  baseSequence          int32   -1 if none
+   57  recordsCount          int32
+   61  records               (compressed as one block when the codec is not 0)
+
+Invariants the engine relies on: a batch in a .log file passed validate_batch() when it was
+appended; offsets are assigned by rewriting baseOffset (and partitionLeaderEpoch) only, which
+the CRC does not cover, so no re-encoding happens on append. Setting LogAppendTime changes the
+attributes and maxTimestamp, which the CRC covers, so that rewrite recomputes the CRC.
+
+Everything here is pure and thread-safe; it never touches files.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Iterator
+
+from crc32c import crc32c
+
+from .errors import CorruptBatchError
+
+MAGIC_V2 = 2
+HEADER_SIZE = 61
+LOG_OVERHEAD = 12  # baseOffset + batchLength: bytes not counted by batchLength
+MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD  # 49: a batch with no records
+CRC_START = 21
+
+NO_TIMESTAMP = -1
+NO_PRODUCER_ID = -1
+NO_SEQUENCE = -1
+
+# attribute bits
+COMPRESSION_MASK = 0x07
+TIMESTAMP_TYPE_BIT = 0x08
+TRANSACTIONAL_BIT = 0x10
+CONTROL_BIT = 0x20
+DELETE_HORIZON_BIT = 0x40
+
+CREATE_TIME = 0
+LOG_APPEND_TIME = 1
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_PREFIX = struct.Struct(">qi")  # baseOffset, batchLength
+_BASE_AND_LENGTH_AND_EPOCH = struct.Struct(">qii")
+_I64 = struct.Struct(">q")
+_I32 = struct.Struct(">i")
+_U32 = struct.Struct(">I")
+_I16 = struct.Struct(">h")
+_LAST_OFFSET_DELTA = struct.Struct(">i")
+
+assert _HEADER.size == HEADER_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The decoded 61-byte header of one batch, plus where it sits in its buffer or file."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+    position: int = 0
+
+    @property
+    def size(self) -> int:
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+    @property
+    def timestamp_type(self) -> int:
+        return LOG_APPEND_TIME if self.attributes & TIMESTAMP_TYPE_BIT else CREATE_TIME
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_BIT)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_BIT)
+
+    @property
+    def has_delete_horizon(self) -> bool:
+        return bool(self.attributes & DELETE_HORIZON_BIT)
+
+
+def parse_header(
+    buf: bytes | bytearray | memoryview, position: int = 0, file_position: int | None = None
+) -> BatchHeader:
+    """Decode the header at `position`; the caller guarantees 61 bytes are there.
+
+    The header records `file_position` (default `position`) as where the batch starts.
+    """
+    return BatchHeader(
+        *_HEADER.unpack_from(buf, position),
+        position=position if file_position is None else file_position,
+    )
+
+
+def read_prefix(buf: bytes | bytearray | memoryview, position: int) -> tuple[int, int]:
+    """(baseOffset, batchLength) at `position`; needs 12 bytes."""
+    return _PREFIX.unpack_from(buf, position)
+
+
+def last_offset_delta(buf: bytes | bytearray | memoryview, position: int) -> int:
+    return _LAST_OFFSET_DELTA.unpack_from(buf, position + 23)[0]
+
+
+def max_timestamp(buf: bytes | bytearray | memoryview, position: int) -> int:
+    return _I64.unpack_from(buf, position + 35)[0]
+
+
+def compute_crc(buf: bytes | bytearray | memoryview, position: int, size: int) -> int:
+    view = memoryview(buf)[position + CRC_START : position + size]
+    try:
+        return crc32c(view)
+    finally:
+        view.release()
+
+
+def validate_batch(
+    buf: bytes | bytearray | memoryview,
+    position: int = 0,
+    *,
+    limit: int | None = None,
+    check_crc: bool = True,
+    file_position: int | None = None,
+) -> BatchHeader:
+    """Check framing, magic and CRC of the batch at `position`; return its header.
+
+    `limit` is the end of valid data (default len(buf)). Raises CorruptBatchError when fewer
+    than 61 bytes remain, the length is below 49 or runs past `limit`, the magic is not 2, the
+    lastOffsetDelta or record count is negative, or the CRC does not match.
+    """
+    end = len(buf) if limit is None else limit
+    remaining = end - position
+    where = position if file_position is None else file_position
+    if remaining < HEADER_SIZE:
+        raise CorruptBatchError(f"{remaining} bytes left, a batch header needs {HEADER_SIZE}", where)
+    header = parse_header(buf, position, where)
+    if header.batch_length < MIN_BATCH_LENGTH:
+        raise CorruptBatchError(f"batchLength {header.batch_length} < {MIN_BATCH_LENGTH}", where)
+    if header.size > remaining:
+        raise CorruptBatchError(
+            f"batch of {header.size} bytes runs past the end ({remaining} bytes left)", where
+        )
+    if header.magic != MAGIC_V2:
+        raise CorruptBatchError(f"magic {header.magic}, only v2 (magic 2) batches are supported", where)
+    if header.last_offset_delta < 0 or header.records_count < 0:
+        raise CorruptBatchError(
+            f"lastOffsetDelta {header.last_offset_delta} / recordsCount {header.records_count} "
+            "must not be negative",
+            where,
+        )
+    if check_crc:
+        actual = compute_crc(buf, position, header.size)
+        if actual != header.crc:
+            raise CorruptBatchError(
+                f"CRC mismatch: header says {header.crc:#010x}, bytes give {actual:#010x}", where
+            )
+    return header
+
+
+def iter_batches(
+    buf: bytes | bytearray | memoryview, *, check_crc: bool = True
+) -> Iterator[BatchHeader]:
+    """Validate and yield every batch in `buf`, which must hold whole batches only."""
+    position = 0
+    end = len(buf)
+    if end == 0:
+        raise CorruptBatchError("empty body: at least one record batch is required")
+    while position < end:
+        header = validate_batch(buf, position, limit=end, check_crc=check_crc)
+        yield header
+        position += header.size
+
+
+def scan_valid_prefix(buf: bytes | bytearray | memoryview, *, check_crc: bool = True) -> tuple[list[BatchHeader], int, str | None]:
+    """Walk batches until the first invalid one: (headers, valid_bytes, reason or None)."""
+    headers: list[BatchHeader] = []
+    position = 0
+    end = len(buf)
+    while position < end:
+        try:
+            header = validate_batch(buf, position, limit=end, check_crc=check_crc)
+        except CorruptBatchError as exc:
+            return headers, position, exc.reason
+        headers.append(header)
+        position += header.size
+    return headers, position, None
+
+
+def set_base_offset(buf: bytearray | memoryview, position: int, base_offset: int, leader_epoch: int = 0) -> None:
+    """Rewrite baseOffset and partitionLeaderEpoch in place (neither is in the CRC)."""
+    _I64.pack_into(buf, position, base_offset)
+    _I32.pack_into(buf, position + 12, leader_epoch)
+
+
+def set_log_append_time(buf: bytearray | memoryview, position: int, size: int, timestamp_ms: int) -> None:
+    """Mark the batch LogAppendTime with maxTimestamp = `timestamp_ms`, then recompute the CRC.
+
+    As in Kafka, records keep their deltas; readers report every record's timestamp as the
+    batch's maxTimestamp when the LogAppendTime bit is set.
+    """
+    attributes = _I16.unpack_from(buf, position + 21)[0]
+    _I16.pack_into(buf, position + 21, attributes | TIMESTAMP_TYPE_BIT)
+    _I64.pack_into(buf, position + 35, timestamp_ms)
+    _U32.pack_into(buf, position + 17, compute_crc(buf, position, size))
+
+
+def describe_attributes(attributes: int) -> str:
+    parts = [CODEC_NAMES.get(attributes & COMPRESSION_MASK, f"codec{attributes & COMPRESSION_MASK}")]
+    parts.append("LogAppendTime" if attributes & TIMESTAMP_TYPE_BIT else "CreateTime")
+    if attributes & TRANSACTIONAL_BIT:
+        parts.append("transactional")
+    if attributes & CONTROL_BIT:
+        parts.append("control")
+    if attributes & DELETE_HORIZON_BIT:
+        parts.append("deleteHorizon")
+    return ",".join(parts)
+
+
+CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}

@@ -1,0 +1,94 @@
+"""Event-sourced topic metadata: the events in __metadata-0 and the image they fold into.
+
+Each event is one record in an ordinary partition log (`__metadata-0` in the first log dir):
+key = topic name (UTF-8), value = a JSON object with "v": 1, "type", "topic", "topic_id",
+"ts" (ms) and per type:
+
+    topic_created     "partitions": int, "configs": {kafka name: string}  (overrides only)
+    configs_altered   "configs": {...}   the complete new set of overrides
+    partitions_added  "partitions": int  the new total
+    topic_deleted     -
+
+Start-up replays the log from its start into a MetadataImage. An event is appended (and
+fsynced) before the change it describes touches any file, so after a crash the image says
+what should exist and the log manager makes the directories agree.
+
+Pure except for the image's mutation by apply(); no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+
+METADATA_TOPIC = "__metadata"
+CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
+INTERNAL_TOPICS = frozenset({METADATA_TOPIC, CONSUMER_OFFSETS_TOPIC})
+
+EVENT_VERSION = 1
+
+
+def new_topic_id() -> str:
+    """A random UUID in Kafka's text form: URL-safe base64 without padding (22 chars)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+
+
+@dataclass(frozen=True)
+class TopicMeta:
+    name: str
+    topic_id: str
+    partitions: int
+    overrides: dict[str, str] = field(default_factory=dict)
+    created_ms: int = 0
+
+    @property
+    def internal(self) -> bool:
+        return self.name in INTERNAL_TOPICS
+
+
+@dataclass
+class MetadataImage:
+    topics: dict[str, TopicMeta] = field(default_factory=dict)
+    deleted_topic_ids: set[str] = field(default_factory=set)
+    events: int = 0
+
+    def apply(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        name = event["topic"]
+        topic_id = event["topic_id"]
+        current = self.topics.get(name)
+        self.events += 1
+        if kind == "topic_created":
+            self.topics[name] = TopicMeta(
+                name, topic_id, int(event["partitions"]), dict(event.get("configs", {})), int(event.get("ts", 0))
+            )
+            self.deleted_topic_ids.discard(topic_id)
+            return
+        if current is None or current.topic_id != topic_id:
+            return  # an event for a topic incarnation that no longer exists
+        if kind == "configs_altered":
+            self.topics[name] = replace(current, overrides=dict(event["configs"]))
+        elif kind == "partitions_added":
+            self.topics[name] = replace(current, partitions=int(event["partitions"]))
+        elif kind == "topic_deleted":
+            del self.topics[name]
+            self.deleted_topic_ids.add(topic_id)
+        else:
+            raise ValueError(f"unknown metadata event type {kind!r}")
+
+
+def encode_event(kind: str, topic: str, topic_id: str, ts: int, **fields_: Any) -> tuple[bytes, bytes]:
+    """(key, value) of the record for one event."""
+    body = {"v": EVENT_VERSION, "type": kind, "topic": topic, "topic_id": topic_id, "ts": ts, **fields_}
+    return topic.encode("utf-8"), orjson.dumps(body)
+
+
+def decode_event(value: bytes) -> dict[str, Any]:
+    event = orjson.loads(value)
+    if not isinstance(event, dict) or event.get("v") != EVENT_VERSION:
+        raise ValueError(f"unsupported metadata event {value[:80]!r}")
+    return event

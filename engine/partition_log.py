@@ -1,0 +1,620 @@
+"""One partition's log: its segments, its single writer task, and lock-free reads.
+
+Writes. Every mutation goes through one writer task (run()), fed by a bounded anyio memory
+stream, so producers feel backpressure when it fills. The writer takes an append request,
+drains every other append already waiting, and makes one group commit of them all in a worker
+thread: assign offsets by rewriting each batch's baseOffset, stamp LogAppendTime if the topic
+wants it, roll segments where needed, write the batches with one pwritev per segment, update
+the indexes, and fdatasync once. Only then is the new high watermark published and are the
+producers acknowledged. With flush.messages > 1 the fsync is deferred (see LogConfig).
+
+Reads. Readers take `view` (a LogView) and never wait for the writer: closed segments are
+immutable, and the last segment is read only up to the published end position, which always
+falls on a batch boundary below the high watermark.
+
+Crash behaviour. An acknowledged batch has been fsynced (by default). A crash during a group
+commit can leave a torn batch at the end of the active segment: recovery truncates it, and
+those producers were never acknowledged.
+
+Segment replacement for the workers (delete_segments, replace_segments) runs through the same
+writer, in the numbered steps documented on each method; recovery.py completes or undoes
+whatever a crash interrupted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Sequence
+
+import anyio
+from anyio.abc import TaskStatus
+
+from . import filenames
+from .config import LogConfig
+from .errors import (
+    CorruptBatchError,
+    EngineError,
+    LogClosedError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    StorageError,
+)
+from .fileutil import fsync_dir
+from .format import (
+    CONTROL_BIT,
+    BatchHeader,
+    iter_batches,
+    set_base_offset,
+    set_log_append_time,
+)
+from .records import check_records_framing
+from .segment import AppendBatch, LogSegment
+from . import reader
+from .reader import FetchSlice
+from .segments import LogView
+
+logger = logging.getLogger("eventlog.engine")
+
+Clock = Callable[[], int]
+
+QUEUE_DEPTH = 1024
+MAX_GROUP_BYTES = 32 * 1024 * 1024
+LARGE_READ_BYTES = 64 * 1024
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _delete_now(_log: "PartitionLog", segments: list[LogSegment]) -> None:
+    """Default when no log manager schedules deletions: unlink at once."""
+    for segment in segments:
+        segment.close()
+        segment.delete_files()
+
+
+@dataclass(slots=True)
+class PreparedBatch:
+    """A validated batch waiting for its offsets: a writable view of its bytes and header."""
+
+    data: memoryview
+    header: BatchHeader
+
+    @property
+    def record_count(self) -> int:
+        return self.header.last_offset_delta + 1
+
+
+def prepare_batches(
+    body: bytes | bytearray | memoryview,
+    config: LogConfig,
+    *,
+    check_records: bool = True,
+    allow_control: bool = False,
+) -> list[PreparedBatch]:
+    """Validate one or more concatenated v2 batches for appending; nothing is written.
+
+    Raises CorruptBatchError (framing, magic, CRC, record framing, no records, control batches
+    from a client) or RecordTooLargeError (a batch above max.message.bytes or segment.bytes).
+    The returned views share one writable copy of `body`.
+    """
+    buf = body if isinstance(body, bytearray) else bytearray(body)
+    view = memoryview(buf)
+    limit = config.max_batch_bytes
+    out = []
+    for header in iter_batches(buf):
+        if header.size > limit:
+            what = "max.message.bytes" if limit == config.max_message_bytes else "segment.bytes"
+            raise RecordTooLargeError(header.size, limit, what)
+        if header.records_count < 1:
+            raise CorruptBatchError("a batch must hold at least one record", header.position)
+        if header.attributes & CONTROL_BIT and not allow_control:
+            raise CorruptBatchError("control batches are written by the log, not by producers", header.position)
+        if check_records:
+            check_records_framing(buf, header)
+        out.append(PreparedBatch(view[header.position : header.position + header.size], header))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    log_append_time: int  # -1 unless the topic uses LogAppendTime
+    batch_base_offsets: tuple[int, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# writer operations
+
+
+@dataclass(eq=False)
+class _Op:
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+    async def wait(self) -> Any:
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+@dataclass(eq=False)
+class _Append(_Op):
+    batches: Sequence[PreparedBatch] = ()
+    size: int = 0
+
+
+@dataclass(eq=False)
+class _Call(_Op):
+    """Run `fn(log)` in the writer's worker thread, then `after(log, result)` on the loop."""
+
+    fn: Callable[["PartitionLog"], Any] | None = None
+    after: Callable[["PartitionLog", Any], Awaitable[Any]] | None = None
+
+
+class PartitionLog:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        directory: Path,
+        config: LogConfig,
+        segments: list[LogSegment],
+        *,
+        log_start_offset: int,
+        recovery_point: int,
+        clock: Clock = wall_clock_ms,
+        on_log_start_change: Callable[[PartitionLog], Awaitable[None]] | None = None,
+        on_commit: Callable[[PartitionLog, int, int, int], None] | None = None,
+        schedule_delete: Callable[[PartitionLog, list[LogSegment]], None] | None = None,
+    ) -> None:
+        assert segments, "a log always has an active segment"
+        self.topic = topic
+        self.partition = partition
+        self.directory = directory
+        self.config = config
+        self.clock = clock
+        self._segments = tuple(segments)
+        active = segments[-1]
+        self._next_offset = active.next_offset
+        self._log_start_offset = max(log_start_offset, segments[0].base_offset)
+        self.recovery_point = min(recovery_point, self._next_offset)
+        self._unflushed_messages = 0
+        self._last_flush_ms = clock()
+        self._on_log_start_change = on_log_start_change
+        self._on_commit = on_commit
+        self._send, self._receive = anyio.create_memory_object_stream[_Op](QUEUE_DEPTH)
+        self._data_event = anyio.Event()
+        self._closed = False
+        self._running = False
+        self._failed: StorageError | None = None
+        self._schedule_delete = schedule_delete or _delete_now
+        self.stopped = anyio.Event()
+        self.view = LogView.build(self._segments, self._log_start_offset, self._next_offset, active.size)
+
+    @property
+    def name(self) -> str:
+        return filenames.partition_dir_name(self.topic, self.partition)
+
+    def __repr__(self) -> str:
+        return f"PartitionLog({self.name})"
+
+    # -- offsets ------------------------------------------------------------------------------
+
+    @property
+    def high_watermark(self) -> int:
+        return self.view.high_watermark
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.view.log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.view.high_watermark
+
+    # -- the writer task ----------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The writer: started once per partition by the log manager; ends after close()."""
+        if self._running:
+            raise RuntimeError(f"{self.name} already has a writer task")
+        self._running = True
+        task_status.started()
+        carry: _Op | None = None
+        try:
+            while True:
+                op = carry
+                carry = None
+                if op is None:
+                    op = await self._next_op()
+                    if op is None:
+                        break
+                if isinstance(op, _Append):
+                    group = [op]
+                    size = op.size
+                    while size < MAX_GROUP_BYTES:
+                        try:
+                            nxt = self._receive.receive_nowait()
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
+                        if isinstance(nxt, _Append):
+                            group.append(nxt)
+                            size += nxt.size
+                        else:
+                            carry = nxt
+                            break
+                    await self._commit(group)
+                else:
+                    await self._call(op)  # type: ignore[arg-type]
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._shutdown()
+
+    async def _next_op(self) -> _Op | None:
+        """Wait for the next request; flush deferred writes when flush.ms comes due."""
+        while True:
+            timeout = self._flush_due_in()
+            try:
+                if timeout is None:
+                    return await self._receive.receive()
+                with anyio.move_on_after(timeout / 1000):
+                    return await self._receive.receive()
+            except anyio.EndOfStream:
+                return None
+            await anyio.to_thread.run_sync(self._flush_sync)
+
+    def _flush_due_in(self) -> float | None:
+        if self._unflushed_messages == 0 or self.config.flush_ms >= 2**62:
+            return None
+        return max(0, self._last_flush_ms + self.config.flush_ms - self.clock())
+
+    async def _commit(self, group: list[_Append]) -> None:
+        try:
+            if self._failed is not None:
+                raise self._failed
+            await anyio.to_thread.run_sync(self._commit_sync, group)
+        except BaseException as exc:  # noqa: BLE001 -- every producer must hear about it
+            error = exc if isinstance(exc, EngineError) else StorageError(self.directory, f"append failed: {exc!r}")
+            if isinstance(error, StorageError):
+                self._failed = error
+                logger.error("partition %s failed, refusing writes until restart: %s", self.name, error)
+            for op in group:
+                op.error = error
+                op.done.set()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._publish()
+        for op in group:
+            op.done.set()
+
+    async def _call(self, op: _Call) -> None:
+        try:
+            if self._failed is not None:
+                raise self._failed
+            result = await anyio.to_thread.run_sync(op.fn, self) if op.fn else None
+            self._publish()
+            if op.after is not None:
+                result = await op.after(self, result)
+            op.result = result
+        except Exception as exc:  # noqa: BLE001 -- handed to the caller
+            op.error = exc
+        finally:
+            op.done.set()
+
+    def _publish(self) -> None:
+        active = self._segments[-1]
+        self.view = LogView.build(self._segments, self._log_start_offset, self._next_offset, active.size)
+        event, self._data_event = self._data_event, anyio.Event()
+        event.set()
+
+    # -- group commit (worker thread) ---------------------------------------------------------
+
+    def _commit_sync(self, group: list[_Append]) -> None:
+        config = self.config
+        now = self.clock()
+        append_time = now if config.log_append_time else -1
+        next_offset = self._next_offset
+        prepared: list[AppendBatch] = []
+        messages = 0
+        for op in group:
+            first = next_offset
+            bases = []
+            for batch in op.batches:
+                header = batch.header
+                set_base_offset(batch.data, 0, next_offset)
+                max_ts = header.max_timestamp
+                if append_time >= 0:
+                    set_log_append_time(batch.data, 0, header.size, append_time)
+                    max_ts = append_time
+                bases.append(next_offset)
+                last = next_offset + header.last_offset_delta
+                prepared.append(AppendBatch(batch.data, next_offset, last, max_ts, header.size))
+                messages += header.records_count
+                next_offset = last + 1
+            op.result = AppendResult(first, next_offset - 1, append_time, tuple(bases))
+
+        segment = self._segments[-1]
+        for batch in prepared:
+            if self._should_roll(segment, batch, now):
+                segment.write_staged()
+                segment = self._roll_sync(batch.base_offset, now)
+            segment.stage(batch, config.index_interval_bytes)
+        segment.write_staged()
+        self._next_offset = next_offset
+        self._unflushed_messages += messages
+        if (
+            self._unflushed_messages >= config.flush_messages
+            or now - self._last_flush_ms >= config.flush_ms
+        ):
+            self._flush_sync()
+        if self._on_commit is not None:
+            self._on_commit(self, len(group), messages, sum(b.size for b in prepared))
+
+    def _flush_sync(self) -> None:
+        self._segments[-1].flush()
+        self._unflushed_messages = 0
+        self._last_flush_ms = self.clock()
+        self.recovery_point = self._next_offset
+
+    def _should_roll(self, segment: LogSegment, batch: AppendBatch, now: int) -> bool:
+        """Kafka's rules: segment.bytes, segment.ms, a full index, or a relative offset that
+        would not fit in int32. An empty segment never rolls."""
+        if segment.size == 0:
+            return False
+        config = self.config
+        if segment.size > config.segment_bytes - batch.size:
+            return True
+        if segment.offset_index.is_full or segment.time_index.is_full:
+            return True
+        if not segment.can_hold(batch.last_offset):
+            return True
+        first_ts = segment.first_timestamp()
+        waited = batch.max_timestamp - first_ts if first_ts >= 0 else now - segment.created_ms
+        return waited > config.segment_ms
+
+    def _roll_sync(self, base_offset: int, now: int) -> LogSegment:
+        """Close the active segment (fsync, final time index entry, trim) and start a new one
+        whose files are durable before anything is written to them."""
+        old = self._segments[-1]
+        old.close_for_append()
+        new = LogSegment.create(
+            self.directory, base_offset, max_index_bytes=self.config.segment_index_bytes, now_ms=now
+        )
+        fsync_dir(self.directory)
+        self._segments = self._segments + (new,)
+        if self.config.durable_acks or self._unflushed_messages == 0:
+            self.recovery_point = base_offset
+        logger.debug("rolled %s at offset %d", self.name, base_offset)
+        return new
+
+    # -- public writes ------------------------------------------------------------------------
+
+    async def _submit(self, op: _Op) -> Any:
+        if self._closed:
+            raise LogClosedError(self.name)
+        try:
+            await self._send.send(op)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise LogClosedError(self.name) from None
+        return await op.wait()
+
+    async def append(self, batches: Sequence[PreparedBatch]) -> AppendResult:
+        """Append validated batches (see prepare_batches) as one unit; returns once durable.
+
+        The batches of one call get consecutive offsets and are never interleaved with other
+        producers' batches.
+        """
+        if not batches:
+            raise CorruptBatchError("nothing to append")
+        return await self._submit(_Append(batches=batches, size=sum(b.header.size for b in batches)))
+
+    async def call_in_writer(
+        self,
+        fn: Callable[[PartitionLog], Any] | None,
+        after: Callable[[PartitionLog, Any], Awaitable[Any]] | None = None,
+    ) -> Any:
+        """Run `fn(self)` in the writer's thread, in order with appends, then publish."""
+        return await self._submit(_Call(fn=fn, after=after))
+
+    async def roll(self) -> int:
+        """Close the active segment now (if it holds anything); returns the new base offset."""
+
+        def do(log: PartitionLog) -> int:
+            if log._segments[-1].size > 0:
+                log._roll_sync(log._next_offset, log.clock())
+            return log._segments[-1].base_offset
+
+        return await self.call_in_writer(do)
+
+    async def flush(self) -> None:
+        await self.call_in_writer(lambda log: log._flush_sync())
+
+    async def delete_records(self, before_offset: int) -> int:
+        """Move the log start offset up to `before_offset` (Kafka's DeleteRecords).
+
+        -1 means the high watermark. Offsets above the high watermark raise
+        OffsetOutOfRangeError; offsets below the current start change nothing. The new start is
+        in log-start-offset-checkpoint before this returns. Segments wholly below it are left
+        for the retention worker to delete.
+        """
+
+        def do(log: PartitionLog) -> bool:
+            target = log._next_offset if before_offset == -1 else before_offset
+            if target < 0 or target > log._next_offset:
+                raise OffsetOutOfRangeError(before_offset, log._log_start_offset, log._next_offset)
+            if target <= log._log_start_offset:
+                return False
+            log._log_start_offset = target
+            return True
+
+        async def after(log: PartitionLog, changed: bool) -> int:
+            if changed and log._on_log_start_change is not None:
+                await log._on_log_start_change(log)
+            return log._log_start_offset
+
+        return await self.call_in_writer(do, after)
+
+    async def delete_segments(self, segments: Sequence[LogSegment], *, reason: str = "") -> int:
+        """Remove closed segments from the log (retention). Returns bytes removed.
+
+        1. Drop them from the segment list (new view; readers holding the old one keep their
+           open descriptors).
+        2. Rename their files to *.deleted and fsync the directory. A crash from here on:
+           recovery deletes *.deleted files.
+        3. Raise the log start offset to the first remaining segment's base offset.
+        4. After file.delete.delay.ms, unlink the files and release descriptors.
+        The active segment is never deleted; if asked to, the log first rolls.
+        """
+        targets = {id(s) for s in segments}
+
+        def do(log: PartitionLog) -> tuple[list[LogSegment], bool]:
+            if id(log._segments[-1]) in targets and log._segments[-1].size > 0:
+                log._roll_sync(log._next_offset, log.clock())
+            doomed = [s for s in log._segments[:-1] if id(s) in targets]
+            if not doomed:
+                return [], False
+            log._segments = tuple(s for s in log._segments if id(s) not in targets)
+            for s in doomed:
+                s.change_suffix(s.suffix, filenames.DELETED_SUFFIX)
+            fsync_dir(log.directory)
+            changed = False
+            first = log._segments[0].base_offset
+            if first > log._log_start_offset:
+                log._log_start_offset = first
+                changed = True
+            logger.info("%s: deleted segments %s (%s)", log.name, ", ".join(s.name for s in doomed), reason or "requested")
+            return doomed, changed
+
+        async def after(log: PartitionLog, result: tuple[list[LogSegment], bool]) -> int:
+            doomed, changed = result
+            if doomed:
+                log._schedule_delete(log, doomed)
+            if changed and log._on_log_start_change is not None:
+                await log._on_log_start_change(log)
+            return sum(s.size for s in doomed)
+
+        return await self.call_in_writer(do, after)
+
+    async def replace_segments(self, new_segments: Sequence[LogSegment], old_segments: Sequence[LogSegment]) -> None:
+        """Swap compacted segments in for the closed ones they were built from.
+
+        `new_segments` were written by the caller with suffix .cleaned, closed and fsynced.
+        1. Rename each new segment .cleaned -> .swap, highest base offset first, and fsync the
+           directory. A crash mid-way leaves some .cleaned files: recovery deletes every
+           .cleaned file and every .swap at or above the lowest .cleaned base (undo).
+        2. Rename the old segments to .deleted; fsync. A crash here: recovery deletes .deleted
+           files and the old segment files the .swap files cover, then renames .swap (redo).
+        3. Rename .swap -> live names; fsync; publish the new segment list.
+        4. After file.delete.delay.ms, unlink the .deleted files.
+        """
+        new_sorted = sorted(new_segments, key=lambda s: s.base_offset)
+        old_ids = {id(s) for s in old_segments}
+
+        def do(log: PartitionLog) -> None:
+            live = log._segments
+            if id(live[-1]) in old_ids:
+                raise ValueError("the active segment cannot be replaced")
+            if any(id(s) not in {id(x) for x in live} for s in old_segments):
+                raise ValueError("a segment to replace is no longer part of the log")
+            for s in reversed(new_sorted):
+                s.change_suffix(filenames.CLEANED_SUFFIX, filenames.SWAP_SUFFIX)
+            fsync_dir(log.directory)
+            for s in old_segments:
+                s.change_suffix(s.suffix, filenames.DELETED_SUFFIX)
+            fsync_dir(log.directory)
+            for s in new_sorted:
+                s.change_suffix(filenames.SWAP_SUFFIX, "")
+            fsync_dir(log.directory)
+            kept = [s for s in live if id(s) not in old_ids]
+            log._segments = tuple(sorted(kept + new_sorted, key=lambda s: s.base_offset))
+
+        async def after(log: PartitionLog, _result: None) -> None:
+            log._schedule_delete(log, list(old_segments))
+
+        await self.call_in_writer(do, after)
+
+    # -- reads (any task) ---------------------------------------------------------------------
+
+    def check_offset(self, offset: int, view: LogView | None = None) -> LogView:
+        return reader.check_offset(view or self.view, offset)
+
+    def fetch_slice(self, offset: int, max_bytes: int) -> FetchSlice | None:
+        return reader.fetch_slice(self.view, offset, max_bytes)
+
+    async def read_slice(self, slice_: FetchSlice) -> bytes:
+        """The bytes of a slice; reads above LARGE_READ_BYTES run in a worker thread."""
+        if slice_.size > LARGE_READ_BYTES:
+            return await anyio.to_thread.run_sync(slice_.read)
+        return slice_.read()
+
+    async def read_records(self, offset: int, max_records: int, max_bytes: int) -> reader.RecordsResult:
+        """Decoded records from `offset` on (at most `max_records`, about `max_bytes` of batches)."""
+        view = self.view
+        if max_bytes > LARGE_READ_BYTES:
+            return await anyio.to_thread.run_sync(reader.read_records, view, offset, max_records, max_bytes)
+        return reader.read_records(view, offset, max_records, max_bytes)
+
+    async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        return await anyio.to_thread.run_sync(reader.offset_for_timestamp, self.view, timestamp)
+
+    async def max_timestamp_offset(self) -> tuple[int, int] | None:
+        return await anyio.to_thread.run_sync(reader.max_timestamp_offset, self.view)
+
+    async def wait_for_data(self, offset: int, timeout_s: float) -> bool:
+        """Wait until the high watermark passes `offset` or `timeout_s` elapses (woken by the
+        writer's publish, not by polling). True if data is there."""
+        if self.view.high_watermark > offset:
+            return True
+        with anyio.move_on_after(timeout_s):
+            while self.view.high_watermark <= offset and not self._closed:
+                await self._data_event.wait()
+        return self.view.high_watermark > offset
+
+    # -- closing ------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop accepting requests; the writer finishes what is queued, then shuts down."""
+        self._closed = True
+        await self._send.aclose()
+
+    async def _shutdown(self) -> None:
+        self._closed = True
+        await self._send.aclose()
+        # fail anything still queued (only after a cancellation)
+        while True:
+            try:
+                op = self._receive.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+            op.error = LogClosedError(self.name)
+            op.done.set()
+        await self._receive.aclose()
+        if self._failed is None:
+            try:
+                await anyio.to_thread.run_sync(self._close_sync)
+            except EngineError as exc:
+                logger.error("closing %s: %s", self.name, exc)
+        self._publish()  # wake long-pollers
+        self.stopped.set()
+
+    def _close_sync(self) -> None:
+        active = self._segments[-1]
+        active.close_for_append()
+        self._unflushed_messages = 0
+        self.recovery_point = self._next_offset
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def failed(self) -> StorageError | None:
+        return self._failed

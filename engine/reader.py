@@ -1,0 +1,206 @@
+"""Lock-free reads over a LogView: fetch slices, decoded records, time lookups.
+
+Every function takes a view (an immutable snapshot of a partition) and reads only below the
+view's high watermark, so it never waits for the writer and never sees a partial batch. They
+block on pread (page cache, normally) and belong in a worker thread for large reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import OffsetOutOfRangeError
+from .format import CONTROL_BIT, HEADER_SIZE, NO_TIMESTAMP, parse_header
+from .records import Record, decode_records
+from .segment import LogSegment
+from .segments import LogView
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSlice:
+    """Whole batches [position, end) of one segment, ready to be read or sent as they are."""
+
+    segment: LogSegment
+    position: int
+    end: int
+    first_batch_offset: int  # base offset of the first batch (may be below the fetch offset)
+    next_offset: int  # where the next fetch should start
+    high_watermark: int
+    log_start_offset: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.position
+
+    def read(self) -> bytes:
+        return self.segment.read_bytes(self.position, self.end - self.position)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordsResult:
+    records: list[Record]
+    next_offset: int
+    high_watermark: int
+    log_start_offset: int
+    bytes_read: int
+
+
+def check_offset(view: LogView, offset: int) -> LogView:
+    """Raise OffsetOutOfRangeError unless log_start_offset <= offset <= high_watermark."""
+    if offset < view.log_start_offset or offset > view.high_watermark:
+        raise OffsetOutOfRangeError(offset, view.log_start_offset, view.high_watermark)
+    return view
+
+
+def fetch_slice(view: LogView, offset: int, max_bytes: int) -> FetchSlice | None:
+    """Whole batches starting with the one that holds `offset` (or the first offset after it,
+    across compaction gaps), about `max_bytes` long and never less than one batch. None when
+    `offset` is the high watermark. Reads batch headers only."""
+    check_offset(view, offset)
+    if offset == view.high_watermark:
+        return None
+    index = view.segment_index_for(offset)
+    while index < len(view.segments):
+        segment = view.segments[index]
+        end_position = view.end_position(index)
+        header = segment.find_batch(offset, end_position)
+        if header is not None:
+            end, next_offset = segment.batch_end_within(
+                header.position, header.position + max(max_bytes, 1), end_position
+            )
+            return FetchSlice(
+                segment, header.position, end, header.base_offset, next_offset,
+                view.high_watermark, view.log_start_offset,
+            )
+        index += 1
+    return None
+
+
+def read_records(view: LogView, offset: int, max_records: int, max_bytes: int) -> RecordsResult:
+    """Decode up to `max_records` records with offset >= `offset` from about `max_bytes` of
+    batches (at least one batch). Control batches (transaction markers) are skipped, as Kafka
+    consumers skip them. next_offset is where the following read should start."""
+    records: list[Record] = []
+    next_offset = offset
+    bytes_read = 0
+    while len(records) < max_records and next_offset < view.high_watermark:
+        budget = max_bytes - bytes_read
+        if bytes_read and budget <= 0:
+            break
+        slice_ = fetch_slice(view, next_offset, max(budget, 1))
+        if slice_ is None or (bytes_read and slice_.size > budget):
+            break  # only the first batch of a read may exceed max_bytes
+        data = slice_.read()
+        bytes_read += len(data)
+        position = 0
+        full = False
+        while position < len(data) and not full:
+            header = parse_header(data, position, slice_.position + position)
+            if not header.attributes & CONTROL_BIT:
+                for record in decode_records(data, header, position):
+                    if record.offset < offset:
+                        continue
+                    if len(records) >= max_records:
+                        next_offset = record.offset
+                        full = True
+                        break
+                    records.append(record)
+            position += header.size
+        if full:
+            break
+        next_offset = slice_.next_offset
+    return RecordsResult(records, next_offset, view.high_watermark, view.log_start_offset, bytes_read)
+
+
+def offset_for_timestamp(view: LogView, timestamp: int) -> tuple[int, int] | None:
+    """Kafka's ListOffsets by time: (offset, timestamp) of the earliest record at or above the
+    log start offset whose timestamp >= `timestamp`; None if there is none.
+
+    The first segment whose largest timestamp reaches `timestamp` holds the answer (every
+    earlier segment has only smaller timestamps); inside it the time index gives a batch to
+    start from, and a scan of headers, then of one batch's records, finds the record.
+    """
+    for index, segment in enumerate(view.segments):
+        end_position = view.end_position(index)
+        if end_position == 0:
+            continue
+        if index == len(view.segments) - 1 or segment.max_timestamp >= timestamp:
+            found = segment.find_timestamp(timestamp, view.log_start_offset, end_position)
+            if found is not None:
+                return found
+    return None
+
+
+def max_timestamp_offset(view: LogView) -> tuple[int, int] | None:
+    """Kafka's ListOffsets MAX_TIMESTAMP: (offset, timestamp) of the first record carrying the
+    largest timestamp in the log; None for an empty log."""
+    best: tuple[int, int] | None = None  # (timestamp, segment index)
+    for index, segment in enumerate(view.segments):
+        if view.end_position(index) == 0:
+            continue
+        ts = _visible_max_timestamp(view, index)
+        if ts != NO_TIMESTAMP and (best is None or ts > best[0]):
+            best = (ts, index)
+    if best is None:
+        return None
+    ts, index = best
+    return view.segments[index].find_timestamp(ts, view.log_start_offset, view.end_position(index))
+
+
+def _visible_max_timestamp(view: LogView, index: int) -> int:
+    """Largest timestamp readers of `view` can see in segment `index`."""
+    segment = view.segments[index]
+    if index < len(view.segments) - 1:
+        return segment.max_timestamp
+    # The active segment may already hold staged, unpublished batches: start from the last
+    # time index entry below the high watermark and scan the headers after it.
+    end = view.end_position(index)
+    time_index = segment.time_index
+    best, from_offset = NO_TIMESTAMP, segment.base_offset
+    for i in range(time_index.entries - 1, -1, -1):
+        ts, entry_offset = time_index.entry(i)
+        if entry_offset < view.high_watermark:
+            best, from_offset = ts, entry_offset
+            break
+    _, position = segment.offset_index.lookup(from_offset)
+    if position >= end:
+        position = 0
+    for header in segment.headers(position, end):
+        if header.max_timestamp > best:
+            best = header.max_timestamp
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    base_offset: int
+    last_offset: int  # base_offset - 1 when empty
+    size_bytes: int
+    first_timestamp: int
+    max_timestamp: int
+    index_entries: int
+    time_index_entries: int
+    active: bool
+
+
+def segment_infos(view: LogView) -> list[SegmentInfo]:
+    out = []
+    last = len(view.segments) - 1
+    for index, segment in enumerate(view.segments):
+        end = view.end_position(index)
+        if index == last:
+            next_offset = view.high_watermark
+            max_ts = _visible_max_timestamp(view, index) if end else NO_TIMESTAMP
+        else:
+            next_offset = segment.next_offset
+            max_ts = segment.max_timestamp
+        first_ts = NO_TIMESTAMP
+        if end >= HEADER_SIZE:
+            first_ts = parse_header(segment.read_bytes(0, HEADER_SIZE), 0).max_timestamp
+        out.append(
+            SegmentInfo(
+                segment.base_offset, next_offset - 1, end, first_ts, max_ts,
+                segment.offset_index.entries, segment.time_index.entries, index == last,
+            )
+        )
+    return out

@@ -1,0 +1,350 @@
+"""Records inside a Kafka v2 batch: varint encoding, batch building and decoding.
+
+Record grammar (after decompression), varint = zigzag + LEB128 (protobuf sint):
+
+    record      := length:varint body            length = bytes in body
+    body        := attributes:int8 timestampDelta:varlong offsetDelta:varint
+                   keyLength:varint key valueLength:varint value
+                   headerCount:varint header*
+    header      := keyLength:varint key(UTF-8) valueLength:varint value
+    a length of -1 means null (key, value, header value)
+
+A record's timestamp is baseTimestamp + timestampDelta, except in LogAppendTime batches, where
+every record reports the batch's maxTimestamp (as the Java client does). Its offset is
+baseOffset + offsetDelta.
+
+Pure functions, safe from any thread.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from crc32c import crc32c
+
+from . import compression
+from .errors import CorruptBatchError
+from .format import (
+    CONTROL_BIT,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC_V2,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    TIMESTAMP_TYPE_BIT,
+    TRANSACTIONAL_BIT,
+    BatchHeader,
+    parse_header,
+    validate_batch,
+)
+
+Header = tuple[str, "bytes | None"]
+
+_HEADER_AFTER_CRC = struct.Struct(">hiqqqhii")
+_HEADER_BEFORE_CRC = struct.Struct(">qiib")
+_U32 = struct.Struct(">I")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RecordInput:
+    """One record to put in a batch; its offset is decided by position in the batch."""
+
+    key: bytes | None
+    value: bytes | None
+    timestamp: int
+    headers: Sequence[Header] = ()
+
+
+# ---------------------------------------------------------------------------------------------
+# varints
+
+
+def _zigzag64(value: int) -> int:
+    return (value << 1) ^ (value >> 63)
+
+
+def write_varint(out: bytearray, value: int) -> None:
+    """Append the zigzag LEB128 encoding of a signed 64-bit `value`."""
+    v = (value << 1) ^ (value >> 63)
+    while v > 0x7F:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
+def read_varint(buf: bytes | bytearray | memoryview, position: int) -> tuple[int, int]:
+    """Decode a zigzag varint at `position`: (value, next position)."""
+    shift = 0
+    result = 0
+    try:
+        while True:
+            b = buf[position]
+            position += 1
+            result |= (b & 0x7F) << shift
+            if b < 0x80:
+                return (result >> 1) ^ -(result & 1), position
+            shift += 7
+            if shift > 63:
+                raise CorruptBatchError("varint longer than 10 bytes")
+    except IndexError:
+        raise CorruptBatchError("varint runs past the end of the records") from None
+
+
+def varint_size(value: int) -> int:
+    v = _zigzag64(value)
+    size = 1
+    while v > 0x7F:
+        v >>= 7
+        size += 1
+    return size
+
+
+# ---------------------------------------------------------------------------------------------
+# encoding
+
+
+def encode_records(
+    records: Iterable[tuple[bytes | None, bytes | None, int, Sequence[Header]] | RecordInput],
+    base_timestamp: int,
+) -> tuple[bytearray, int, int]:
+    """Encode records with offset deltas 0..n-1: (bytes, count, max timestamp)."""
+    out = bytearray()
+    body = bytearray()
+    count = 0
+    max_ts = -1
+    wv = write_varint
+    for rec in records:
+        if isinstance(rec, RecordInput):
+            key, value, ts, headers = rec.key, rec.value, rec.timestamp, rec.headers
+        else:
+            key, value, ts, headers = rec
+        if ts > max_ts:
+            max_ts = ts
+        body.clear()
+        body.append(0)  # attributes
+        wv(body, ts - base_timestamp)
+        wv(body, count)
+        if key is None:
+            body.append(1)  # zigzag(-1)
+        else:
+            wv(body, len(key))
+            body += key
+        if value is None:
+            body.append(1)
+        else:
+            wv(body, len(value))
+            body += value
+        wv(body, len(headers))
+        for hkey, hvalue in headers:
+            hk = hkey.encode("utf-8", "surrogateescape")
+            wv(body, len(hk))
+            body += hk
+            if hvalue is None:
+                body.append(1)
+            else:
+                wv(body, len(hvalue))
+                body += hvalue
+        wv(out, len(body))
+        out += body
+        count += 1
+    return out, count, max_ts
+
+
+def encode_batch(
+    base_offset: int,
+    records: Sequence[tuple[bytes | None, bytes | None, int, Sequence[Header]] | RecordInput],
+    *,
+    compression_type: int = compression.NONE,
+    log_append_time: int | None = None,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = -1,
+    base_sequence: int = NO_SEQUENCE,
+    transactional: bool = False,
+    control: bool = False,
+    partition_leader_epoch: int = 0,
+) -> bytearray:
+    """Build one v2 batch holding `records` (key, value, timestamp ms, headers).
+
+    Offsets inside are deltas 0..n-1 from `base_offset`. With `log_append_time`, the batch is
+    marked LogAppendTime and maxTimestamp is that time. At least one record is required.
+    """
+    if not records:
+        raise ValueError("a batch needs at least one record")
+    first = records[0]
+    base_timestamp = first.timestamp if isinstance(first, RecordInput) else first[2]
+    for rec in records:
+        ts = rec.timestamp if isinstance(rec, RecordInput) else rec[2]
+        if ts < base_timestamp:
+            base_timestamp = ts
+    body, count, max_ts = encode_records(records, base_timestamp)
+    attributes = compression_type
+    if log_append_time is not None:
+        attributes |= TIMESTAMP_TYPE_BIT
+        max_ts = log_append_time
+    if transactional:
+        attributes |= TRANSACTIONAL_BIT
+    if control:
+        attributes |= CONTROL_BIT
+    if compression_type != compression.NONE:
+        payload = compression.compress(compression_type, body)
+    else:
+        payload = body
+    out = bytearray(HEADER_SIZE)
+    out += payload
+    batch_length = len(out) - LOG_OVERHEAD
+    _HEADER_BEFORE_CRC.pack_into(out, 0, base_offset, batch_length, partition_leader_epoch, MAGIC_V2)
+    _HEADER_AFTER_CRC.pack_into(
+        out,
+        21,
+        attributes,
+        count - 1,
+        base_timestamp,
+        max_ts,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        count,
+    )
+    _U32.pack_into(out, 17, crc32c(memoryview(out)[21:]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# decoding
+
+
+def batch_records_bytes(
+    buf: bytes | bytearray | memoryview, header: BatchHeader, at: int | None = None
+) -> bytes | memoryview:
+    """The (decompressed) records block of the batch that starts at `at` in `buf`.
+
+    `at` defaults to header.position (right when `buf` is the whole file or the batch list).
+    """
+    if at is None:
+        at = header.position
+    start = at + HEADER_SIZE
+    end = at + header.size
+    raw = memoryview(buf)[start:end]
+    if header.compression == compression.NONE:
+        return raw
+    return compression.decompress(header.compression, raw)
+
+
+def decode_records(
+    buf: bytes | bytearray | memoryview, header: BatchHeader, at: int | None = None
+) -> list[Record]:
+    """Decode every record of the batch at `at` (default header.position) in `buf`.
+
+    The CRC is not re-checked here; validate_batch() does that.
+    """
+    data = batch_records_bytes(buf, header, at)
+    base_offset = header.base_offset
+    base_ts = header.base_timestamp
+    log_append = header.attributes & TIMESTAMP_TYPE_BIT
+    max_ts = header.max_timestamp
+    rv = read_varint
+    out: list[Record] = []
+    pos = 0
+    end = len(data)
+    try:
+        for _ in range(header.records_count):
+            length, pos = rv(data, pos)
+            record_end = pos + length
+            if length < 0 or record_end > end:
+                raise CorruptBatchError("record length runs past the end of the batch", header.position)
+            pos += 1  # attributes
+            ts_delta, pos = rv(data, pos)
+            offset_delta, pos = rv(data, pos)
+            klen, pos = rv(data, pos)
+            if klen < 0:
+                key = None
+            else:
+                key = bytes(data[pos : pos + klen])
+                pos += klen
+            vlen, pos = rv(data, pos)
+            if vlen < 0:
+                value = None
+            else:
+                value = bytes(data[pos : pos + vlen])
+                pos += vlen
+            hcount, pos = rv(data, pos)
+            headers: tuple[Header, ...] = ()
+            if hcount > 0:
+                hl = []
+                for _h in range(hcount):
+                    hklen, pos = rv(data, pos)
+                    if hklen < 0:
+                        raise CorruptBatchError("null header key", header.position)
+                    hkey = bytes(data[pos : pos + hklen]).decode("utf-8", "surrogateescape")
+                    pos += hklen
+                    hvlen, pos = rv(data, pos)
+                    if hvlen < 0:
+                        hvalue = None
+                    else:
+                        hvalue = bytes(data[pos : pos + hvlen])
+                        pos += hvlen
+                    hl.append((hkey, hvalue))
+                headers = tuple(hl)
+            elif hcount < 0:
+                raise CorruptBatchError("negative header count", header.position)
+            if pos != record_end:
+                raise CorruptBatchError("record length disagrees with its fields", header.position)
+            out.append(
+                Record(
+                    base_offset + offset_delta,
+                    max_ts if log_append else base_ts + ts_delta,
+                    key,
+                    value,
+                    headers,
+                )
+            )
+    finally:
+        if isinstance(data, memoryview):
+            data.release()
+    if pos != end:
+        raise CorruptBatchError(
+            f"{end - pos} bytes left after {header.records_count} records", header.position
+        )
+    return out
+
+
+def decode_batch(buf: bytes | bytearray | memoryview, position: int = 0, *, check_crc: bool = True) -> tuple[BatchHeader, list[Record]]:
+    header = validate_batch(buf, position, check_crc=check_crc) if check_crc else parse_header(buf, position)
+    return header, decode_records(buf, header)
+
+
+def check_records_framing(
+    buf: bytes | bytearray | memoryview, header: BatchHeader, at: int | None = None
+) -> None:
+    """Cheap structural check of an uncompressed batch: record lengths add up, count matches.
+
+    Compressed batches are not inflated here (their CRC already covers the bytes).
+    """
+    if header.compression != compression.NONE:
+        return
+    if at is None:
+        at = header.position
+    pos = at + HEADER_SIZE
+    end = at + header.size
+    count = 0
+    while pos < end:
+        length, pos = read_varint(buf, pos)
+        if length <= 0 or pos + length > end:
+            raise CorruptBatchError("record length runs past the end of the batch", header.position)
+        pos += length
+        count += 1
+    if count != header.records_count:
+        raise CorruptBatchError(
+            f"batch says {header.records_count} records but holds {count}", header.position
+        )

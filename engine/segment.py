@@ -1,0 +1,495 @@
+"""One log segment: a .log file of Kafka v2 batches with its .index and .timeindex.
+
+Files (see docs/FORMAT.md): <base>.log, <base>.index, <base>.timeindex, where <base> is the
+offset of the segment's first record, 20 digits. Every batch in the .log passed validation
+when appended; batches are stored exactly as appended, back to back, offsets increasing.
+
+Life cycle:
+    create() -> active: the writer appends (append()), fsyncs (flush()), and the indexes are
+    mapped read-write and preallocated. close_for_append() (on roll and clean shutdown) adds
+    the final time index entry, trims the indexes and makes the segment read-only.
+    open_existing() -> a closed segment: nothing is opened or mapped until first use.
+
+Index placement (Kafka >= 3.7, per batch): before counting a batch, if more than
+index.interval.bytes were appended since the last entry, add (batch last offset, batch start
+position) to the offset index and (largest timestamp so far, its batch's last offset) to the
+time index if that timestamp grew.
+
+Mutating methods belong to the partition's writer (run in its worker thread). Reads
+(read_bytes, find_batch, headers, find_timestamp, ...) are safe from any task or thread; they
+never read past the end position the caller passes, which for the active segment is the
+published high watermark's position.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from . import filenames
+from .errors import CorruptBatchError, CorruptIndexError, StorageError
+from .fileutil import FileHandle, pread_exact, pwrite_all
+from .format import HEADER_SIZE, NO_TIMESTAMP, TIMESTAMP_TYPE_BIT, BatchHeader, parse_header
+from .offset_index import OffsetIndex
+from .records import Record, decode_records
+from .scan import BatchScanner
+from .time_index import TimeIndex
+
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class AppendBatch:
+    """A batch ready to append: its bytes (offsets already assigned) and header facts."""
+
+    data: bytes | bytearray | memoryview
+    base_offset: int
+    last_offset: int
+    max_timestamp: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryResult:
+    valid_bytes: int
+    truncated_bytes: int
+    next_offset: int | None  # None when the segment holds no batch
+    batches: int
+    error: str | None
+
+
+class LogSegment:
+    def __init__(
+        self,
+        directory: Path,
+        base_offset: int,
+        size: int,
+        offset_index: OffsetIndex,
+        time_index: TimeIndex,
+        created_ms: int,
+    ) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.size = size
+        self.offset_index = offset_index
+        self.time_index = time_index
+        self.created_ms = created_ms
+        self.suffix = ""
+        self._file: FileHandle | None = None
+        self._fd_writable = False
+        self._fd_lock = threading.Lock()
+        self._max_timestamp: int | None = None  # None = not loaded yet
+        self._offset_of_max_timestamp: int | None = None
+        self._first_timestamp: int | None = None
+        self._next_offset: int | None = None  # None = not loaded yet
+        self._bytes_since_last_index_entry = 0
+        self._staged: list = []
+        self._staged_bytes = 0
+        self.closed = False
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls, directory: Path, base_offset: int, *, max_index_bytes: int, now_ms: int, suffix: str = ""
+    ) -> LogSegment:
+        """Create empty files for a new active segment. The caller fsyncs the directory."""
+        log_path, index_path, time_path = filenames.segment_files(directory, base_offset, suffix)
+        try:
+            handle = FileHandle(log_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        except OSError as exc:
+            raise StorageError(log_path, f"cannot create segment: {exc}") from exc
+        segment = cls(
+            directory,
+            base_offset,
+            0,
+            OffsetIndex.create_appendable(index_path, base_offset, max_index_bytes),
+            TimeIndex.create_appendable(time_path, base_offset, max_index_bytes),
+            now_ms,
+        )
+        segment.suffix = suffix
+        segment._file = handle
+        segment._fd_writable = True
+        segment._max_timestamp = NO_TIMESTAMP
+        segment._offset_of_max_timestamp = base_offset
+        segment._next_offset = base_offset
+        return segment
+
+    @classmethod
+    def open_existing(
+        cls, directory: Path, base_offset: int, *, max_index_bytes: int, suffix: str = ""
+    ) -> LogSegment:
+        """A closed segment; only stats its files. Raises CorruptIndexError for a bad index size."""
+        log_path, index_path, time_path = filenames.segment_files(directory, base_offset, suffix)
+        try:
+            st = os.stat(log_path)
+        except OSError as exc:
+            raise StorageError(log_path, f"cannot open segment: {exc}") from exc
+        index_size = _size_or_none(index_path)
+        time_size = _size_or_none(time_path)
+        if index_size is None or time_size is None:
+            raise CorruptIndexError(index_path if index_size is None else time_path, "index file is missing")
+        segment = cls(
+            directory,
+            base_offset,
+            st.st_size,
+            OffsetIndex.open_read_only(index_path, base_offset, max_index_bytes, index_size),
+            TimeIndex.open_read_only(time_path, base_offset, max_index_bytes, time_size),
+            int(st.st_mtime * 1000),
+        )
+        segment.suffix = suffix
+        return segment
+
+    # -- paths --------------------------------------------------------------------------------
+
+    @property
+    def log_path(self) -> Path:
+        return filenames.log_file(self.directory, self.base_offset, self.suffix)
+
+    @property
+    def name(self) -> str:
+        return self.log_path.name
+
+    def open_handle(self) -> FileHandle:
+        """The .log's descriptor, opened on first use. Hold the returned handle for as long as
+        its descriptor is in use (pread, sendfile): it closes when the last holder drops it."""
+        handle = self._file
+        if handle is not None:
+            return handle
+        with self._fd_lock:
+            if self._file is None:
+                try:
+                    self._file = FileHandle(self.log_path, os.O_RDONLY)
+                except OSError as exc:
+                    raise StorageError(self.log_path, f"cannot open segment: {exc}") from exc
+            return self._file
+
+    # -- facts --------------------------------------------------------------------------------
+
+    @property
+    def max_timestamp(self) -> int:
+        """Largest timestamp in the segment (NO_TIMESTAMP if none); a closed segment reads it
+        from its time index's last entry."""
+        if self._max_timestamp is None:
+            ts, offset = self.time_index.last_entry()
+            self._offset_of_max_timestamp = offset
+            self._max_timestamp = ts
+        return self._max_timestamp
+
+    @property
+    def offset_of_max_timestamp(self) -> int:
+        if self._max_timestamp is None:
+            self.max_timestamp  # noqa: B018 (loads both)
+        assert self._offset_of_max_timestamp is not None
+        return self._offset_of_max_timestamp
+
+    def first_timestamp(self, end_position: int | None = None) -> int:
+        """maxTimestamp of the first batch (Kafka's roll base), NO_TIMESTAMP if empty."""
+        if self._first_timestamp is None:
+            end = self.size if end_position is None else end_position
+            if end < HEADER_SIZE:
+                return NO_TIMESTAMP
+            header = parse_header(pread_exact(self.open_handle().fd, HEADER_SIZE, 0), 0)
+            self._first_timestamp = header.max_timestamp
+        return self._first_timestamp
+
+    @property
+    def next_offset(self) -> int:
+        """One past the last offset in the segment (base_offset when empty)."""
+        if self._next_offset is None:
+            last = None
+            _, position = self.offset_index.last_entry()
+            for header in self.headers(position, self.size):
+                last = header
+            self._next_offset = self.base_offset if last is None else last.next_offset
+        return self._next_offset
+
+    @property
+    def is_empty(self) -> bool:
+        return self.size == 0
+
+    # -- appending (writer only) --------------------------------------------------------------
+
+    def open_for_append(self) -> None:
+        """Make this (last) segment active again: writable fd, preallocated indexes."""
+        if self._fd_writable:
+            return
+        # load lazily computed facts from the read-only files before remapping them
+        self.max_timestamp  # noqa: B018
+        self.next_offset  # noqa: B018
+        try:
+            self._file = FileHandle(self.log_path, os.O_RDWR)
+        except OSError as exc:
+            raise StorageError(self.log_path, f"cannot open segment for appends: {exc}") from exc
+        self._fd_writable = True
+        self.offset_index.open_for_append()
+        self.time_index.open_for_append()
+
+    def can_hold(self, batch_last_offset: int) -> bool:
+        return batch_last_offset - self.base_offset <= INT32_MAX
+
+    def stage(self, batch: AppendBatch, index_interval_bytes: int) -> None:
+        """Place `batch` at the end of the segment: index entries now, bytes at write_staged().
+
+        `size` grows at once (roll decisions need it); readers never look past the published
+        end position, and index entries for unpublished data point above it, so staging is
+        invisible to them.
+        """
+        position = self.size
+        if position == 0:
+            self._first_timestamp = batch.max_timestamp
+        if batch.max_timestamp > self.max_timestamp:
+            self._max_timestamp = batch.max_timestamp
+            self._offset_of_max_timestamp = batch.last_offset
+        if self._bytes_since_last_index_entry > index_interval_bytes:
+            self.offset_index.append(batch.last_offset, position)
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            self._bytes_since_last_index_entry = 0
+        self._bytes_since_last_index_entry += batch.size
+        self._staged.append(batch.data)
+        self._staged_bytes += batch.size
+        self.size = position + batch.size
+        self._next_offset = batch.last_offset + 1
+
+    def write_staged(self) -> None:
+        """Write every staged batch with one pwritev (more only past IOV_MAX buffers)."""
+        if not self._staged:
+            return
+        assert self._fd_writable and self._file is not None
+        position = self.size - self._staged_bytes
+        try:
+            pwrite_all(self._file.fd, self._staged, position)
+        except OSError as exc:
+            raise StorageError(self.log_path, f"append failed: {exc}") from exc
+        self._staged = []
+        self._staged_bytes = 0
+
+    def append(self, batches: list[AppendBatch], index_interval_bytes: int) -> None:
+        """stage() each batch, then write them all."""
+        for batch in batches:
+            self.stage(batch, index_interval_bytes)
+        self.write_staged()
+
+    def flush(self) -> None:
+        """fdatasync the .log (indexes are rebuilt by recovery, so they are synced on close)."""
+        if self._file is not None and self._fd_writable:
+            try:
+                os.fdatasync(self._file.fd)
+            except OSError as exc:
+                raise StorageError(self.log_path, f"fsync failed: {exc}") from exc
+
+    def close_for_append(self) -> None:
+        """Roll or clean shutdown: final time index entry, fsync, trim indexes, read-only."""
+        if not self._fd_writable:
+            return
+        self.write_staged()
+        if self.max_timestamp != NO_TIMESTAMP:
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp, skip_full_check=True)
+        self.flush()
+        self.offset_index.close_for_append()
+        self.time_index.close_for_append()
+        # keep the descriptor for readers; it no longer needs write access but that is harmless
+        self._fd_writable = False
+
+    # -- reading (any task or thread) ---------------------------------------------------------
+
+    def read_bytes(self, position: int, size: int) -> bytes:
+        handle = self.open_handle()
+        return pread_exact(handle.fd, size, position)
+
+    def headers(self, start: int, end: int) -> Iterator[BatchHeader]:
+        """Headers of the batches in [start, end), which must begin on a batch boundary."""
+        scanner = BatchScanner(self.open_handle(), start, end, with_data=False)
+        for header, _ in scanner:
+            yield header
+
+    def find_batch(self, offset: int, end_position: int) -> BatchHeader | None:
+        """The first batch whose last offset >= `offset`, within [0, end_position); None if none."""
+        _, start = self.offset_index.lookup(offset)
+        if start >= end_position:
+            start = 0
+        for header in self.headers(start, end_position):
+            if header.last_offset >= offset:
+                return header
+        return None
+
+    def batch_end_within(self, start: int, limit: int, end_position: int) -> tuple[int, int]:
+        """Cut the whole batches from `start` at `limit`: (end position, next offset).
+
+        The run holds at least the first batch, whatever its size, and otherwise only batches
+        that end at or before `limit` (and `end_position`). The offset index lets the scan
+        jump to the last indexed batch starting before `limit`, so a cut costs one lookup and
+        a scan of about index.interval.bytes, not a read of everything in between.
+        """
+        limit = min(limit, end_position)
+        # an entry starting before `limit` lies inside the caller's view (limit <= end_position)
+        _, skip_to = self.offset_index.lookup_position(limit - 1)
+        scan_from = skip_to if skip_to > start else start
+        end, next_offset = start, -1
+        for header in self.headers(scan_from, end_position):
+            batch_end = header.position + header.size
+            if batch_end > limit and header.position > start:
+                if end == start:  # jumped ahead, and the batch there does not fit
+                    end, next_offset = header.position, header.base_offset
+                break
+            end, next_offset = batch_end, header.next_offset
+            if batch_end >= limit:
+                break
+        return end, next_offset
+
+    def read_batch(self, header: BatchHeader) -> bytes:
+        return self.read_bytes(header.position, header.size)
+
+    def decode_batch(self, header: BatchHeader) -> list[Record]:
+        return decode_records(self.read_batch(header), header, 0)
+
+    def find_timestamp(self, timestamp: int, start_offset: int, end_position: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with offset >= start_offset and timestamp >=
+        `timestamp` in this segment (Kafka's ListOffsets); None if no record qualifies."""
+        _, from_offset = self.time_index.lookup_before(timestamp)
+        _, start = self.offset_index.lookup(max(from_offset, start_offset))
+        if start >= end_position:
+            start = 0
+        for header in self.headers(start, end_position):
+            if header.last_offset < start_offset or header.max_timestamp < timestamp:
+                continue
+            if header.attributes & TIMESTAMP_TYPE_BIT:
+                return max(header.base_offset, start_offset), header.max_timestamp
+            for record in self.decode_batch(header):
+                if record.offset >= start_offset and record.timestamp >= timestamp:
+                    return record.offset, record.timestamp
+        return None
+
+    # -- recovery (writer / loader only, no concurrent readers) ------------------------------
+
+    def recover(self, index_interval_bytes: int, *, active: bool, max_index_bytes: int) -> RecoveryResult:
+        """Scan the whole .log: check every batch, rebuild both indexes, truncate at the first
+        invalid batch (a torn write). `active` leaves the indexes preallocated for appends."""
+        index_path, time_path = self.offset_index.path, self.time_index.path
+        self.offset_index.release()
+        self.time_index.release()
+        self.offset_index = OffsetIndex.create_appendable(index_path, self.base_offset, max_index_bytes)
+        self.time_index = TimeIndex.create_appendable(time_path, self.base_offset, max_index_bytes)
+        self._max_timestamp = NO_TIMESTAMP
+        self._offset_of_max_timestamp = self.base_offset
+        self._first_timestamp = None
+        self._bytes_since_last_index_entry = 0
+        handle = self.open_handle()
+        size = os.fstat(handle.fd).st_size
+        scanner = BatchScanner(handle, 0, size, with_data=True, check_crc=True)
+        position = 0
+        next_offset: int | None = None
+        batches = 0
+        error: str | None = None
+        for header, _data in scanner:
+            if header.base_offset < (self.base_offset if next_offset is None else next_offset):
+                error = f"offset {header.base_offset} goes backwards"
+                break
+            if not self.can_hold(header.last_offset):
+                error = f"offset {header.last_offset} does not fit the segment's int32 relative offsets"
+                break
+            if self.offset_index.is_full or self.time_index.is_full:
+                error = "index would overflow"
+                break
+            if header.max_timestamp > self._max_timestamp:
+                self._max_timestamp = header.max_timestamp
+                self._offset_of_max_timestamp = header.last_offset
+            if self._first_timestamp is None:
+                self._first_timestamp = header.max_timestamp
+            if self._bytes_since_last_index_entry > index_interval_bytes:
+                self.offset_index.append(header.last_offset, position)
+                self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+                self._bytes_since_last_index_entry = 0
+            position += header.size
+            self._bytes_since_last_index_entry += header.size
+            next_offset = header.next_offset
+            batches += 1
+        if error is None:
+            error = scanner.error
+        truncated = size - position
+        if truncated:
+            self._truncate_file(position)
+        else:
+            try:
+                os.fsync(handle.fd)  # what survived a process crash in the page cache
+            except OSError as exc:
+                raise StorageError(self.log_path, f"fsync failed: {exc}") from exc
+        self.size = position
+        self._next_offset = self.base_offset if next_offset is None else next_offset
+        if active:
+            self._fd_writable = False
+            self.open_for_append()
+        else:
+            if self._max_timestamp != NO_TIMESTAMP:
+                self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp, skip_full_check=True)
+            self.offset_index.close_for_append()
+            self.time_index.close_for_append()
+        return RecoveryResult(position, truncated, next_offset, batches, error if truncated else None)
+
+    def _truncate_file(self, size: int) -> None:
+        try:
+            fd = os.open(self.log_path, os.O_RDWR)
+            try:
+                os.ftruncate(fd, size)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StorageError(self.log_path, f"cannot truncate: {exc}") from exc
+
+    def sanity_check(self) -> None:
+        """Raise CorruptIndexError if an index disagrees with the log's size or itself."""
+        self.offset_index.sanity_check(self.size)
+        self.time_index.sanity_check()
+        if self.offset_index.entries:
+            offset, position = self.offset_index.last_entry()
+            header = None
+            if position + HEADER_SIZE <= self.size:
+                header = parse_header(pread_exact(self.open_handle().fd, HEADER_SIZE, position), 0)
+            if header is None or header.last_offset != offset:
+                raise CorruptIndexError(self.offset_index.path, f"last entry ({offset}, {position}) does not match the batch there")
+
+    # -- files --------------------------------------------------------------------------------
+
+    def change_suffix(self, old: str, new: str) -> None:
+        """Rename the three files from suffix `old` to `new` (e.g. '.cleaned' -> '.swap')."""
+        assert self.suffix == old
+        for kind in (filenames.log_file, filenames.index_file, filenames.time_index_file):
+            src = kind(self.directory, self.base_offset, old)
+            if src.exists():
+                os.replace(src, kind(self.directory, self.base_offset, new))
+        self.suffix = new
+        self.offset_index.path = filenames.index_file(self.directory, self.base_offset, new)
+        self.time_index.path = filenames.time_index_file(self.directory, self.base_offset, new)
+
+    def close(self) -> None:
+        """Release descriptors and mappings (readers holding them keep working until GC)."""
+        self.offset_index.release()
+        self.time_index.release()
+        with self._fd_lock:
+            self._file = None  # closes once no reader holds the handle
+        self._fd_writable = False
+        self.closed = True
+
+    def delete_files(self) -> None:
+        for kind in (filenames.log_file, filenames.index_file, filenames.time_index_file):
+            try:
+                os.unlink(kind(self.directory, self.base_offset, self.suffix))
+            except FileNotFoundError:
+                pass
+
+    def __repr__(self) -> str:
+        return f"LogSegment({self.directory.name}/{self.name}, size={self.size})"
+
+
+def _size_or_none(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+
+
+__all__ = ["AppendBatch", "LogSegment", "RecoveryResult", "CorruptBatchError"]

@@ -1,0 +1,111 @@
+"""Shared fixtures: a clean environment, data dirs, a real server on a free port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No EVENTLOG_* setting from the developer's shell leaks into a test."""
+    for name in list(os.environ):
+        if name.startswith("EVENTLOG_"):
+            monkeypatch.delenv(name)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    """`eventlog serve` in a subprocess, on a free port."""
+
+    data_dir: Path
+    port: int = field(default_factory=free_port)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "ServerProcess":
+        self.log_path = self.data_dir.parent / f"server-{self.port}.log"
+        env = {**os.environ, **self.env}
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [str(VENV_BIN / "eventlog"), "serve", "--data-dir", str(self.data_dir), "--port", str(self.port)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"server did not become ready:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout=timeout)
+        finally:
+            self._log.close()
+        return code
+
+    def kill(self) -> int:
+        return self.stop(signal.SIGKILL)
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30)
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator:
+    started: list[ServerProcess] = []
+
+    def make(data_dir: Path | None = None, **env: str) -> ServerProcess:
+        server = ServerProcess(data_dir or tmp_path / "data", env=env)
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()
+
+
+@pytest.fixture
+def server(server_factory) -> Iterator[ServerProcess]:
+    s = server_factory().start()
+    yield s
+    s.stop()
