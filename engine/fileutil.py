@@ -65,7 +65,8 @@ class FileHandle:
         return self.fd
 
     def __del__(self) -> None:
-        fd, self.fd = self.fd, -1
+        fd = getattr(self, "fd", -1)  # -1 when os.open failed in __init__
+        self.fd = -1
         if fd >= 0:
             try:
                 os.close(fd)

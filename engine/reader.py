@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import OffsetOutOfRangeError
+from .fileutil import FileHandle, pread_exact
 from .format import CONTROL_BIT, HEADER_SIZE, NO_TIMESTAMP, parse_header
 from .records import Record, decode_records
 from .segment import LogSegment
@@ -21,6 +22,7 @@ class FetchSlice:
     """Whole batches [position, end) of one segment, ready to be read or sent as they are."""
 
     segment: LogSegment
+    handle: FileHandle  # holds the .log open, even if the segment is deleted meanwhile
     position: int
     end: int
     first_batch_offset: int  # base offset of the first batch (may be below the fetch offset)
@@ -33,7 +35,7 @@ class FetchSlice:
         return self.end - self.position
 
     def read(self) -> bytes:
-        return self.segment.read_bytes(self.position, self.end - self.position)
+        return pread_exact(self.handle.fd, self.end - self.position, self.position)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +71,7 @@ def fetch_slice(view: LogView, offset: int, max_bytes: int) -> FetchSlice | None
                 header.position, header.position + max(max_bytes, 1), end_position
             )
             return FetchSlice(
-                segment, header.position, end, header.base_offset, next_offset,
+                segment, segment.open_handle(), header.position, end, header.base_offset, next_offset,
                 view.high_watermark, view.log_start_offset,
             )
         index += 1

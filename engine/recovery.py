@@ -137,10 +137,10 @@ def load_log(
         except CorruptIndexError as exc:
             logger.warning("%s: %s; rebuilding its indexes", directory.name, exc)
             for path in filenames.segment_files(directory, base)[1:]:
-                if not path.exists():
-                    path.touch()
+                path.write_bytes(b"")  # recover() below rebuilds both
             segment = LogSegment.open_existing(directory, base, max_index_bytes=config.segment_index_bytes)
             needs_rebuild.add(base)
+        segment.index_interval_bytes = config.index_interval_bytes
         segments.append(segment)
 
     # which segments to scan

@@ -15,7 +15,7 @@ import os
 from typing import Iterator
 
 from .errors import CorruptBatchError
-from .format import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, parse_header, read_prefix, validate_batch
+from .format import HEADER_SIZE, LOG_OVERHEAD, MAGIC_V2, BatchHeader, parse_header, read_prefix, validate_batch
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 HEADER_CHUNK_BYTES = 16 * 1024
@@ -77,6 +77,9 @@ class BatchScanner:
                 header = parse_header(buf, rel, position)
                 if header.batch_length < HEADER_SIZE - LOG_OVERHEAD or position + header.size > end:
                     self._fail(position, f"batch of {header.size} bytes runs past the end")
+                    return
+                if header.magic != MAGIC_V2 or header.last_offset_delta < 0 or header.base_offset < 0:
+                    self._fail(position, "not a v2 batch header")
                     return
                 data = None
             yield header, data

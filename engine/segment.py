@@ -23,14 +23,16 @@ published high watermark's position.
 
 from __future__ import annotations
 
+import logging
 import os
+import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from . import filenames
-from .errors import CorruptBatchError, CorruptIndexError, StorageError
+from .errors import CorruptBatchError, CorruptIndexError, CorruptSegmentError, StorageError
 from .fileutil import FileHandle, pread_exact, pwrite_all
 from .format import HEADER_SIZE, NO_TIMESTAMP, TIMESTAMP_TYPE_BIT, BatchHeader, parse_header
 from .offset_index import OffsetIndex
@@ -39,6 +41,10 @@ from .scan import BatchScanner
 from .time_index import TimeIndex
 
 INT32_MAX = 2**31 - 1
+_OFFSET_ENTRY = struct.Struct(">ii")
+_TIME_ENTRY = struct.Struct(">qi")
+
+logger = logging.getLogger("eventlog.engine")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +80,16 @@ class LogSegment:
         self.directory = directory
         self.base_offset = base_offset
         self.size = size
-        self.offset_index = offset_index
-        self.time_index = time_index
+        self._offset_index = offset_index
+        self._time_index = time_index
+        self._indexes_verified = offset_index.appendable
+        self.index_interval_bytes = 4096  # what a lazy index rebuild uses; the loader sets it
         self.created_ms = created_ms
         self.suffix = ""
         self._file: FileHandle | None = None
         self._fd_writable = False
         self._fd_lock = threading.Lock()
+        self._index_lock = threading.Lock()
         self._max_timestamp: int | None = None  # None = not loaded yet
         self._offset_of_max_timestamp: int | None = None
         self._first_timestamp: int | None = None
@@ -143,6 +152,65 @@ class LogSegment:
         segment.suffix = suffix
         return segment
 
+    # -- indexes ------------------------------------------------------------------------------
+
+    @property
+    def offset_index(self) -> OffsetIndex:
+        if not self._indexes_verified:
+            self._verify_indexes()
+        return self._offset_index
+
+    @property
+    def time_index(self) -> TimeIndex:
+        if not self._indexes_verified:
+            self._verify_indexes()
+        return self._time_index
+
+    def _verify_indexes(self) -> None:
+        """First use of a closed segment's indexes: sanity-check them (Kafka does the same
+        lazily); if they fail, rebuild both from the .log and swap them in."""
+        with self._index_lock:
+            if self._indexes_verified:
+                return
+            try:
+                self.sanity_check()
+            except CorruptIndexError as exc:
+                logger.warning("%s: %s; rebuilding its indexes", self.directory.name, exc)
+                self._rebuild_indexes()
+            self._indexes_verified = True
+
+    def _rebuild_indexes(self) -> None:
+        """Recompute both indexes from the batch headers and replace the files atomically
+        (temp file, fsync, rename). Readers holding the old objects keep their mappings."""
+        offset_entries, time_entries = bytearray(), bytearray()
+        since = 0
+        max_ts, offset_of_max = NO_TIMESTAMP, self.base_offset
+        for header in self.headers(0, self.size):
+            if header.max_timestamp > max_ts:
+                max_ts, offset_of_max = header.max_timestamp, header.last_offset
+            if since > self.index_interval_bytes:
+                offset_entries += _OFFSET_ENTRY.pack(header.last_offset - self.base_offset, header.position)
+                if not time_entries or max_ts > _TIME_ENTRY.unpack_from(time_entries, len(time_entries) - 12)[0]:
+                    time_entries += _TIME_ENTRY.pack(max_ts, offset_of_max - self.base_offset)
+                since = 0
+            since += header.size
+        if max_ts != NO_TIMESTAMP and (not time_entries or max_ts > _TIME_ENTRY.unpack_from(time_entries, len(time_entries) - 12)[0]):
+            time_entries += _TIME_ENTRY.pack(max_ts, offset_of_max - self.base_offset)
+        max_bytes = self._offset_index.max_entries * OffsetIndex.ENTRY_SIZE
+        for old, data, cls in ((self._offset_index, offset_entries, OffsetIndex), (self._time_index, time_entries, TimeIndex)):
+            tmp = old.path.with_name(old.path.name + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, old.path)
+            new = cls.open_read_only(old.path, self.base_offset, max_bytes, len(data))
+            if cls is OffsetIndex:
+                self._offset_index = new  # type: ignore[assignment]
+            else:
+                self._time_index = new  # type: ignore[assignment]
+        self._max_timestamp, self._offset_of_max_timestamp = max_ts, offset_of_max
+
     # -- paths --------------------------------------------------------------------------------
 
     @property
@@ -202,7 +270,7 @@ class LogSegment:
         if self._next_offset is None:
             last = None
             _, position = self.offset_index.last_entry()
-            for header in self.headers(position, self.size):
+            for header in self._headers_from_index(position, self.size):
                 last = header
             self._next_offset = self.base_offset if last is None else last.next_offset
         return self._next_offset
@@ -225,8 +293,9 @@ class LogSegment:
         except OSError as exc:
             raise StorageError(self.log_path, f"cannot open segment for appends: {exc}") from exc
         self._fd_writable = True
-        self.offset_index.open_for_append()
-        self.time_index.open_for_append()
+        self._offset_index.open_for_append()
+        self._time_index.open_for_append()
+        self._indexes_verified = True
 
     def can_hold(self, batch_last_offset: int) -> bool:
         return batch_last_offset - self.base_offset <= INT32_MAX
@@ -245,8 +314,8 @@ class LogSegment:
             self._max_timestamp = batch.max_timestamp
             self._offset_of_max_timestamp = batch.last_offset
         if self._bytes_since_last_index_entry > index_interval_bytes:
-            self.offset_index.append(batch.last_offset, position)
-            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            self._offset_index.append(batch.last_offset, position)
+            self._time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
             self._bytes_since_last_index_entry = 0
         self._bytes_since_last_index_entry += batch.size
         self._staged.append(batch.data)
@@ -287,10 +356,10 @@ class LogSegment:
             return
         self.write_staged()
         if self.max_timestamp != NO_TIMESTAMP:
-            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp, skip_full_check=True)
+            self._time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp, skip_full_check=True)
         self.flush()
-        self.offset_index.close_for_append()
-        self.time_index.close_for_append()
+        self._offset_index.close_for_append()
+        self._time_index.close_for_append()
         # keep the descriptor for readers; it no longer needs write access but that is harmless
         self._fd_writable = False
 
@@ -301,17 +370,47 @@ class LogSegment:
         return pread_exact(handle.fd, size, position)
 
     def headers(self, start: int, end: int) -> Iterator[BatchHeader]:
-        """Headers of the batches in [start, end), which must begin on a batch boundary."""
+        """Headers of the batches in [start, end), which must begin on a batch boundary.
+
+        Raises CorruptSegmentError if the bytes there are not a run of batch headers (an index
+        that points into the middle of a batch, or a damaged closed segment).
+        """
         scanner = BatchScanner(self.open_handle(), start, end, with_data=False)
         for header, _ in scanner:
             yield header
+        if scanner.error is not None:
+            raise CorruptSegmentError(self.log_path, f"at byte {scanner.error_position}: {scanner.error}")
+
+    def _headers_from_index(self, start: int, end: int) -> Iterator[BatchHeader]:
+        """headers() from an index-given position. If the index led astray (the bytes there
+        are not a batch), rebuild the indexes and continue with a scan from the segment start,
+        so that no record is ever skipped."""
+        yielded_end = start
+        try:
+            for header in self.headers(start, end):
+                yield header
+                yielded_end = header.position + header.size
+            return
+        except CorruptSegmentError:
+            if start == 0:
+                raise
+            logger.warning(
+                "%s/%s: index position %d is not a batch boundary; rebuilding indexes",
+                self.directory.name, self.name, start,
+            )
+            if not self._offset_index.appendable:
+                with self._index_lock:
+                    self._rebuild_indexes()
+        for header in self.headers(0, end):
+            if header.position >= yielded_end:
+                yield header
 
     def find_batch(self, offset: int, end_position: int) -> BatchHeader | None:
         """The first batch whose last offset >= `offset`, within [0, end_position); None if none."""
         _, start = self.offset_index.lookup(offset)
         if start >= end_position:
             start = 0
-        for header in self.headers(start, end_position):
+        for header in self._headers_from_index(start, end_position):
             if header.last_offset >= offset:
                 return header
         return None
@@ -329,7 +428,7 @@ class LogSegment:
         _, skip_to = self.offset_index.lookup_position(limit - 1)
         scan_from = skip_to if skip_to > start else start
         end, next_offset = start, -1
-        for header in self.headers(scan_from, end_position):
+        for header in self._headers_from_index(scan_from, end_position):
             batch_end = header.position + header.size
             if batch_end > limit and header.position > start:
                 if end == start:  # jumped ahead, and the batch there does not fit
@@ -353,7 +452,7 @@ class LogSegment:
         _, start = self.offset_index.lookup(max(from_offset, start_offset))
         if start >= end_position:
             start = 0
-        for header in self.headers(start, end_position):
+        for header in self._headers_from_index(start, end_position):
             if header.last_offset < start_offset or header.max_timestamp < timestamp:
                 continue
             if header.attributes & TIMESTAMP_TYPE_BIT:
@@ -368,11 +467,11 @@ class LogSegment:
     def recover(self, index_interval_bytes: int, *, active: bool, max_index_bytes: int) -> RecoveryResult:
         """Scan the whole .log: check every batch, rebuild both indexes, truncate at the first
         invalid batch (a torn write). `active` leaves the indexes preallocated for appends."""
-        index_path, time_path = self.offset_index.path, self.time_index.path
-        self.offset_index.release()
-        self.time_index.release()
-        self.offset_index = OffsetIndex.create_appendable(index_path, self.base_offset, max_index_bytes)
-        self.time_index = TimeIndex.create_appendable(time_path, self.base_offset, max_index_bytes)
+        index_path, time_path = self._offset_index.path, self._time_index.path
+        self._offset_index.release()
+        self._time_index.release()
+        self._offset_index = OffsetIndex.create_appendable(index_path, self.base_offset, max_index_bytes)
+        self._time_index = TimeIndex.create_appendable(time_path, self.base_offset, max_index_bytes)
         self._max_timestamp = NO_TIMESTAMP
         self._offset_of_max_timestamp = self.base_offset
         self._first_timestamp = None
@@ -391,7 +490,7 @@ class LogSegment:
             if not self.can_hold(header.last_offset):
                 error = f"offset {header.last_offset} does not fit the segment's int32 relative offsets"
                 break
-            if self.offset_index.is_full or self.time_index.is_full:
+            if self._offset_index.is_full or self._time_index.is_full:
                 error = "index would overflow"
                 break
             if header.max_timestamp > self._max_timestamp:
@@ -400,8 +499,8 @@ class LogSegment:
             if self._first_timestamp is None:
                 self._first_timestamp = header.max_timestamp
             if self._bytes_since_last_index_entry > index_interval_bytes:
-                self.offset_index.append(header.last_offset, position)
-                self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+                self._offset_index.append(header.last_offset, position)
+                self._time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
                 self._bytes_since_last_index_entry = 0
             position += header.size
             self._bytes_since_last_index_entry += header.size
@@ -419,14 +518,15 @@ class LogSegment:
                 raise StorageError(self.log_path, f"fsync failed: {exc}") from exc
         self.size = position
         self._next_offset = self.base_offset if next_offset is None else next_offset
+        self._indexes_verified = True
         if active:
             self._fd_writable = False
             self.open_for_append()
         else:
             if self._max_timestamp != NO_TIMESTAMP:
-                self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp, skip_full_check=True)
-            self.offset_index.close_for_append()
-            self.time_index.close_for_append()
+                self._time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp, skip_full_check=True)
+            self._offset_index.close_for_append()
+            self._time_index.close_for_append()
         return RecoveryResult(position, truncated, next_offset, batches, error if truncated else None)
 
     def _truncate_file(self, size: int) -> None:
@@ -441,16 +541,28 @@ class LogSegment:
             raise StorageError(self.log_path, f"cannot truncate: {exc}") from exc
 
     def sanity_check(self) -> None:
-        """Raise CorruptIndexError if an index disagrees with the log's size or itself."""
-        self.offset_index.sanity_check(self.size)
-        self.time_index.sanity_check()
-        if self.offset_index.entries:
-            offset, position = self.offset_index.last_entry()
+        """Raise CorruptIndexError if an index disagrees with the log or with itself.
+
+        Whole-index checks (sizes, order, range) plus a spot check that a few offset index
+        entries (first, last, and up to six between) name a batch that starts at their
+        position and ends at their offset: about ten small reads per segment.
+        """
+        self._offset_index.sanity_check(self.size)
+        self._time_index.sanity_check()
+        entries = self._offset_index.entries
+        if not entries:
+            return
+        picks = sorted({0, entries - 1, *range(0, entries, max(1, entries // 6))})
+        fd = self.open_handle().fd
+        for i in picks:
+            offset, position = self._offset_index.entry(i)
             header = None
             if position + HEADER_SIZE <= self.size:
-                header = parse_header(pread_exact(self.open_handle().fd, HEADER_SIZE, position), 0)
-            if header is None or header.last_offset != offset:
-                raise CorruptIndexError(self.offset_index.path, f"last entry ({offset}, {position}) does not match the batch there")
+                header = parse_header(pread_exact(fd, HEADER_SIZE, position), 0)
+            if header is None or header.last_offset != offset or header.size + position > self.size:
+                raise CorruptIndexError(
+                    self._offset_index.path, f"entry {i} ({offset}, {position}) does not match the batch there"
+                )
 
     # -- files --------------------------------------------------------------------------------
 
@@ -462,13 +574,13 @@ class LogSegment:
             if src.exists():
                 os.replace(src, kind(self.directory, self.base_offset, new))
         self.suffix = new
-        self.offset_index.path = filenames.index_file(self.directory, self.base_offset, new)
-        self.time_index.path = filenames.time_index_file(self.directory, self.base_offset, new)
+        self._offset_index.path = filenames.index_file(self.directory, self.base_offset, new)
+        self._time_index.path = filenames.time_index_file(self.directory, self.base_offset, new)
 
     def close(self) -> None:
         """Release descriptors and mappings (readers holding them keep working until GC)."""
-        self.offset_index.release()
-        self.time_index.release()
+        self._offset_index.release()
+        self._time_index.release()
         with self._fd_lock:
             self._file = None  # closes once no reader holds the handle
         self._fd_writable = False

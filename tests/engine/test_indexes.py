@@ -1,0 +1,147 @@
+"""Offset and time indexes against a model: a sorted list and bisect."""
+
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.errors import CorruptIndexError
+from engine.format import NO_TIMESTAMP
+from engine.index_file import WARM_SECTION_BYTES
+from engine.offset_index import OffsetIndex
+from engine.time_index import TimeIndex
+
+BASE = 1_000
+
+
+def _offset_entries(draw_gaps: list[int]) -> list[tuple[int, int]]:
+    entries, offset, position = [], BASE, 0
+    for gap in draw_gaps:
+        offset += gap
+        position += gap * 10 + 1
+        entries.append((offset, position))
+    return entries
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 50), max_size=3000), st.lists(st.integers(BASE - 5, BASE + 200_000), max_size=50))
+def test_offset_index_lookup_matches_bisect(tmp_path_factory, gaps, targets) -> None:
+    path = tmp_path_factory.mktemp("idx") / "00000000000000001000.index"
+    index = OffsetIndex.create_appendable(path, BASE, 64 * 1024)
+    entries = _offset_entries(gaps)[: index.max_entries]
+    for offset, position in entries:
+        index.append(offset, position)
+    offsets = [o for o, _ in entries]
+    for check in (index,):
+        for target in targets + offsets[:5] + offsets[-5:]:
+            i = bisect.bisect_right(offsets, target) - 1
+            expected = entries[i] if i >= 0 else (BASE, 0)
+            assert check.lookup(target) == expected
+    # trimmed to exactly its entries, then looked up again through a fresh read-only mapping
+    index.close_for_append()
+    assert path.stat().st_size == len(entries) * 8
+    reopened = OffsetIndex.open_read_only(path, BASE, 64 * 1024, path.stat().st_size)
+    positions = [p for _, p in entries]
+    for target in targets:
+        i = bisect.bisect_right(offsets, target) - 1
+        assert reopened.lookup(target) == (entries[i] if i >= 0 else (BASE, 0))
+        j = bisect.bisect_right(positions, target) - 1
+        assert reopened.lookup_position(target) == (entries[j] if j >= 0 else (BASE, 0))
+    reopened.sanity_check(log_size=positions[-1] + 1 if positions else 0)
+
+
+def test_warm_section_and_cold_section_both_answer(tmp_path: Path) -> None:
+    index = OffsetIndex.create_appendable(tmp_path / "0.index", 0, 1024 * 1024)
+    n = 10 * WARM_SECTION_BYTES // 8
+    for i in range(1, n + 1):
+        index.append(i * 3, i * 100)
+    assert index.lookup(5) == (3, 100)  # cold
+    assert index.lookup(n * 3 - 1) == ((n - 1) * 3, (n - 1) * 100)  # warm
+    assert index.lookup(n * 3 + 50) == (n * 3, n * 100)  # past the end: last entry
+    assert index.lookup(2) == (0, 0)  # below the first entry: segment start
+
+
+def test_empty_index_lookups(tmp_path: Path) -> None:
+    index = OffsetIndex.create_appendable(tmp_path / "0.index", 7, 1024)
+    assert index.lookup(100) == (7, 0)
+    assert index.lookup_position(100) == (7, 0)
+    index.close_for_append()
+    assert (tmp_path / "0.index").stat().st_size == 0
+    ro = OffsetIndex.open_read_only(tmp_path / "0.index", 7, 1024, 0)
+    assert ro.lookup(100) == (7, 0)
+    assert len(ro.view()) == 0
+
+
+def test_offsets_must_increase(tmp_path: Path) -> None:
+    index = OffsetIndex.create_appendable(tmp_path / "0.index", 0, 1024)
+    index.append(10, 100)
+    with pytest.raises(CorruptIndexError):
+        index.append(10, 200)
+
+
+def test_full_index_and_preallocation(tmp_path: Path) -> None:
+    index = OffsetIndex.create_appendable(tmp_path / "0.index", 0, 80)
+    assert (tmp_path / "0.index").stat().st_size == 80  # preallocated
+    for i in range(1, 10):
+        index.append(i, i * 10)
+    assert not index.is_full  # one entry short of full
+    index.append(10, 100)
+    assert index.is_full
+    with pytest.raises(CorruptIndexError, match="full"):
+        index.append(11, 110)
+
+
+def test_time_index_keeps_a_slot_for_the_final_entry(tmp_path: Path) -> None:
+    index = TimeIndex.create_appendable(tmp_path / "0.timeindex", 0, 36)  # 3 entries
+    assert index.maybe_append(100, 1)
+    assert not index.is_full
+    assert index.maybe_append(200, 2)
+    assert index.is_full  # entries >= max - 1
+    assert index.maybe_append(300, 3, skip_full_check=True)
+    assert index.entries == 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1000), st.integers(1, 20)), max_size=2000), st.lists(st.integers(-5, 1_200_000), max_size=40))
+def test_time_index_lookup_before_matches_model(tmp_path_factory, steps, targets) -> None:
+    path = tmp_path_factory.mktemp("tidx") / "0.timeindex"
+    index = TimeIndex.create_appendable(path, 0, 12 * 5000)
+    model: list[tuple[int, int]] = []
+    ts, offset = 0, 0
+    for dts, doff in steps:
+        ts += dts
+        offset += doff
+        if index.maybe_append(ts, offset):
+            model.append((ts, offset))
+        else:
+            assert dts == 0 or (model and ts <= model[-1][0])
+    stamps = [t for t, _ in model]
+    for target in targets:
+        i = bisect.bisect_left(stamps, target) - 1  # greatest entry with timestamp < target
+        assert index.lookup_before(target) == (model[i] if i >= 0 else (NO_TIMESTAMP, 0))
+    assert index.last_entry() == (model[-1] if model else (NO_TIMESTAMP, 0))
+    index.sanity_check()
+
+
+def test_sanity_checks_catch_corruption(tmp_path: Path) -> None:
+    path = tmp_path / "0.index"
+    index = OffsetIndex.create_appendable(path, 0, 1024)
+    index.append(5, 100)
+    index.append(9, 200)
+    index.close_for_append()
+    data = bytearray(path.read_bytes())
+    data[12:16] = (50).to_bytes(4, "big")  # second position below the first
+    path.write_bytes(bytes(data))
+    ro = OffsetIndex.open_read_only(path, 0, 1024, len(data))
+    with pytest.raises(CorruptIndexError):
+        ro.sanity_check(log_size=1000)
+    good = OffsetIndex.create_appendable(tmp_path / "1.index", 0, 1024)
+    good.append(5, 100)
+    with pytest.raises(CorruptIndexError, match="past the log size"):
+        good.sanity_check(log_size=50)
+    with pytest.raises(CorruptIndexError, match="multiple"):
+        OffsetIndex.open_read_only(path, 0, 1024, 13)

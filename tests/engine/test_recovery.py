@@ -1,0 +1,227 @@
+"""Recovery: torn tails, damaged bytes, broken indexes, and interrupted file swaps."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from engine import filenames, reader
+from engine.config import LogConfig
+from engine.recovery import load_log
+from engine.records import encode_batch
+
+from .helpers import append_records, running_log
+from .test_partition_log import check_files
+
+T0 = 1_700_000_000_000
+CONFIG = LogConfig(segment_bytes=400, index_interval_bytes=100)
+
+
+async def _fill(directory: Path, n: int = 20, config: LogConfig = CONFIG) -> list[tuple[int, bytes]]:
+    written = []
+    async with running_log(directory, config) as log:
+        for i in range(n):
+            value = b"value-%03d" % i + b"x" * 40
+            result = await append_records(log, [(b"k%d" % i, value, T0 + i, [])])
+            written.append((result.base_offset, value))
+    return written
+
+
+def _values(log) -> list[tuple[int, bytes]]:
+    return [(r.offset, r.value) for r in reader.read_records(log.view, log.log_start_offset, 10**6, 10**8).records]
+
+
+def _logs(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.name.endswith(".log"))
+
+
+@pytest.mark.parametrize("cut", [1, 30, 61, 70])
+async def test_torn_tail_is_truncated_to_whole_batches(tmp_path: Path, cut: int) -> None:
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    last = _logs(directory)[-1]
+    size = last.stat().st_size
+    batch = len(encode_batch(0, [(b"k19", written[-1][1], T0, [])]))
+    with open(last, "r+b") as f:
+        f.truncate(size - batch + cut)  # a torn final batch: `cut` of its bytes made it to disk
+    async with running_log(directory, CONFIG, clean_shutdown=False, recovery_point=0) as log:
+        assert log.load_stats.truncated_bytes == cut
+        assert _values(log) == written[:-1]
+        assert log.high_watermark == written[-1][0]
+        # the log keeps working after recovery
+        result = await append_records(log, [(b"k", b"after", T0, [])])
+        assert result.base_offset == written[-1][0]
+    check_files(directory)
+
+
+async def test_appended_garbage_and_zero_tail_are_removed(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    last = _logs(directory)[-1]
+    with open(last, "ab") as f:
+        f.write(os.urandom(333))
+    async with running_log(directory, CONFIG) as log:
+        assert log.load_stats.truncated_bytes == 333
+        assert _values(log) == written
+    with open(last, "ab") as f:
+        f.write(bytes(4096))  # a zero-filled (preallocated) tail
+    async with running_log(directory, CONFIG) as log:
+        assert log.load_stats.truncated_bytes == 4096
+        assert _values(log) == written
+    check_files(directory)
+
+
+async def test_flipped_byte_truncates_there_and_drops_later_segments(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    logs = _logs(directory)
+    assert len(logs) >= 4
+    victim = logs[1]
+    data = bytearray(victim.read_bytes())
+    data[70] ^= 0x40  # inside the first batch's records: CRC mismatch
+    victim.write_bytes(bytes(data))
+    base = int(victim.name[:20])
+    async with running_log(directory, CONFIG, recovery_point=0) as log:
+        assert log.load_stats.deleted_segments == len(logs) - 2
+        assert any("CRC" in e for e in log.load_stats.errors)
+        assert _values(log) == [w for w in written if w[0] < base]
+        assert [s.base_offset for s in log.view.segments] == [0, base]
+    assert _logs(directory) == logs[:2]
+    check_files(directory)
+
+
+async def test_clean_shutdown_scans_nothing_and_maps_nothing(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    loaded = load_log(directory, CONFIG, clean_shutdown=True, recovery_point=len(written), log_start_offset=0, now_ms=T0)
+    assert loaded.stats.scanned_segments == 0
+    assert loaded.next_offset == len(written)
+    closed = loaded.segments[:-1]
+    assert all(s._offset_index._mm is None and s._time_index._mm is None for s in closed)  # lazy
+    for s in loaded.segments:
+        s.close()
+
+
+async def test_unclean_shutdown_scans_from_the_recovery_point_only(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    bases = [int(p.name[:20]) for p in _logs(directory)]
+    recovery_point = bases[-3] + 1  # inside the third segment from the end
+    loaded = load_log(directory, CONFIG, clean_shutdown=False, recovery_point=recovery_point, log_start_offset=0, now_ms=T0)
+    assert loaded.stats.scanned_segments == 3
+    assert loaded.next_offset == len(written) == loaded.recovery_point
+    for s in loaded.segments:
+        s.close()
+
+
+@pytest.mark.parametrize("damage", ["missing", "odd_size", "wrong_entries"])
+async def test_broken_index_is_rebuilt_even_after_a_clean_shutdown(tmp_path: Path, damage: str) -> None:
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    victim = filenames.index_file(directory, int(_logs(directory)[1].name[:20]))
+    original = victim.read_bytes()
+    assert original, "the test needs a segment with index entries"
+    if damage == "missing":
+        victim.unlink()
+    elif damage == "odd_size":
+        victim.write_bytes(original + b"\x01\x02\x03")
+    else:
+        bad = bytearray(original)
+        bad[4:8] = (3).to_bytes(4, "big")  # a position where no batch starts
+        victim.write_bytes(bytes(bad))
+    async with running_log(directory, CONFIG, clean_shutdown=True, recovery_point=len(written)) as log:
+        assert _values(log) == written  # lookups go through the (re)verified index
+        for offset, _value in written:
+            assert reader.read_records(log.view, offset, 1, 1).records[0].offset == offset
+    assert victim.read_bytes() == original
+    check_files(directory)
+
+
+async def test_leftover_deleted_files_are_removed(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    first = _logs(directory)[0]
+    base = int(first.name[:20])
+    next_base = int(_logs(directory)[1].name[:20])
+    for path in filenames.segment_files(directory, base):
+        os.replace(path, path.with_name(path.name + filenames.DELETED_SUFFIX))
+    async with running_log(directory, CONFIG, log_start_offset=0) as log:
+        assert log.log_start_offset == next_base
+        assert _values(log) == [w for w in written if w[0] >= next_base]
+    assert not [p for p in directory.iterdir() if p.name.endswith(".deleted")]
+
+
+def _make_cleaned(directory: Path, old_bases: list[int], written: list[tuple[int, bytes]], keep_every: int = 2) -> int:
+    """Write a compacted replacement of the segments at `old_bases` as .cleaned files."""
+    from engine.segment import AppendBatch, LogSegment
+    from engine.format import validate_batch
+
+    end = None
+    all_bases = [int(p.name[:20]) for p in _logs(directory)]
+    end = all_bases[all_bases.index(old_bases[-1]) + 1]
+    seg = LogSegment.create(directory, old_bases[0], max_index_bytes=1024, now_ms=T0, suffix=filenames.CLEANED_SUFFIX)
+    for offset, value in written:
+        if old_bases[0] <= offset < end and offset % keep_every == 0:
+            b = encode_batch(offset, [(b"k", value, T0 + offset, [])])
+            h = validate_batch(b)
+            seg.append([AppendBatch(b, h.base_offset, h.last_offset, h.max_timestamp, h.size)], 100)
+    seg.close_for_append()
+    seg.close()
+    return end
+
+
+def _rename_suffix(directory: Path, base: int, old: str, new: str) -> None:
+    for path in filenames.segment_files(directory, base, old):
+        if path.exists():
+            os.replace(path, filenames.segment_files(directory, base, new)[filenames.segment_files(directory, base, old).index(path)])
+
+
+async def test_crash_while_writing_cleaned_files_keeps_the_old_segments(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    bases = [int(p.name[:20]) for p in _logs(directory)]
+    _make_cleaned(directory, bases[:2], written)
+    async with running_log(directory, CONFIG) as log:
+        assert _values(log) == written
+    assert not [p for p in directory.iterdir() if ".cleaned" in p.name]
+
+
+async def test_crash_mid_rename_to_swap_undoes_the_replacement(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    bases = [int(p.name[:20]) for p in _logs(directory)]
+    # two replacement segments; the higher one was renamed to .swap first, then the crash
+    _make_cleaned(directory, bases[0:1], written)
+    _make_cleaned(directory, bases[1:2], written)
+    _rename_suffix(directory, bases[1], filenames.CLEANED_SUFFIX, filenames.SWAP_SUFFIX)
+    async with running_log(directory, CONFIG) as log:
+        assert _values(log) == written  # the old segments, untouched
+    assert not [p for p in directory.iterdir() if ".cleaned" in p.name or ".swap" in p.name]
+
+
+@pytest.mark.parametrize("old_renamed", [0, 1, 2])
+async def test_crash_after_swap_completes_the_replacement(tmp_path: Path, old_renamed: int) -> None:
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    bases = [int(p.name[:20]) for p in _logs(directory)]
+    end = _make_cleaned(directory, bases[:2], written)
+    _rename_suffix(directory, bases[0], filenames.CLEANED_SUFFIX, filenames.SWAP_SUFFIX)
+    for base in bases[:old_renamed]:  # step 2 got this far
+        _rename_suffix(directory, base, "", filenames.DELETED_SUFFIX)
+    async with running_log(directory, CONFIG) as log:
+        expected = [w for w in written if w[0] >= end or w[0] % 2 == 0]
+        assert _values(log) == expected
+        assert log.view.segments[0].base_offset == bases[0]
+    names = [p.name for p in directory.iterdir()]
+    assert not [n for n in names if n.endswith((".swap", ".cleaned", ".deleted"))]
+    assert filenames.log_file(directory, bases[1]).name not in names  # covered by the swap: gone
+    check_files(directory)
+
+
+async def test_log_start_checkpoint_beyond_the_end_is_clamped(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    written = await _fill(directory, n=3)
+    async with running_log(directory, CONFIG, log_start_offset=100) as log:
+        assert log.log_start_offset == log.high_watermark == len(written)
