@@ -15,6 +15,7 @@ import typer
 import uvicorn
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from .settings import Settings
 
@@ -25,7 +26,7 @@ cli = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _settings(**overrides: object) -> Settings:
@@ -33,7 +34,7 @@ def _settings(**overrides: object) -> Settings:
     try:
         return Settings(**given)  # type: ignore[arg-type]
     except ValidationError as exc:
-        err.print(f"[red]invalid settings:[/red] {exc}")
+        err.print(f"[red]invalid settings:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
 
 
@@ -108,7 +109,7 @@ def serve(
     except SystemExit:  # uvicorn exits with status 3 when the lifespan fails
         pass
     if app.state.startup_error is not None:
-        err.print(f"[red]eventlog: cannot start:[/red] {app.state.startup_error}")
+        err.print(f"[red]eventlog: cannot start:[/red] {escape(str(app.state.startup_error))}")
         raise typer.Exit(1)
     if not server.started:
         raise typer.Exit(1)

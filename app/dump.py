@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from engine import filenames
@@ -22,8 +24,12 @@ from engine.format import CODEC_NAMES, NO_TIMESTAMP
 
 PROGRESS_MIN_BYTES = 64 * 1024 * 1024
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def emit(line: str) -> None:
+    """Data lines go straight to stdout: no markup interpretation, and fast for big dumps."""
+    sys.stdout.write(line + "\n")
 
 
 def _batch_line(h) -> str:
@@ -53,8 +59,8 @@ def _record_line(r, ts_kind: str, values: bool) -> str:
 def _dump_log_file(path: Path, *, verify: bool, records: bool, values: bool) -> LogDump:
     size = path.stat().st_size
     dump = LogDump(path, base_offset_of(path), size)
-    out.print(f"Dumping {path}")
-    out.print(f"Log starting offset: {dump.base_offset}")
+    emit(f"Dumping {path}")
+    emit(f"Log starting offset: {dump.base_offset}")
     progress = None
     task = None
     if size >= PROGRESS_MIN_BYTES and err.is_terminal:
@@ -65,11 +71,11 @@ def _dump_log_file(path: Path, *, verify: bool, records: bool, values: bool) -> 
         advance = (lambda n: progress.advance(task, n)) if progress is not None else None
         for report in iter_log(path, dump, check_crc=True, decode=records or verify, progress=advance):
             h = report.header
-            out.print(_batch_line(h) + f" isvalid: {'false' if report.error else 'true'}")
+            emit(_batch_line(h) + f" isvalid: {'false' if report.error else 'true'}")
             if records and report.records is not None:
                 ts_kind = "LogAppendTime" if h.timestamp_type else "CreateTime"
                 for r in report.records:
-                    out.print(_record_line(r, ts_kind, values))
+                    emit(_record_line(r, ts_kind, values))
     finally:
         if progress is not None:
             progress.stop()
@@ -83,12 +89,12 @@ def _sibling_log(path: Path) -> Path:
 
 
 def _dump_index(path: Path, *, verify: bool, time_index: bool) -> list[str]:
-    out.print(f"Dumping {path}")
+    emit(f"Dumping {path}")
     entry_size = 12 if time_index else 8
     problems = index_size_problems(path, entry_size)
     entries = read_time_index(path) if time_index else read_offset_index(path)
     for a, b in entries:
-        out.print(f"timestamp: {a} offset: {b}" if time_index else f"offset: {a} position: {b}")
+        emit(f"timestamp: {a} offset: {b}" if time_index else f"offset: {a} position: {b}")
     if verify:
         log_path = _sibling_log(path)
         if not log_path.exists():
@@ -116,7 +122,7 @@ def run_dump(files: list[Path], *, verify: bool, records: bool, values: bool) ->
         else:
             problems.append(f"{path}: not a .log, .index or .timeindex file")
     for problem in problems:
-        err.print(f"[red]problem:[/red] {problem}")
+        err.print(f"[red]problem:[/red] {escape(problem)}")
     if verify and not problems:
         err.print(f"[green]verified {len(files)} file(s): no problems[/green]")
     return 1 if problems else 0

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import anyio
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from engine import kafka_import
@@ -14,15 +15,15 @@ from engine.log_manager import open_engine
 
 from .settings import Settings
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def run_import(settings: Settings, kafka_log_dir: Path, topics: list[str] | None, *, link: bool) -> int:
     try:
         return anyio.run(_run, settings, kafka_log_dir, topics, link)
     except EngineError as exc:
-        err.print(f"[red]import failed:[/red] {exc}")
+        err.print(f"[red]import failed:[/red] {escape(str(exc))}")
         return 1
 
 
@@ -56,7 +57,7 @@ async def _run(settings: Settings, kafka_log_dir: Path, topics: list[str] | None
                 if st and st.truncated_bytes:
                     problems += 1
                     for e in st.errors:
-                        err.print(f"[yellow]{topic.name}-{log.partition}:[/yellow] {e}")
+                        err.print(f"[yellow]{topic.name}-{log.partition}:[/yellow] {escape(e)}")
     out.print(table)
     out.print(f"{len(found)} topic(s) imported into {settings.data_dir}; torn or corrupt tails truncated in {problems} partition(s)")
     return 0

@@ -1,0 +1,176 @@
+"""The eventlog command: serve's start-up and shutdown, dump-log, import-kafka."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from engine import reader
+from engine.log_manager import EngineConfig, open_engine
+
+from ..conftest import VENV_BIN, ServerProcess
+from .kafka_dirs import write_kafka_log_dir
+
+EVENTLOG = str(VENV_BIN / "eventlog")
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([EVENTLOG, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_shuts_down_cleanly_on_signals(server_factory, sig) -> None:
+    server = server_factory().start()
+    with server.client() as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        assert client.post("/v1/topics", json={"name": "t"}).status_code == 201
+        assert client.post("/v1/topics/t/records", json={"records": [{"value": "v"}]}).status_code == 200
+    assert server.stop(sig) == 0
+    assert (server.data_dir / ".kafka_cleanshutdown").exists()
+    assert "engine closed (clean)" in server.log()
+    # the next start skips recovery
+    again = server_factory(server.data_dir).start()
+    with again.client() as client:
+        assert client.get("/v1/topics/t/partitions/0/records").json()["records"][0]["value"] == "v"
+    assert again.stop() == 0
+    assert "clean shutdown" in again.log()
+
+
+def test_second_server_on_the_same_dir_fails_with_a_clear_message(server, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [EVENTLOG, "serve", "--data-dir", str(server.data_dir), "--port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    assert "already in use by another eventlog process" in result.stderr
+    assert "Traceback" not in result.stderr
+    with server.client() as client:
+        assert client.get("/readyz").status_code == 200  # the first one is unharmed
+
+
+def test_settings_come_from_the_environment(server_factory, tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "ignored")
+    server.env = {"EVENTLOG_TOPIC_DEFAULTS": '{"segment.bytes": 12345}'}
+    server_factory  # noqa: B018 -- for cleanup symmetry
+    server.start()
+    try:
+        with server.client() as client:
+            created = client.post("/v1/topics", json={"name": "t"}).json()
+            assert created["configs"]["segment.bytes"] == "12345"
+    finally:
+        assert server.stop() == 0
+    bad = subprocess.run([EVENTLOG, "serve", "--data-dir", str(tmp_path / "x"), "--port", "0"],
+                         env={"EVENTLOG_TOPIC_DEFAULTS": '{"segment.bytes": 1}', "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "segment.bytes" in bad.stderr
+
+
+async def _fill(data_dir: Path) -> None:
+    from engine.partition_log import prepare_batches
+    from engine.records import encode_batch
+
+    async with open_engine(EngineConfig(log_dirs=(data_dir,))) as engine:
+        await engine.create_topic("t", 1, {"segment.bytes": 12000})
+        log = engine.partition("t", 0)
+        for i in range(120):
+            batch = encode_batch(0, [(b"k", b"value-%d" % i * 10, 1_700_000_000_000 + i, [("h", b"x")])], compression_type=i % 5)
+            await log.append(prepare_batches(batch, log.config))
+
+
+def test_dump_log_prints_batches_records_and_index_entries(tmp_path: Path) -> None:
+    anyio.run(_fill, tmp_path)
+    files = sorted((tmp_path / "t-0").glob("00000000000000000000.*"))
+    result = run("dump-log", "--verify", "--records", *map(str, files))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "baseOffset: 0 lastOffset: 0 count: 1" in out
+    assert "compresscodec: gzip" in out and "isvalid: true" in out
+    assert "| offset: 1 CreateTime: 1700000000001 keySize: 1 valueSize: 70 headerKeys: [h]" in out
+    assert "offset: " in out and "position: " in out and "timestamp: " in out
+    assert "no problems" in result.stderr
+
+
+def test_dump_log_verify_reports_damage_and_exits_non_zero(tmp_path: Path) -> None:
+    anyio.run(_fill, tmp_path)
+    log = tmp_path / "t-0" / "00000000000000000000.log"
+    data = bytearray(log.read_bytes())
+    data[100] ^= 0xFF
+    log.write_bytes(bytes(data) + b"garbage")
+    result = run("dump-log", "--verify", str(log))
+    assert result.returncode == 1
+    assert "CRC mismatch" in result.stderr
+    index = log.with_suffix(".index")
+    raw = bytearray(index.read_bytes())
+    raw[4:8] = (7).to_bytes(4, "big")
+    index.write_bytes(bytes(raw))
+    result = run("dump-log", "--verify", str(index))
+    assert result.returncode == 1 and "no batch starts at position 7" in result.stderr
+
+
+def _tree_hashes(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_import_kafka_adopts_a_brokers_partitions(tmp_path: Path, link: bool) -> None:
+    kafka = tmp_path / "kafka"
+    expected = write_kafka_log_dir(kafka)
+    before = _tree_hashes(kafka)
+    data_dir = tmp_path / "data"
+    args = ["import-kafka", str(kafka), "--data-dir", str(data_dir)] + (["--link"] if link else [])
+    result = run(*args)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "2 topic(s) imported" in result.stdout
+    assert "truncated" in result.stderr  # orders-1 had a torn tail
+    assert _tree_hashes(kafka) == before  # Kafka's files are never modified, linked or not
+    if link:
+        src = kafka / "orders-0" / "00000000000000000000.log"
+        assert (data_dir / "orders-0" / "00000000000000000000.log").stat().st_ino == src.stat().st_ino
+        assert (data_dir / "orders-1" / "00000000000000000000.log").stat().st_ino != (kafka / "orders-1" / "00000000000000000000.log").stat().st_ino
+
+    async def check() -> None:
+        async with open_engine(EngineConfig(log_dirs=(data_dir,))) as engine:
+            assert sorted(t for t in engine.topics if not t.startswith("__")) == ["metrics.cpu", "orders"]
+            assert len(engine.topic("orders").partitions) == 4  # 0..3; 2 was missing: empty
+            for topic, parts in expected.items():
+                for p, part in parts.items():
+                    log = engine.partition(topic, p)
+                    start = 5 if (topic, p) == ("orders", 0) else 0
+                    assert log.log_start_offset == start
+                    records = reader.read_records(log.view, start, 10**6, 10**8).records
+                    assert [(r.offset, r.key, r.value, r.timestamp) for r in records] == [
+                        rec for rec in part.records if rec[0] >= start
+                    ]
+                    assert log.high_watermark == part.records[-1][0] + 1
+            assert engine.partition("orders", 2).high_watermark == 0
+            # imported partitions take new writes at the right offsets
+            from engine.partition_log import prepare_batches
+            from engine.records import encode_batch
+
+            log = engine.partition("orders", 0)
+            result = await log.append(prepare_batches(encode_batch(0, [(b"k", b"new", 1, [])]), log.config))
+            assert result.base_offset == expected["orders"][0].records[-1][0] + 1
+
+    anyio.run(check)
+    files = [str(p) for p in (data_dir / "orders-0").iterdir() if p.suffix in (".log", ".index", ".timeindex")]
+    assert run("dump-log", "--verify", *files).returncode == 0
+    # importing again refuses: the topics exist
+    again = run(*args)
+    assert again.returncode == 1 and "already exists" in again.stderr
+
+
+def test_import_kafka_selected_topics_and_errors(tmp_path: Path) -> None:
+    kafka = tmp_path / "kafka"
+    write_kafka_log_dir(kafka)
+    result = run("import-kafka", str(kafka), "--data-dir", str(tmp_path / "d"), "--topics", "metrics.cpu")
+    assert result.returncode == 0, result.stderr
+    assert "1 topic(s) imported" in result.stdout
+    missing = run("import-kafka", str(kafka), "--data-dir", str(tmp_path / "d2"), "--topics", "nope")
+    assert missing.returncode == 1 and "nope" in missing.stderr

@@ -1,0 +1,214 @@
+"""The log manager: log dirs, topic metadata replayed from __metadata-0, checkpoints."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+from engine import reader
+from engine.checkpoints import format_checkpoint, read_checkpoint, write_checkpoint
+from engine.errors import (
+    DataDirLockedError,
+    InvalidConfigError,
+    InvalidPartitionsError,
+    InvalidRequestError,
+    InvalidTopicNameError,
+    PartitionNotFoundError,
+    TopicExistsError,
+    TopicNotFoundError,
+)
+from engine.log_dirs import read_properties
+from engine.log_manager import EngineConfig, open_engine
+from engine.metadata import METADATA_TOPIC
+from engine.partition_log import prepare_batches
+from engine.records import encode_batch
+
+T0 = 1_700_000_000_000
+
+
+def cfg(*dirs: Path, **kw) -> EngineConfig:
+    return EngineConfig(log_dirs=tuple(dirs), **kw)
+
+
+async def produce(engine, topic: str, partition: int, values: list[bytes]) -> int:
+    log = engine.partition(topic, partition)
+    batch = encode_batch(0, [(None, v, T0, []) for v in values])
+    return (await log.append(prepare_batches(batch, log.config))).base_offset
+
+
+def values_of(engine, topic: str, partition: int) -> list[bytes]:
+    log = engine.partition(topic, partition)
+    return [r.value for r in reader.read_records(log.view, log.log_start_offset, 10**6, 10**8).records]
+
+
+async def test_topics_survive_restart_through_the_metadata_log(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)) as engine:
+        await engine.create_topic("orders", 2, {"cleanup.policy": "compact", "segment.bytes": 1000})
+        await engine.create_topic("gone", 1)
+        await engine.alter_topic_configs("orders", {"retention.ms": 1000, "segment.bytes": None})
+        await engine.add_partitions("orders", 4)
+        await produce(engine, "orders", 3, [b"a", b"b"])
+        await produce(engine, "gone", 0, [b"x"])
+        await engine.delete_topic("gone")
+        assert not (tmp_path / "gone-0").exists() or not (tmp_path / "gone-0").is_dir()
+    async with open_engine(cfg(tmp_path)) as engine:
+        assert sorted(engine.topics) == [METADATA_TOPIC, "orders"]
+        orders = engine.topic("orders")
+        assert len(orders.partitions) == 4
+        assert orders.meta.overrides == {"cleanup.policy": "compact", "retention.ms": "1000"}
+        assert orders.config.compact and orders.config.segment_bytes == 1_073_741_824
+        assert values_of(engine, "orders", 3) == [b"a", b"b"]
+        with pytest.raises(TopicNotFoundError):
+            engine.topic("gone")
+        # metadata events are plain records in an internal topic
+        events = values_of(engine, METADATA_TOPIC, 0)
+        assert [e.split(b'"type":"')[1].split(b'"')[0] for e in events] == [
+            b"topic_created", b"topic_created", b"configs_altered", b"partitions_added", b"topic_deleted",
+        ]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("gone")]
+
+
+async def test_recreated_topic_starts_empty(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)) as engine:
+        await engine.create_topic("t", 1)
+        await produce(engine, "t", 0, [b"old"])
+        await engine.delete_topic("t")
+        await engine.create_topic("t", 1)
+        assert values_of(engine, "t", 0) == []
+    async with open_engine(cfg(tmp_path)) as engine:
+        assert values_of(engine, "t", 0) == []
+
+
+async def test_leftover_directory_of_a_deleted_topic_is_removed_at_start(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)) as engine:
+        state = await engine.create_topic("t", 1)
+        await produce(engine, "t", 0, [b"old"])
+        topic_id = state.meta.topic_id
+    # simulate a crash after the topic_deleted event but before the directory was renamed
+    (tmp_path / "t-0").rename(tmp_path / "keep")
+    async with open_engine(cfg(tmp_path)) as engine:
+        await engine.delete_topic("t")
+    (tmp_path / "keep").rename(tmp_path / "t-0")
+    assert topic_id in (tmp_path / "t-0" / "partition.metadata").read_text()
+    async with open_engine(cfg(tmp_path)) as engine:
+        assert "t" not in engine.topics
+    assert not (tmp_path / "t-0").exists()
+
+
+async def test_validation_errors_change_nothing(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)) as engine:
+        for name in ["", ".", "..", "a" * 250, "bad name", "ü"]:
+            with pytest.raises(InvalidTopicNameError):
+                await engine.create_topic(name, 1)
+        with pytest.raises(InvalidConfigError, match="unknown"):
+            await engine.create_topic("t", 1, {"no.such.config": 1})
+        with pytest.raises(InvalidConfigError, match=r"\[14, "):
+            await engine.create_topic("t", 1, {"segment.bytes": 1})
+        with pytest.raises(InvalidConfigError):
+            await engine.create_topic("t", 1, {"cleanup.policy": "sometimes"})
+        with pytest.raises(InvalidConfigError):
+            await engine.create_topic("t", 1, {"min.cleanable.dirty.ratio": 2})
+        with pytest.raises(InvalidPartitionsError):
+            await engine.create_topic("t", 0)
+        assert "t" not in engine.topics and not (tmp_path / "t-0").exists()
+        await engine.create_topic("t", 2)
+        with pytest.raises(TopicExistsError):
+            await engine.create_topic("t", 1)
+        with pytest.raises(TopicExistsError):
+            await engine.create_topic(METADATA_TOPIC, 1)
+        with pytest.raises(InvalidPartitionsError, match="only grow"):
+            await engine.add_partitions("t", 2)
+        with pytest.raises(InvalidRequestError):
+            await engine.delete_topic(METADATA_TOPIC)
+        with pytest.raises(PartitionNotFoundError):
+            engine.partition("t", 2)
+        events_before = engine.image.events
+        with pytest.raises(InvalidConfigError):
+            await engine.alter_topic_configs("t", {"retention.ms": "soon"})
+        assert engine.image.events == events_before
+
+
+async def test_a_second_engine_on_the_same_dir_is_refused(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)):
+        with pytest.raises(DataDirLockedError, match=f"pid {os.getpid()}"):
+            async with open_engine(cfg(tmp_path)):
+                pass
+    async with open_engine(cfg(tmp_path)):  # released on close
+        pass
+
+
+async def test_meta_properties_and_checkpoints_in_kafka_format(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path, node_id=3)) as engine:
+        await engine.create_topic("t", 2)
+        await produce(engine, "t", 1, [b"a", b"b", b"c"])
+        await engine.partition("t", 1).delete_records(1)
+        assert read_checkpoint(tmp_path / "log-start-offset-checkpoint")[("t", 1)] == 1  # durable at once
+    props = read_properties(tmp_path / "meta.properties")
+    assert props["version"] == "1" and props["node.id"] == "3" and len(props["cluster.id"]) == 22
+    recovery = read_checkpoint(tmp_path / "recovery-point-offset-checkpoint")
+    assert recovery[("t", 1)] == 3 and recovery[("t", 0)] == 0
+    text = (tmp_path / "recovery-point-offset-checkpoint").read_text()
+    assert text.startswith("0\n3\n") and text.endswith("\n") and "t 1 3\n" in text
+    assert (tmp_path / "cleaner-offset-checkpoint").read_bytes() == b"0\n0\n"
+    assert (tmp_path / ".kafka_cleanshutdown").exists()
+    async with open_engine(cfg(tmp_path, node_id=3)) as engine:
+        assert not (tmp_path / ".kafka_cleanshutdown").exists()  # removed once loaded
+        assert engine.partition("t", 1).log_start_offset == 1
+
+
+def test_checkpoint_format_edge_cases(tmp_path: Path) -> None:
+    path = tmp_path / "cp"
+    path.write_bytes(b"")
+    assert read_checkpoint(path) == {}  # a 0-byte file means no entries (seen in Kafka dirs)
+    assert read_checkpoint(tmp_path / "missing") == {}
+    write_checkpoint(path, {("a-b.c", 0): 5, ("x", 12): 0})
+    assert read_checkpoint(path) == {("a-b.c", 0): 5, ("x", 12): 0}
+    assert format_checkpoint({}) == "0\n0\n"
+    assert not (tmp_path / "cp.tmp").exists()
+
+
+async def test_partitions_spread_over_log_dirs(tmp_path: Path) -> None:
+    dirs = [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
+    async with open_engine(cfg(*dirs)) as engine:
+        await engine.create_topic("t", 5)
+        await produce(engine, "t", 4, [b"x"])
+    counts = {d.name: sorted(p.name for p in d.iterdir() if p.name.startswith("t-")) for d in dirs}
+    assert sorted(len(v) for v in counts.values()) == [1, 2, 2] or sorted(len(v) for v in counts.values()) == [2, 2, 1]
+    assert (dirs[0] / "__metadata-0").exists()
+    clusters = {read_properties(d / "meta.properties")["cluster.id"] for d in dirs}
+    assert len(clusters) == 1
+    async with open_engine(cfg(*dirs)) as engine:
+        assert values_of(engine, "t", 4) == [b"x"]
+
+
+async def test_unclean_start_recovers_every_partition(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)) as engine:
+        await engine.create_topic("t", 2, {"segment.bytes": 500})
+        for i in range(30):
+            await produce(engine, "t", i % 2, [b"v%d" % i * 20])
+    (tmp_path / ".kafka_cleanshutdown").unlink()
+    write_checkpoint(tmp_path / "recovery-point-offset-checkpoint", {})  # as if never checkpointed
+    async with open_engine(cfg(tmp_path)) as engine:
+        stats = engine.load_stats["t-0"]
+        assert stats.scanned_segments == len(engine.partition("t", 0).view.segments)
+        assert values_of(engine, "t", 0) == [b"v%d" % i * 20 for i in range(0, 30, 2)]
+
+
+async def test_concurrent_topic_operations_are_serialised(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)) as engine:
+        results = []
+
+        async def create(i: int) -> None:
+            try:
+                await engine.create_topic("same", 1)
+                results.append("ok")
+            except TopicExistsError:
+                results.append("exists")
+
+        async with anyio.create_task_group() as tg:
+            for i in range(5):
+                tg.start_soon(create, i)
+        assert sorted(results) == ["exists"] * 4 + ["ok"]
