@@ -89,6 +89,7 @@ def machine_facts(work_dir: Path) -> dict[str, Any]:
         "work_dir": str(work_dir),
         "filesystem": filesystem_of(work_dir),
         "disk_free_bytes": shutil.disk_usage(work_dir).free,
+        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
         "packages": _package_versions("numpy", "anyio", "crc32c", "matplotlib"),
         "git": _git_state(),
     }
@@ -161,6 +162,42 @@ def _git_state() -> dict[str, Any]:
 
     dirty = git("status", "--porcelain", "--", "engine")
     return {"commit": git("rev-parse", "HEAD"), "engine_dirty": bool(dirty) if dirty is not None else None}
+
+
+class CpuWitness:
+    """CPU time the rest of the machine used while a benchmark ran: /proc/stat's busy time
+    minus this process's (and its children's, e.g. dd) own. Other work on a 2-core machine
+    shows up as latency outliers and lower throughput, so every report carries this."""
+
+    def __init__(self) -> None:
+        self._start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float, float, float]:
+        import resource
+
+        ticks = os.sysconf("SC_CLK_TCK")
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except OSError:
+            fields = [0] * 8
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+        own = sum(
+            getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+            for f in ("ru_utime", "ru_stime")
+        )
+        return time.monotonic(), (user + nice + system + irq + softirq) / ticks, steal / ticks, own
+
+    def report(self) -> dict[str, float]:
+        t0, busy0, steal0, own0 = self._start
+        t1, busy1, steal1, own1 = self._read()
+        return {
+            "wall_seconds": round(t1 - t0, 1),
+            "cpu_seconds_all": round(busy1 - busy0, 1),
+            "cpu_seconds_this_process": round(own1 - own0, 1),
+            "cpu_seconds_other_processes": round(max(0.0, (busy1 - busy0) - (own1 - own0)), 1),
+            "steal_seconds": round(steal1 - steal0, 1),
+        }
 
 
 # -- measuring ----------------------------------------------------------------------------------

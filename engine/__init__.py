@@ -2,28 +2,40 @@
 
 What other packages may use:
 
-    open_engine, EngineConfig, LogManager      log_manager.py: every partition of a server
+    open_engine, EngineConfig, LogManager       log_manager.py: every partition of a server
     PartitionLog, prepare_batches, AppendResult partition_log.py: appends and reads
     reader                                      lock-free reads over a LogView
     LogConfig                                   config.py: topic configs (Kafka names)
     encode_batch, decode_batch, Record          records.py: v2 batches
     errors                                      the error classes API code maps to HTTP
+
+Names are imported lazily, so `import engine.format` (all analytics/ may use) stays free of
+anyio and the rest.
 """
 
-from .config import LogConfig
-from .log_manager import EngineConfig, LogManager, open_engine
-from .partition_log import AppendResult, PartitionLog, prepare_batches
-from .records import Record, decode_batch, encode_batch
+from __future__ import annotations
 
-__all__ = [
-    "AppendResult",
-    "EngineConfig",
-    "LogConfig",
-    "LogManager",
-    "PartitionLog",
-    "Record",
-    "decode_batch",
-    "encode_batch",
-    "open_engine",
-    "prepare_batches",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "AppendResult": "partition_log",
+    "EngineConfig": "log_manager",
+    "LogConfig": "config",
+    "LogManager": "log_manager",
+    "PartitionLog": "partition_log",
+    "Record": "records",
+    "decode_batch": "records",
+    "encode_batch": "records",
+    "open_engine": "log_manager",
+    "prepare_batches": "partition_log",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
