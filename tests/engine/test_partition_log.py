@@ -409,3 +409,29 @@ async def test_replace_segments_swaps_in_compacted_output(tmp_path: Path) -> Non
         names = os.listdir(directory)
         assert not any(n.endswith((".swap", ".cleaned", ".deleted")) for n in names)
     check_files(directory)
+
+
+@pytest.mark.parametrize("codec", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("log_append_time", [None, T0 + 99])
+async def test_batches_built_by_kafka_python_append_and_read_back_equal(tmp_path: Path, codec: int, log_append_time) -> None:
+    from ..kafka_oracle import build_batch
+
+    records = [
+        (None if i % 3 == 0 else b"key-%d" % i, None if i % 4 == 1 else b"value-%d" % i * 20, T0 + i, [("h", None), ("x", b"y")])
+        for i in range(12)
+    ]
+    body = build_batch(records[:5], codec=codec, base_offset=77, log_append_time=log_append_time)
+    body += build_batch(records[5:], codec=codec, base_offset=3, log_append_time=log_append_time, producer_id=9, producer_epoch=1, base_sequence=0)
+    async with running_log(tmp_path / "t-0") as log:
+        await append_records(log, [(b"first", b"!", T0, [])])
+        result = await log.append(prepare_batches(body, log.config))
+        assert (result.base_offset, result.last_offset) == (1, 12)
+        got = reader.read_records(log.view, 1, 100, 1 << 20).records
+        expected_ts = lambda ts: log_append_time if log_append_time is not None else ts  # noqa: E731
+        assert [(r.offset, r.key, r.value, r.timestamp, r.headers) for r in got] == [
+            (1 + i, k, v, expected_ts(ts), tuple(h)) for i, (k, v, ts, h) in enumerate(records)
+        ]
+        raw = reader.fetch_slice(log.view, 1, 1 << 20).read()
+        batches, _ = decode_all(raw)
+        assert batches[-1].producer_id == 9 and batches[-1].base_sequence == 0  # kept as sent
+    check_files(tmp_path / "t-0")
