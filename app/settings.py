@@ -48,9 +48,14 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_topic_defaults(self) -> Settings:
         try:
-            LogConfig().with_overrides(self.topic_defaults)
+            config = LogConfig().with_overrides(self.topic_defaults)
         except InvalidConfigError as exc:
             raise ValueError(f"topic_defaults: {exc}") from exc
+        if config.segment_bytes < config.max_message_bytes:
+            raise ValueError(
+                f"topic_defaults: segment.bytes ({config.segment_bytes}) is smaller than max.message.bytes "
+                f"({config.max_message_bytes}); batches between the two sizes could never be stored"
+            )
         return self
 
     @property

@@ -90,30 +90,29 @@ def iter_log(
         os.close(fd)
 
 
-def read_offset_index(path: Path) -> list[tuple[int, int]]:
-    """(offset, position) entries; trailing all-zero entries of a preallocated file are dropped."""
+def _read_entries(path: Path, entry: struct.Struct) -> list[tuple[int, int]]:
+    """Raw entries of an index file, stopping at the first all-zero entry after the first
+    (the unused tail of a preallocated file)."""
     data = path.read_bytes()
-    base = base_offset_of(path)
     entries = []
-    for i in range(len(data) // 8):
-        rel, pos = _OFFSET_ENTRY.unpack_from(data, i * 8)
-        if i > 0 and rel == 0 and pos == 0:
+    for i in range(len(data) // entry.size):
+        fields = entry.unpack_from(data, i * entry.size)
+        if i > 0 and not any(fields):
             break
-        entries.append((base + rel, pos))
+        entries.append(fields)
     return entries
+
+
+def read_offset_index(path: Path) -> list[tuple[int, int]]:
+    """(offset, position) entries of a .index file, preallocated or trimmed."""
+    base = base_offset_of(path)
+    return [(base + rel, pos) for rel, pos in _read_entries(path, _OFFSET_ENTRY)]
 
 
 def read_time_index(path: Path) -> list[tuple[int, int]]:
-    """(timestamp, offset) entries; trailing all-zero entries dropped."""
-    data = path.read_bytes()
+    """(timestamp, offset) entries of a .timeindex file, preallocated or trimmed."""
     base = base_offset_of(path)
-    entries = []
-    for i in range(len(data) // 12):
-        ts, rel = _TIME_ENTRY.unpack_from(data, i * 12)
-        if i > 0 and ts == 0 and rel == 0:
-            break
-        entries.append((ts, base + rel))
-    return entries
+    return [(ts, base + rel) for ts, rel in _read_entries(path, _TIME_ENTRY)]
 
 
 def index_size_problems(path: Path, entry_size: int) -> list[str]:

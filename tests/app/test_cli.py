@@ -57,7 +57,7 @@ def test_second_server_on_the_same_dir_fails_with_a_clear_message(server, tmp_pa
 
 def test_settings_come_from_the_environment(server_factory, tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "ignored")
-    server.env = {"EVENTLOG_TOPIC_DEFAULTS": '{"segment.bytes": 12345}'}
+    server.env = {"EVENTLOG_TOPIC_DEFAULTS": '{"segment.bytes": 12345, "max.message.bytes": 10000}'}
     server_factory  # noqa: B018 -- for cleanup symmetry
     server.start()
     try:
@@ -70,6 +70,10 @@ def test_settings_come_from_the_environment(server_factory, tmp_path: Path) -> N
                          env={"EVENTLOG_TOPIC_DEFAULTS": '{"segment.bytes": 1}', "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "segment.bytes" in bad.stderr
+    smaller = subprocess.run([EVENTLOG, "serve", "--data-dir", str(tmp_path / "x"), "--port", "0"],
+                             env={"EVENTLOG_TOPIC_DEFAULTS": '{"segment.bytes": 1000}', "PATH": "/usr/bin:/bin"},
+                             capture_output=True, text=True, timeout=60)
+    assert smaller.returncode == 2 and "smaller than max.message.bytes" in smaller.stderr
 
 
 async def _fill(data_dir: Path) -> None:
