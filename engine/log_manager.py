@@ -37,6 +37,7 @@ from .errors import (
     DataDirError,
     EngineError,
     InvalidConfigError,
+    InvalidTopicNameError,
     InvalidPartitionsError,
     InvalidRequestError,
     PartitionNotFoundError,
@@ -306,6 +307,7 @@ class LogManager:
         async with self._topic_lock:
             if name in self.topics or name == METADATA_TOPIC:
                 raise TopicExistsError(name)
+            self._check_collision(name)
             topic_id = new_topic_id()
             await self._append_event("topic_created", name, topic_id, partitions=count, configs=overrides)
             state = TopicState(self.image.topics[name], config)
@@ -394,6 +396,7 @@ class LogManager:
         async with self._topic_lock:
             if name in self.topics or name == METADATA_TOPIC:
                 raise TopicExistsError(name)
+            self._check_collision(name)
             topic_id = new_topic_id()
             planned: dict[LogDir, int] = {}
             for p in range(count):
@@ -426,6 +429,14 @@ class LogManager:
             await self._add_partition_logs(state, count)
         await self.checkpoint()
         return state, stats
+
+    def _check_collision(self, name: str) -> None:
+        """Kafka refuses names that equal an existing one once '.' is read as '_' (metric
+        names cannot tell them apart)."""
+        folded = name.replace(".", "_")
+        for other in self.topics:
+            if other != name and other.replace(".", "_") == folded:
+                raise InvalidTopicNameError(name, f"collides with existing topic {other!r} ('.' and '_' are not told apart)")
 
     def _user_topic(self, name: str) -> TopicState:
         if name == METADATA_TOPIC:

@@ -117,6 +117,9 @@ async def test_validation_errors_change_nothing(tmp_path: Path) -> None:
         await engine.create_topic("t", 2)
         with pytest.raises(TopicExistsError):
             await engine.create_topic("t", 1)
+        await engine.create_topic("a.b", 1)
+        with pytest.raises(InvalidTopicNameError, match="collides"):
+            await engine.create_topic("a_b", 1)
         with pytest.raises(TopicExistsError):
             await engine.create_topic(METADATA_TOPIC, 1)
         with pytest.raises(InvalidPartitionsError, match="only grow"):
