@@ -48,6 +48,7 @@ class Context:
     work_dir: Path  # scratch data, on the filesystem being measured (gitignored)
     results_dir: Path
     argv: list[str]
+    engine_source: dict[str, Any] = field(default_factory=dict)  # which engine/ was measured
     log_lines: list[str] = field(default_factory=list)
 
     def scratch(self, name: str) -> Path:
@@ -91,7 +92,6 @@ def machine_facts(work_dir: Path) -> dict[str, Any]:
         "disk_free_bytes": shutil.disk_usage(work_dir).free,
         "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
         "packages": _package_versions("numpy", "anyio", "crc32c", "matplotlib"),
-        "git": _git_state(),
     }
     return facts
 
@@ -151,17 +151,46 @@ def _package_versions(*names: str) -> dict[str, str | None]:
     return out
 
 
-def _git_state() -> dict[str, Any]:
-    def git(*args: str) -> str | None:
-        try:
-            return subprocess.run(
-                ["git", *args], cwd=REPO, capture_output=True, text=True, check=True, timeout=10
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return None
+def git(*args: str) -> str | None:
+    """Output of a git command in the repo, None if git or the repo is not there."""
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
 
+
+def working_tree_engine() -> dict[str, Any]:
+    """Provenance of the engine/ in the working tree: HEAD and whether engine/ differs."""
     dirty = git("status", "--porcelain", "--", "engine")
-    return {"commit": git("rev-parse", "HEAD"), "engine_dirty": bool(dirty) if dirty is not None else None}
+    return {
+        "source": "working tree",
+        "head_commit": git("rev-parse", "HEAD"),
+        "engine_dirty": bool(dirty) if dirty is not None else None,
+    }
+
+
+def engine_from_commit(ref: str, work_dir: Path) -> dict[str, Any]:
+    """Extract engine/ as of git `ref` into the work dir and put it first on sys.path, so the
+    benchmarks measure that commit even while the working tree is being edited (or to
+    compare two commits). Must run before anything imports `engine`."""
+    if "engine" in sys.modules:
+        raise RuntimeError("engine was imported before --engine-ref could take effect")
+    commit = git("rev-parse", "--verify", f"{ref}^{{commit}}")
+    if not commit:
+        raise SystemExit(f"--engine-ref: {ref!r} is not a commit of {REPO}")
+    root = work_dir / f"engine-{commit[:12]}"
+    if not (root / "engine" / "__init__.py").exists():
+        remove_tree(root)
+        root.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", commit, "engine"], cwd=REPO, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
+    sys.path.insert(0, str(root))
+    import engine
+
+    assert Path(engine.__file__).resolve().is_relative_to(root.resolve()), engine.__file__
+    return {"source": "git commit", "ref": ref, "commit": commit, "extracted_to": str(root)}
 
 
 class CpuWitness:
@@ -328,6 +357,7 @@ def write_report(ctx: Context, name: str, report: dict[str, Any], elapsed_s: flo
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "mode": "quick" if ctx.quick else "full",
         "elapsed_seconds": round(elapsed_s, 1),
+        "engine": ctx.engine_source,
         "machine": machine_facts(ctx.work_dir),
         **report,
     }

@@ -41,6 +41,8 @@ class IndexFile:
         self.max_entries = max(max_index_bytes // self.ENTRY_SIZE, 1)
         self._entries = 0
         self._mm: mmap.mmap | None = None
+        self._array: np.ndarray | None = None  # structured view of the whole mapping
+        self._columns: tuple[np.ndarray, ...] = ()  # one view per field, for binary search
         self._fd: int | None = None
         self._appendable = False
         self._loaded = False
@@ -84,7 +86,7 @@ class IndexFile:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             os.ftruncate(fd, length)
-            self._mm = mmap.mmap(fd, length, access=mmap.ACCESS_WRITE)
+            self._set_mapping(mmap.mmap(fd, length, access=mmap.ACCESS_WRITE))
         except OSError as exc:
             raise StorageError(self.path, f"cannot map index for appends: {exc}") from exc
         self._fd = fd
@@ -105,7 +107,7 @@ class IndexFile:
             raise StorageError(self.path, f"cannot trim index: {exc}") from exc
         self._fd = None
         self._appendable = False
-        self._mm = None  # the old mapping lives on for any reader still holding it
+        self._set_mapping(None)  # the old mapping lives on for any reader still holding it
         self._loaded = False
 
     def flush(self) -> None:
@@ -120,7 +122,7 @@ class IndexFile:
             os.close(self._fd)
             self._fd = None
         self._appendable = False
-        self._mm = None
+        self._set_mapping(None)
         self._loaded = False
 
     def rename(self, path: Path) -> None:
@@ -145,35 +147,44 @@ class IndexFile:
     def appendable(self) -> bool:
         return self._appendable
 
-    def _buffer(self) -> mmap.mmap | None:
-        """The current mapping, created on first use for read-only indexes; None when empty."""
-        mm = self._mm
-        if mm is not None or self._entries == 0:
-            return mm
+    def _set_mapping(self, mm: mmap.mmap | None) -> None:
+        if mm is None:
+            self._mm, self._array, self._columns = None, None, ()
+            return
+        array = np.frombuffer(mm, dtype=self.DTYPE)
+        columns = tuple(array[name] for name in self.DTYPE.names or ())
+        # publish the columns last: readers take `_columns` and then read below `entries`
+        self._mm, self._array, self._columns = mm, array, columns
+
+    def _mapped_columns(self) -> tuple[np.ndarray, ...]:
+        """Field views of the mapping, created on first use for read-only indexes; () when
+        the index is empty. Readers hold the returned views, which keep the mapping alive."""
+        columns = self._columns
+        if columns or self._entries == 0:
+            return columns
         with self._load_lock:
-            if self._mm is None:
+            if not self._columns:
                 try:
                     with open(self.path, "rb") as f:
-                        self._mm = mmap.mmap(f.fileno(), self._entries * self.ENTRY_SIZE, access=mmap.ACCESS_READ)
+                        mm = mmap.mmap(f.fileno(), self._entries * self.ENTRY_SIZE, access=mmap.ACCESS_READ)
                 except (OSError, ValueError) as exc:
                     raise StorageError(self.path, f"cannot map index: {exc}") from exc
+                self._set_mapping(mm)
                 self._loaded = True
-            return self._mm
+            return self._columns
 
     def view(self) -> np.ndarray:
         """A numpy structured view of the valid entries (shares memory with the mapping)."""
         count = self._entries
-        mm = self._buffer()
-        if mm is None or count == 0:
+        self._mapped_columns()
+        array = self._array
+        if array is None or count == 0:
             return np.zeros(0, dtype=self.DTYPE)
-        return np.frombuffer(mm, dtype=self.DTYPE, count=count)
+        return array[:count]
 
-    def entry_bytes(self) -> bytes:
-        count = self._entries
-        mm = self._buffer()
-        if mm is None:
-            return b""
-        return bytes(mm[: count * self.ENTRY_SIZE])
+    def _entry(self, i: int) -> tuple[int, int]:
+        first, second = self._mapped_columns()
+        return int(first[i]), int(second[i])
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -190,7 +201,7 @@ class IndexFile:
         """Keep the first `entries` entries (recovery only; readers must not be active)."""
         if entries >= self._entries:
             return
-        mm = self._buffer()
+        mm = self._mm
         if self._appendable and mm is not None:
             start = entries * self.ENTRY_SIZE
             end = self._entries * self.ENTRY_SIZE
@@ -199,19 +210,26 @@ class IndexFile:
 
     # -- binary search ------------------------------------------------------------------------
 
-    def _search(self, mm, key_at, target: int, count: int) -> int:
-        """Index of the greatest entry whose key <= target, or -1. Searches the warm tail first."""
-        if count == 0 or key_at(mm, 0) > target:
+    def _search(self, keys: np.ndarray, target: int, count: int) -> int:
+        """Index of the greatest of keys[:count] that is <= target, or -1.
+
+        A binary search over a numpy view of the mapped file, hot tail first as in Kafka: the
+        last 8 KiB of entries are searched alone when the target lies among them, so lookups
+        near the end touch only pages that are already in memory. (numpy's searchsorted would
+        copy and byte-swap the whole big-endian column on every call: 130 µs against 4 µs for
+        250,000 entries.)
+        """
+        if count == 0 or keys[0] > target:
             return -1
         warm_entries = WARM_SECTION_BYTES // self.ENTRY_SIZE
         first_hot = max(0, count - 1 - warm_entries)
-        if key_at(mm, first_hot) <= target:
+        if keys[first_hot] <= target:
             lo, hi = first_hot, count - 1
         else:
             lo, hi = 0, first_hot
         while lo < hi:
             mid = (lo + hi + 1) >> 1
-            if key_at(mm, mid) <= target:
+            if keys[mid] <= target:
                 lo = mid
             else:
                 hi = mid - 1

@@ -20,15 +20,6 @@ from .errors import CorruptIndexError
 from .index_file import IndexFile
 
 _ENTRY = struct.Struct(">ii")
-_unpack_i32 = struct.Struct(">i").unpack_from
-
-
-def _rel_offset_at(mm, i: int) -> int:
-    return _unpack_i32(mm, i << 3)[0]
-
-
-def _position_at(mm, i: int) -> int:
-    return _unpack_i32(mm, (i << 3) + 4)[0]
 
 
 class OffsetIndex(IndexFile):
@@ -39,7 +30,7 @@ class OffsetIndex(IndexFile):
         """Add (offset, position). Offsets must strictly increase (checked)."""
         relative = offset - self.base_offset
         if self._entries:
-            last = _rel_offset_at(self._mm, self._entries - 1)
+            last, _ = self._entry(self._entries - 1)
             if relative <= last:
                 raise CorruptIndexError(
                     self.path, f"offset {offset} is not above the last indexed offset {last + self.base_offset}"
@@ -47,7 +38,8 @@ class OffsetIndex(IndexFile):
         self._append_raw(_ENTRY.pack(relative, position))
 
     def entry(self, i: int) -> tuple[int, int]:
-        rel, pos = _ENTRY.unpack_from(self._buffer(), i * 8)
+        """(offset, position) of entry `i`."""
+        rel, pos = self._entry(i)
         return rel + self.base_offset, pos
 
     def last_entry(self) -> tuple[int, int]:
@@ -64,22 +56,24 @@ class OffsetIndex(IndexFile):
         after the returned position.
         """
         count = self._entries
-        mm = self._buffer()
-        i = self._search(mm, _rel_offset_at, offset - self.base_offset, count)
+        if count == 0:
+            return self.base_offset, 0
+        offsets, positions = self._mapped_columns()
+        i = self._search(offsets, offset - self.base_offset, count)
         if i < 0:
             return self.base_offset, 0
-        rel, pos = _ENTRY.unpack_from(mm, i * 8)
-        return rel + self.base_offset, pos
+        return int(offsets[i]) + self.base_offset, int(positions[i])
 
     def lookup_position(self, position: int) -> tuple[int, int]:
         """Greatest entry whose batch starts at or before `position`; (base_offset, 0) if none."""
         count = self._entries
-        mm = self._buffer()
-        i = self._search(mm, _position_at, position, count)
+        if count == 0:
+            return self.base_offset, 0
+        offsets, positions = self._mapped_columns()
+        i = self._search(positions, position, count)
         if i < 0:
             return self.base_offset, 0
-        rel, pos = _ENTRY.unpack_from(mm, i * 8)
-        return rel + self.base_offset, pos
+        return int(offsets[i]) + self.base_offset, int(positions[i])
 
     def sanity_check(self, log_size: int) -> None:
         """Raise CorruptIndexError unless offsets and positions strictly increase and fit the log."""

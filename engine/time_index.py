@@ -20,11 +20,6 @@ from .format import NO_TIMESTAMP
 from .index_file import IndexFile
 
 _ENTRY = struct.Struct(">qi")
-_unpack_i64 = struct.Struct(">q").unpack_from
-
-
-def _timestamp_at(mm, i: int) -> int:
-    return _unpack_i64(mm, i * 12)[0]
 
 
 class TimeIndex(IndexFile):
@@ -37,7 +32,8 @@ class TimeIndex(IndexFile):
         return self._entries >= self.max_entries - 1
 
     def entry(self, i: int) -> tuple[int, int]:
-        ts, rel = _ENTRY.unpack_from(self._buffer(), i * 12)
+        """(timestamp, offset) of entry `i`."""
+        ts, rel = self._entry(i)
         return ts, rel + self.base_offset
 
     def last_entry(self) -> tuple[int, int]:
@@ -71,12 +67,13 @@ class TimeIndex(IndexFile):
         no such entry: (NO_TIMESTAMP, base_offset), the segment start.
         """
         count = self._entries
-        mm = self._buffer()
-        i = self._search(mm, _timestamp_at, timestamp - 1, count)
+        if count == 0:
+            return NO_TIMESTAMP, self.base_offset
+        timestamps, offsets = self._mapped_columns()
+        i = self._search(timestamps, timestamp - 1, count)
         if i < 0:
             return NO_TIMESTAMP, self.base_offset
-        ts, rel = _ENTRY.unpack_from(mm, i * 12)
-        return ts, rel + self.base_offset
+        return int(timestamps[i]), int(offsets[i]) + self.base_offset
 
     def sanity_check(self, next_offset: int | None = None) -> None:
         view = self.view()
