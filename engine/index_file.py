@@ -197,17 +197,6 @@ class IndexFile:
         mm[at : at + self.ENTRY_SIZE] = packed
         self._entries += 1  # publish after the bytes are in place
 
-    def truncate_entries(self, entries: int) -> None:
-        """Keep the first `entries` entries (recovery only; readers must not be active)."""
-        if entries >= self._entries:
-            return
-        mm = self._mm
-        if self._appendable and mm is not None:
-            start = entries * self.ENTRY_SIZE
-            end = self._entries * self.ENTRY_SIZE
-            mm[start:end] = bytes(end - start)
-        self._entries = entries
-
     # -- binary search ------------------------------------------------------------------------
 
     def _search(self, keys: np.ndarray, target: int, count: int) -> int:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Iterator
 
 from . import filenames
-from .errors import CorruptBatchError, CorruptIndexError, CorruptSegmentError, StorageError
+from .errors import CorruptIndexError, CorruptSegmentError, StorageError
 from .fileutil import FileHandle, pread_exact, pwrite_all
 from .format import HEADER_SIZE, NO_TIMESTAMP, TIMESTAMP_TYPE_BIT, BatchHeader, parse_header
 from .offset_index import OffsetIndex
@@ -274,10 +274,6 @@ class LogSegment:
                 last = header
             self._next_offset = self.base_offset if last is None else last.next_offset
         return self._next_offset
-
-    @property
-    def is_empty(self) -> bool:
-        return self.size == 0
 
     # -- appending (writer only) --------------------------------------------------------------
 
@@ -604,4 +600,4 @@ def _size_or_none(path: Path) -> int | None:
         return None
 
 
-__all__ = ["AppendBatch", "LogSegment", "RecoveryResult", "CorruptBatchError"]
+__all__ = ["AppendBatch", "LogSegment", "RecoveryResult"]

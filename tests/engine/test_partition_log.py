@@ -435,3 +435,16 @@ async def test_batches_built_by_kafka_python_append_and_read_back_equal(tmp_path
         batches, _ = decode_all(raw)
         assert batches[-1].producer_id == 9 and batches[-1].base_sequence == 0  # kept as sent
     check_files(tmp_path / "t-0")
+
+
+async def test_segment_infos_describe_what_readers_see(tmp_path: Path) -> None:
+    size = len(encode_batch(0, [(b"k", b"v" * 60, T0, [])]))
+    config = LogConfig(segment_bytes=3 * size, index_interval_bytes=50)
+    async with running_log(tmp_path / "t-0", config) as log:
+        for i in range(7):
+            await append_records(log, [(b"k", b"v" * 60, T0 + 10 * i, [])])
+        infos = reader.segment_infos(log.view)
+    assert [(i.base_offset, i.last_offset, i.active) for i in infos] == [(0, 2, False), (3, 5, False), (6, 6, True)]
+    assert [(i.first_timestamp, i.max_timestamp) for i in infos] == [(T0, T0 + 20), (T0 + 30, T0 + 50), (T0 + 60, T0 + 60)]
+    assert all(i.size_bytes > 0 for i in infos) and infos[0].index_entries >= 1
+    assert sum(i.size_bytes for i in infos) == log.view.size_bytes
