@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -29,6 +30,35 @@ def pread_exact(fd: int, size: int, position: int) -> bytes:
         parts.append(more)
         got += len(more)
     return b"".join(parts)
+
+
+_NOWAIT = getattr(os, "RWF_NOWAIT", None)
+_nowait_supported = _NOWAIT is not None
+
+
+def read_if_cached(fd: int, size: int, position: int) -> bytes | None:
+    """Read `size` bytes at `position` only if no disk I/O is needed; else None.
+
+    Uses preadv2(RWF_NOWAIT), which fails with EAGAIN (or reads short) instead of waiting for
+    the disk. Where the flag is unsupported the first call finds out and later calls return
+    None at once.
+    """
+    global _nowait_supported
+    if not _nowait_supported or size <= 0:
+        return b"" if size == 0 else None
+    buf = bytearray(size)
+    try:
+        n = os.preadv(fd, [buf], position, _NOWAIT)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            _nowait_supported = False
+            return None
+        raise
+    if n != size:
+        return None
+    return bytes(buf)
 
 
 def pwrite_all(fd: int, buffers: list, position: int) -> int:

@@ -182,6 +182,27 @@ class IndexFile:
             return np.zeros(0, dtype=self.DTYPE)
         return array[:count]
 
+    def last_entry_from_file(self) -> tuple[int, int] | None:
+        """The last entry's raw fields read with one pread, without mapping the file; None when
+        empty. For facts needed from every closed segment (a segment's largest timestamp), so
+        that touching 1,000 segments costs 1,000 small reads, not 1,000 mappings."""
+        if self._entries == 0:
+            return None
+        if self._columns:
+            return self._entry(self._entries - 1)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                data = os.pread(fd, self.ENTRY_SIZE, (self._entries - 1) * self.ENTRY_SIZE)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StorageError(self.path, f"cannot read index: {exc}") from exc
+        if len(data) < self.ENTRY_SIZE:
+            raise CorruptIndexError(self.path, "index file is shorter than its entries")
+        first, second = np.frombuffer(data, dtype=self.DTYPE)[0].tolist()
+        return int(first), int(second)
+
     def _entry(self, i: int) -> tuple[int, int]:
         first, second = self._mapped_columns()
         return int(first[i]), int(second[i])

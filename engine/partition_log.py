@@ -550,10 +550,14 @@ class PartitionLog:
         return reader.fetch_slice(self.view, offset, max_bytes)
 
     async def read_slice(self, slice_: FetchSlice) -> bytes:
-        """The bytes of a slice; reads above LARGE_READ_BYTES run in a worker thread."""
-        if slice_.size > LARGE_READ_BYTES:
-            return await anyio.to_thread.run_sync(slice_.read)
-        return slice_.read()
+        """The bytes of a slice: on the event loop when small or already in the page cache,
+        otherwise in a worker thread, so a read that must wait for the disk never blocks it."""
+        if slice_.size <= LARGE_READ_BYTES:
+            return slice_.read()
+        data = slice_.read_if_cached()
+        if data is not None:
+            return data
+        return await anyio.to_thread.run_sync(slice_.read)
 
     async def read_records(self, offset: int, max_records: int, max_bytes: int) -> reader.RecordsResult:
         """Decoded records from `offset` on (at most `max_records`, about `max_bytes` of batches)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import OffsetOutOfRangeError
-from .fileutil import FileHandle, pread_exact
+from .fileutil import FileHandle, pread_exact, read_if_cached
 from .format import CONTROL_BIT, HEADER_SIZE, NO_TIMESTAMP, parse_header
 from .records import Record, decode_records
 from .segment import LogSegment
@@ -36,6 +36,12 @@ class FetchSlice:
 
     def read(self) -> bytes:
         return pread_exact(self.handle.fd, self.end - self.position, self.position)
+
+    def read_if_cached(self) -> bytes | None:
+        """The bytes if the page cache holds all of them, read without blocking
+        (preadv2 RWF_NOWAIT); None when any would need the disk (or the kernel or file system
+        cannot say), so the caller reads in a worker thread instead."""
+        return read_if_cached(self.handle.fd, self.end - self.position, self.position)
 
 
 @dataclass(frozen=True, slots=True)

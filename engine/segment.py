@@ -34,9 +34,9 @@ from typing import Iterator
 from . import filenames
 from .errors import CorruptIndexError, CorruptSegmentError, StorageError
 from .fileutil import FileHandle, pread_exact, pwrite_all
-from .format import HEADER_SIZE, NO_TIMESTAMP, TIMESTAMP_TYPE_BIT, BatchHeader, parse_header
+from .format import HEADER_SIZE, NO_TIMESTAMP, BatchHeader, parse_header
 from .offset_index import OffsetIndex
-from .records import Record, decode_records
+from .records import find_record_at_or_after
 from .scan import BatchScanner
 from .time_index import TimeIndex
 
@@ -239,10 +239,15 @@ class LogSegment:
 
     @property
     def max_timestamp(self) -> int:
-        """Largest timestamp in the segment (NO_TIMESTAMP if none); a closed segment reads it
-        from its time index's last entry."""
+        """Largest timestamp in the segment (NO_TIMESTAMP if none). A closed segment reads it
+        from its time index's last entry with one small read (no mapping, no verification:
+        a lookup that then uses this segment's indexes verifies them first)."""
         if self._max_timestamp is None:
-            ts, offset = self.time_index.last_entry()
+            if self._indexes_verified:
+                ts, offset = self._time_index.last_entry()
+            else:
+                last = self._time_index.last_entry_from_file()
+                ts, offset = (NO_TIMESTAMP, self.base_offset) if last is None else (last[0], last[1] + self.base_offset)
             self._offset_of_max_timestamp = offset
             self._max_timestamp = ts
         return self._max_timestamp
@@ -438,9 +443,6 @@ class LogSegment:
     def read_batch(self, header: BatchHeader) -> bytes:
         return self.read_bytes(header.position, header.size)
 
-    def decode_batch(self, header: BatchHeader) -> list[Record]:
-        return decode_records(self.read_batch(header), header, 0)
-
     def find_timestamp(self, timestamp: int, start_offset: int, end_position: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with offset >= start_offset and timestamp >=
         `timestamp` in this segment (Kafka's ListOffsets); None if no record qualifies."""
@@ -451,11 +453,9 @@ class LogSegment:
         for header in self._headers_from_index(start, end_position):
             if header.last_offset < start_offset or header.max_timestamp < timestamp:
                 continue
-            if header.attributes & TIMESTAMP_TYPE_BIT:
-                return max(header.base_offset, start_offset), header.max_timestamp
-            for record in self.decode_batch(header):
-                if record.offset >= start_offset and record.timestamp >= timestamp:
-                    return record.offset, record.timestamp
+            found = find_record_at_or_after(self.read_batch(header), header, timestamp, start_offset, 0)
+            if found is not None:
+                return found
         return None
 
     # -- recovery (writer / loader only, no concurrent readers) ------------------------------

@@ -114,3 +114,20 @@ def test_record_framing_check_catches_a_lying_count() -> None:
 
     with pytest.raises(CorruptBatchError, match="holds 2"):
         check_records_framing(batch, parse_header(batch))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(maybe_bytes, maybe_bytes, st.integers(0, 2**20), st.lists(header, max_size=2)), min_size=1, max_size=30),
+    st.sampled_from(CODEC_IDS),
+    st.integers(-5, 2**20 + 5),
+    st.integers(0, 40),
+    st.booleans(),
+)
+def test_find_record_at_or_after_agrees_with_full_decode(records, codec, target, min_delta, append_time) -> None:
+    from engine.records import find_record_at_or_after
+
+    batch = encode_batch(1000, records, compression_type=codec, log_append_time=2**19 if append_time else None)
+    header, decoded = decode_batch(batch)
+    expected = next(((r.offset, r.timestamp) for r in decoded if r.timestamp >= target and r.offset >= 1000 + min_delta), None)
+    assert find_record_at_or_after(batch, header, target, 1000 + min_delta) == expected
