@@ -29,8 +29,7 @@ Everything here is pure and thread-safe; it never touches files.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from crc32c import crc32c
 
@@ -68,9 +67,12 @@ _LAST_OFFSET_DELTA = struct.Struct(">i")
 assert _HEADER.size == HEADER_SIZE
 
 
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
-    """The decoded 61-byte header of one batch, plus where it sits in its buffer or file."""
+class BatchHeader(NamedTuple):
+    """The decoded 61-byte header of one batch, plus where it sits in its buffer or file.
+
+    A NamedTuple: readers build one per batch they pass, and a tuple is several times cheaper
+    to create than a frozen dataclass.
+    """
 
     base_offset: int
     batch_length: int
@@ -120,6 +122,9 @@ class BatchHeader:
         return bool(self.attributes & DELETE_HORIZON_BIT)
 
 
+_make_header = BatchHeader._make
+
+
 def parse_header(
     buf: bytes | bytearray | memoryview, position: int = 0, file_position: int | None = None
 ) -> BatchHeader:
@@ -127,10 +132,7 @@ def parse_header(
 
     The header records `file_position` (default `position`) as where the batch starts.
     """
-    return BatchHeader(
-        *_HEADER.unpack_from(buf, position),
-        position=position if file_position is None else file_position,
-    )
+    return _make_header((*_HEADER.unpack_from(buf, position), position if file_position is None else file_position))
 
 
 def read_prefix(buf: bytes | bytearray | memoryview, position: int) -> tuple[int, int]:

@@ -73,9 +73,7 @@ def fetch_slice(view: LogView, offset: int, max_bytes: int) -> FetchSlice | None
         end_position = view.end_position(index)
         header = segment.find_batch(offset, end_position)
         if header is not None:
-            end, next_offset = segment.batch_end_within(
-                header.position, header.position + max(max_bytes, 1), end_position
-            )
+            end, next_offset = segment.batch_end_within(header, header.position + max(max_bytes, 1), end_position)
             return FetchSlice(
                 segment, segment.open_handle(), header.position, end, header.base_offset, next_offset,
                 view.high_watermark, view.log_start_offset,

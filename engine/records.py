@@ -368,7 +368,7 @@ def find_record_at_or_after(
         if header.max_timestamp >= timestamp and header.last_offset >= min_offset:
             return max(header.base_offset, min_offset), header.max_timestamp
         return None
-    data = batch_records_bytes(buf, header, at)
+    data = bytes(batch_records_bytes(buf, header, at))  # bytes index faster than a memoryview
     base_offset = header.base_offset
     base_ts = header.base_timestamp
     rv = read_varint
@@ -376,30 +376,36 @@ def find_record_at_or_after(
     end = len(data)
     try:
         for _ in range(header.records_count):
+            # record length: one- and two-byte varints inline (records under 8 KiB)
             b = data[pos]
             if b < 0x80:
                 length = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif (b1 := data[pos + 1]) < 0x80:
+                v = (b & 0x7F) | (b1 << 7)
+                length = (v >> 1) ^ -(v & 1)
+                pos += 2
             else:
                 length, pos = rv(data, pos)
             record_end = pos + length
             if length < 0 or record_end > end:
                 raise CorruptBatchError("record length runs past the end of the batch", header.position)
-            b = data[pos + 1]  # after the attributes byte
+            # timestamp delta, after the attributes byte: one and two bytes inline (< 8 s)
+            b = data[pos + 1]
             if b < 0x80:
                 ts_delta = (b >> 1) ^ -(b & 1)
                 p = pos + 2
+            elif (b1 := data[pos + 2]) < 0x80:
+                v = (b & 0x7F) | (b1 << 7)
+                ts_delta = (v >> 1) ^ -(v & 1)
+                p = pos + 3
             else:
                 ts_delta, p = rv(data, pos + 1)
             if base_ts + ts_delta >= timestamp:
-                b = data[p]
-                offset_delta = (b >> 1) ^ -(b & 1) if b < 0x80 else rv(data, p)[0]
+                offset_delta = rv(data, p)[0]
                 if base_offset + offset_delta >= min_offset:
                     return base_offset + offset_delta, base_ts + ts_delta
             pos = record_end
     except IndexError:
         raise CorruptBatchError("record runs past the end of the batch", header.position) from None
-    finally:
-        if isinstance(data, memoryview):
-            data.release()
     return None

@@ -416,23 +416,26 @@ class LogSegment:
                 return header
         return None
 
-    def batch_end_within(self, start: int, limit: int, end_position: int) -> tuple[int, int]:
-        """Cut the whole batches from `start` at `limit`: (end position, next offset).
+    def batch_end_within(self, first: BatchHeader, limit: int, end_position: int) -> tuple[int, int]:
+        """Extend a read that starts with batch `first` by whole batches up to byte `limit`:
+        (end position, next offset).
 
-        The run holds at least the first batch, whatever its size, and otherwise only batches
-        that end at or before `limit` (and `end_position`). The offset index lets the scan
-        jump to the last indexed batch starting before `limit`, so a cut costs one lookup and
-        a scan of about index.interval.bytes, not a read of everything in between.
+        The run always holds `first`, whatever its size, and otherwise only batches that end
+        at or before `limit` (and `end_position`). The offset index lets the scan jump to the
+        last indexed batch starting before `limit`, so a cut costs one lookup and a scan of
+        about index.interval.bytes, not a read of everything in between.
         """
+        end, next_offset = first.position + first.size, first.next_offset
         limit = min(limit, end_position)
+        if end >= limit:
+            return end, next_offset
         # an entry starting before `limit` lies inside the caller's view (limit <= end_position)
         _, skip_to = self.offset_index.lookup_position(limit - 1)
-        scan_from = skip_to if skip_to > start else start
-        end, next_offset = start, -1
+        scan_from = max(skip_to, end)
         for header in self._headers_from_index(scan_from, end_position):
             batch_end = header.position + header.size
-            if batch_end > limit and header.position > start:
-                if end == start:  # jumped ahead, and the batch there does not fit
+            if batch_end > limit:
+                if header.position > end:  # jumped ahead, and the batch there does not fit
                     end, next_offset = header.position, header.base_offset
                 break
             end, next_offset = batch_end, header.next_offset
