@@ -31,6 +31,8 @@ from .schemas import FetchResponse, Format, ProduceResponse, Problem
 router = APIRouter(prefix="/v1/topics", tags=["records"])
 
 RECORD_BATCH_MEDIA_TYPE = "application/vnd.kafka.record-batch.v2"
+# validating a body walks its records (about 0.4 us each): bigger bodies go to a worker thread
+VALIDATE_IN_THREAD_BYTES = 128 * 1024
 _RECORD_KEYS = frozenset({"key", "value", "headers", "timestamp", "partition"})
 _spread = itertools.count()
 
@@ -210,7 +212,7 @@ async def produce_to_partition(topic: str, partition: int, request: Request, eng
     body = await request.body()
     content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if content_type == RECORD_BATCH_MEDIA_TYPE:
-        if len(body) > 1024 * 1024:
+        if len(body) > VALIDATE_IN_THREAD_BYTES:
             batches = await anyio.to_thread.run_sync(prepare_batches, body, log.config)
         else:
             batches = prepare_batches(body, log.config)

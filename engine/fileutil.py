@@ -36,7 +36,7 @@ _NOWAIT = getattr(os, "RWF_NOWAIT", None)
 _nowait_supported = _NOWAIT is not None
 
 
-def read_if_cached(fd: int, size: int, position: int) -> bytes | None:
+def read_if_cached(fd: int, size: int, position: int) -> memoryview | bytes | None:
     """Read `size` bytes at `position` only if no disk I/O is needed; else None.
 
     Uses preadv2(RWF_NOWAIT), which fails with EAGAIN (or reads short) instead of waiting for
@@ -58,7 +58,7 @@ def read_if_cached(fd: int, size: int, position: int) -> bytes | None:
         raise
     if n != size:
         return None
-    return bytes(buf)
+    return memoryview(buf)  # no second copy: callers send or slice it
 
 
 def pwrite_all(fd: int, buffers: list, position: int) -> int:

@@ -549,7 +549,7 @@ class PartitionLog:
     def fetch_slice(self, offset: int, max_bytes: int) -> FetchSlice | None:
         return reader.fetch_slice(self.view, offset, max_bytes)
 
-    async def read_slice(self, slice_: FetchSlice) -> bytes:
+    async def read_slice(self, slice_: FetchSlice) -> bytes | memoryview:
         """The bytes of a slice: on the event loop when small or already in the page cache,
         otherwise in a worker thread, so a read that must wait for the disk never blocks it."""
         if slice_.size <= LARGE_READ_BYTES:

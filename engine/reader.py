@@ -37,7 +37,7 @@ class FetchSlice:
     def read(self) -> bytes:
         return pread_exact(self.handle.fd, self.end - self.position, self.position)
 
-    def read_if_cached(self) -> bytes | None:
+    def read_if_cached(self) -> memoryview | bytes | None:
         """The bytes if the page cache holds all of them, read without blocking
         (preadv2 RWF_NOWAIT); None when any would need the disk (or the kernel or file system
         cannot say), so the caller reads in a worker thread instead."""

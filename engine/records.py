@@ -338,12 +338,27 @@ def check_records_framing(
     pos = at + HEADER_SIZE
     end = at + header.size
     count = 0
-    while pos < end:
-        length, pos = read_varint(buf, pos)
-        if length <= 0 or pos + length > end:
-            raise CorruptBatchError("record length runs past the end of the batch", header.position)
-        pos += length
-        count += 1
+    data = buf if isinstance(buf, (bytes, bytearray)) else bytes(memoryview(buf)[at:end])
+    if data is not buf:
+        pos, end = HEADER_SIZE, header.size
+    try:
+        while pos < end:
+            b = data[pos]  # record length: one- and two-byte varints inline
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            elif (b1 := data[pos + 1]) < 0x80:
+                v = (b & 0x7F) | (b1 << 7)
+                length = (v >> 1) ^ -(v & 1)
+                pos += 2
+            else:
+                length, pos = read_varint(data, pos)
+            if length <= 0 or pos + length > end:
+                raise CorruptBatchError("record length runs past the end of the batch", header.position)
+            pos += length
+            count += 1
+    except IndexError:
+        raise CorruptBatchError("record length runs past the end of the batch", header.position) from None
     if count != header.records_count:
         raise CorruptBatchError(
             f"batch says {header.records_count} records but holds {count}", header.position

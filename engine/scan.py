@@ -18,11 +18,15 @@ from .errors import CorruptBatchError
 from .format import HEADER_SIZE, LOG_OVERHEAD, MAGIC_V2, BatchHeader, parse_header, read_prefix, validate_batch
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
-HEADER_CHUNK_BYTES = 16 * 1024
+HEADER_CHUNK_BYTES = 8 * 1024
 
 
 class BatchScanner:
-    """Iterate the batches of `file` (a descriptor or FileHandle) between `start` and `end`."""
+    """Iterate the batches of `file` (a descriptor or FileHandle) between `start` and `end`.
+
+    With `with_data`, each batch comes with a memoryview of its bytes that stays valid only
+    until the iteration moves on (the read buffer is reused).
+    """
 
     def __init__(
         self,
@@ -44,11 +48,12 @@ class BatchScanner:
         self.valid_end = start
         self.error: str | None = None
         self.error_position: int | None = None
+        self._buffer: bytearray | None = None
 
     def __iter__(self) -> Iterator[tuple[BatchHeader, memoryview | None]]:
         position = self.start
         end = self.end
-        buf = b""
+        buf: memoryview | bytes = b""  # the valid part of the last read
         buf_start = position  # file position of buf[0]
         while position < end:
             rel = position - buf_start
@@ -86,16 +91,48 @@ class BatchScanner:
             position += header.size
             self.valid_end = position
 
-    def _read(self, position: int, size: int) -> bytes:
-        data = os.pread(self.fd, size, position)
-        while len(data) < size:
-            more = os.pread(self.fd, size - len(data), position + len(data))
-            if not more:
+    def _read(self, position: int, size: int) -> memoryview:
+        """Read into one reused buffer (a new one only when a batch outgrows it): yielded
+        views of earlier batches are valid only until the next read."""
+        if self._buffer is None or len(self._buffer) < size:
+            self._buffer = bytearray(max(size, self.chunk_bytes))
+        view = memoryview(self._buffer)
+        got = 0
+        while got < size:
+            n = os.preadv(self.fd, [view[got:size]], position + got)
+            if n <= 0:
                 break
-            data += more
-        return data
+            got += n
+        return view[:got]
 
     def _fail(self, position: int, reason: str) -> None:
         self.error = reason
         self.error_position = position
+
+
+def scan_headers(fd: int, start: int, end: int, chunk_bytes: int = HEADER_CHUNK_BYTES) -> Iterator[BatchHeader]:
+    """Headers only, of the batches in [start, end), which must begin on a batch boundary: the
+    lean path of every lookup. Reads chunk_bytes at a time and jumps over batch bodies.
+
+    Raises CorruptBatchError (with the position) if the bytes there are not a run of v2 batch
+    headers: too short, a length running past `end`, a wrong magic or negative fields.
+    """
+    position = start
+    buf = b""
+    buf_start = start
+    while position < end:
+        rel = position - buf_start
+        if rel + HEADER_SIZE > len(buf):
+            buf = os.pread(fd, min(chunk_bytes, end - position), position)
+            buf_start, rel = position, 0
+            if len(buf) < HEADER_SIZE:
+                raise CorruptBatchError(f"{len(buf)} bytes left, a batch header needs {HEADER_SIZE}", position)
+        header = parse_header(buf, rel, position)
+        size = header.batch_length + LOG_OVERHEAD
+        if header.batch_length < HEADER_SIZE - LOG_OVERHEAD or position + size > end:
+            raise CorruptBatchError(f"batch of {size} bytes runs past the end", position)
+        if header.magic != MAGIC_V2 or header.last_offset_delta < 0 or header.base_offset < 0:
+            raise CorruptBatchError("not a v2 batch header", position)
+        yield header
+        position += size
 

@@ -25,24 +25,22 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from . import filenames
-from .errors import CorruptIndexError, CorruptSegmentError, StorageError
+from .errors import CorruptBatchError, CorruptIndexError, CorruptSegmentError, StorageError
 from .fileutil import FileHandle, pread_exact, pwrite_all
 from .format import HEADER_SIZE, NO_TIMESTAMP, BatchHeader, parse_header
+from .index_builder import IndexBuilder
 from .offset_index import OffsetIndex
 from .records import find_record_at_or_after
-from .scan import BatchScanner
+from .scan import BatchScanner, scan_headers
 from .time_index import TimeIndex
 
 INT32_MAX = 2**31 - 1
-_OFFSET_ENTRY = struct.Struct(">ii")
-_TIME_ENTRY = struct.Struct(">qi")
 
 logger = logging.getLogger("eventlog.engine")
 
@@ -182,34 +180,14 @@ class LogSegment:
     def _rebuild_indexes(self) -> None:
         """Recompute both indexes from the batch headers and replace the files atomically
         (temp file, fsync, rename). Readers holding the old objects keep their mappings."""
-        offset_entries, time_entries = bytearray(), bytearray()
-        since = 0
-        max_ts, offset_of_max = NO_TIMESTAMP, self.base_offset
-        for header in self.headers(0, self.size):
-            if header.max_timestamp > max_ts:
-                max_ts, offset_of_max = header.max_timestamp, header.last_offset
-            if since > self.index_interval_bytes:
-                offset_entries += _OFFSET_ENTRY.pack(header.last_offset - self.base_offset, header.position)
-                if not time_entries or max_ts > _TIME_ENTRY.unpack_from(time_entries, len(time_entries) - 12)[0]:
-                    time_entries += _TIME_ENTRY.pack(max_ts, offset_of_max - self.base_offset)
-                since = 0
-            since += header.size
-        if max_ts != NO_TIMESTAMP and (not time_entries or max_ts > _TIME_ENTRY.unpack_from(time_entries, len(time_entries) - 12)[0]):
-            time_entries += _TIME_ENTRY.pack(max_ts, offset_of_max - self.base_offset)
         max_bytes = self._offset_index.max_entries * OffsetIndex.ENTRY_SIZE
-        for old, data, cls in ((self._offset_index, offset_entries, OffsetIndex), (self._time_index, time_entries, TimeIndex)):
-            tmp = old.path.with_name(old.path.name + ".tmp")
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, old.path)
-            new = cls.open_read_only(old.path, self.base_offset, max_bytes, len(data))
-            if cls is OffsetIndex:
-                self._offset_index = new  # type: ignore[assignment]
-            else:
-                self._time_index = new  # type: ignore[assignment]
-        self._max_timestamp, self._offset_of_max_timestamp = max_ts, offset_of_max
+        builder = IndexBuilder(self.base_offset, self.index_interval_bytes, max_bytes)
+        for header in self.headers(0, self.size):
+            builder.add(header.last_offset, header.position, header.size, header.max_timestamp)
+        self._offset_index, self._time_index = builder.write_closed(
+            self._offset_index.path, self._time_index.path, max_bytes
+        )
+        self._max_timestamp, self._offset_of_max_timestamp = builder.max_timestamp, builder.offset_of_max_timestamp
 
     # -- paths --------------------------------------------------------------------------------
 
@@ -376,11 +354,11 @@ class LogSegment:
         Raises CorruptSegmentError if the bytes there are not a run of batch headers (an index
         that points into the middle of a batch, or a damaged closed segment).
         """
-        scanner = BatchScanner(self.open_handle(), start, end, with_data=False)
-        for header, _ in scanner:
-            yield header
-        if scanner.error is not None:
-            raise CorruptSegmentError(self.log_path, f"at byte {scanner.error_position}: {scanner.error}")
+        handle = self.open_handle()  # held while the generator runs
+        try:
+            yield from scan_headers(handle.fd, start, end)
+        except CorruptBatchError as exc:
+            raise CorruptSegmentError(self.log_path, f"at byte {exc.position}: {exc.reason}") from None
 
     def _headers_from_index(self, start: int, end: int) -> Iterator[BatchHeader]:
         """headers() from an index-given position. If the index led astray (the bytes there
@@ -466,17 +444,9 @@ class LogSegment:
     def recover(self, index_interval_bytes: int, *, active: bool, max_index_bytes: int) -> RecoveryResult:
         """Scan the whole .log: check every batch, rebuild both indexes, truncate at the first
         invalid batch (a torn write). `active` leaves the indexes preallocated for appends."""
-        index_path, time_path = self._offset_index.path, self._time_index.path
-        self._offset_index.release()
-        self._time_index.release()
-        self._offset_index = OffsetIndex.create_appendable(index_path, self.base_offset, max_index_bytes)
-        self._time_index = TimeIndex.create_appendable(time_path, self.base_offset, max_index_bytes)
-        self._max_timestamp = NO_TIMESTAMP
-        self._offset_of_max_timestamp = self.base_offset
-        self._first_timestamp = None
-        self._bytes_since_last_index_entry = 0
         handle = self.open_handle()
         size = os.fstat(handle.fd).st_size
+        builder = IndexBuilder(self.base_offset, index_interval_bytes, max_index_bytes)
         scanner = BatchScanner(handle, 0, size, with_data=True, check_crc=True)
         position = 0
         next_offset: int | None = None
@@ -489,20 +459,8 @@ class LogSegment:
             if not self.can_hold(header.last_offset):
                 error = f"offset {header.last_offset} does not fit the segment's int32 relative offsets"
                 break
-            if self._offset_index.is_full or self._time_index.is_full:
-                error = "index would overflow"
-                break
-            if header.max_timestamp > self._max_timestamp:
-                self._max_timestamp = header.max_timestamp
-                self._offset_of_max_timestamp = header.last_offset
-            if self._first_timestamp is None:
-                self._first_timestamp = header.max_timestamp
-            if self._bytes_since_last_index_entry > index_interval_bytes:
-                self._offset_index.append(header.last_offset, position)
-                self._time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
-                self._bytes_since_last_index_entry = 0
+            builder.add(header.last_offset, position, header.size, header.max_timestamp)
             position += header.size
-            self._bytes_since_last_index_entry += header.size
             next_offset = header.next_offset
             batches += 1
         if error is None:
@@ -517,15 +475,20 @@ class LogSegment:
                 raise StorageError(self.log_path, f"fsync failed: {exc}") from exc
         self.size = position
         self._next_offset = self.base_offset if next_offset is None else next_offset
-        self._indexes_verified = True
+        self._max_timestamp = builder.max_timestamp
+        self._offset_of_max_timestamp = builder.offset_of_max_timestamp
+        self._first_timestamp = builder.first_timestamp
+        self._bytes_since_last_index_entry = builder.bytes_since_last_entry
+        index_path, time_path = self._offset_index.path, self._time_index.path
+        self._offset_index.release()
+        self._time_index.release()
         if active:
+            self._offset_index, self._time_index = builder.write_active(index_path, time_path, max_index_bytes)
             self._fd_writable = False
             self.open_for_append()
         else:
-            if self._max_timestamp != NO_TIMESTAMP:
-                self._time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp, skip_full_check=True)
-            self._offset_index.close_for_append()
-            self._time_index.close_for_append()
+            self._offset_index, self._time_index = builder.write_closed(index_path, time_path, max_index_bytes)
+        self._indexes_verified = True
         return RecoveryResult(position, truncated, next_offset, batches, error if truncated else None)
 
     def _truncate_file(self, size: int) -> None:
