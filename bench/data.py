@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import struct
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import anyio
 
@@ -36,7 +36,9 @@ def value_bytes(size: int, seed: int = 7) -> bytes:
     return random.Random(seed).randbytes(size)
 
 
-def encode_records_batch(record_bytes: int, count: int, base_timestamp_ms: int = T0_MS) -> bytearray:
+def encode_records_batch(
+    record_bytes: int, count: int, base_timestamp_ms: int = T0_MS
+) -> bytearray:
     """One uncompressed batch of `count` records with no key and a `record_bytes` value; record
     i has timestamp base + i (one per millisecond)."""
     value = value_bytes(record_bytes)
@@ -70,7 +72,9 @@ def retimed(template: bytes | bytearray, base_timestamp_ms: int) -> bytearray:
     return out
 
 
-async def fill(log: PartitionLog, bodies: Iterable[bytes | bytearray], *, producers: int = 1) -> int:
+async def fill(
+    log: PartitionLog, bodies: Iterable[bytes | bytearray], *, producers: int = 1
+) -> int:
     """Append every body (one or more concatenated batches) with `producers` concurrent tasks;
     returns the bytes appended.
 

@@ -26,10 +26,11 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import matplotlib
 
@@ -49,7 +50,6 @@ class Context:
     results_dir: Path
     argv: list[str]
     engine_source: dict[str, Any] = field(default_factory=dict)  # which engine/ was measured
-    log_lines: list[str] = field(default_factory=list)
 
     def scratch(self, name: str) -> Path:
         """A fresh, empty directory under the work dir (removed first if it exists)."""
@@ -59,9 +59,7 @@ class Context:
         return path
 
     def log(self, message: str) -> None:
-        line = f"[{time.strftime('%H:%M:%S')}] {message}"
-        self.log_lines.append(line)
-        print(line, flush=True)
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def remove_tree(path: Path) -> None:
@@ -120,7 +118,12 @@ def filesystem_of(path: Path) -> dict[str, str | None]:
     """Mount point, device, type and options of the filesystem holding `path` (/proc/mounts:
     the longest mount point that is a prefix of the resolved path)."""
     target = str(path.resolve())
-    best: dict[str, str | None] = {"mount_point": None, "device": None, "type": None, "options": None}
+    best: dict[str, str | None] = {
+        "mount_point": None,
+        "device": None,
+        "type": None,
+        "options": None,
+    }
     best_len = -1
     try:
         lines = Path("/proc/mounts").read_text().splitlines()
@@ -134,7 +137,12 @@ def filesystem_of(path: Path) -> dict[str, str | None]:
         mount_point = mount_point.replace("\\040", " ")
         prefix = mount_point.rstrip("/") + "/"
         if (target == mount_point or target.startswith(prefix)) and len(mount_point) > best_len:
-            best = {"mount_point": mount_point, "device": device, "type": fstype, "options": options}
+            best = {
+                "mount_point": mount_point,
+                "device": device,
+                "type": fstype,
+                "options": options,
+            }
             best_len = len(mount_point)
     return best
 
@@ -184,7 +192,9 @@ def engine_from_commit(ref: str, work_dir: Path) -> dict[str, Any]:
     if not (root / "engine" / "__init__.py").exists():
         remove_tree(root)
         root.mkdir(parents=True)
-        archive = subprocess.run(["git", "archive", commit, "engine"], cwd=REPO, capture_output=True, check=True)
+        archive = subprocess.run(
+            ["git", "archive", commit, "engine"], cwd=REPO, capture_output=True, check=True
+        )
         subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
     sys.path.insert(0, str(root))
     import engine
@@ -212,7 +222,8 @@ class CpuWitness:
             fields = [0] * 8
         user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
         own = sum(
-            getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+            getattr(resource.getrusage(who), f)
+            for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
             for f in ("ru_utime", "ru_stime")
         )
         return time.monotonic(), (user + nice + system + irq + softirq) / ticks, steal / ticks, own
@@ -270,7 +281,9 @@ def dd_write(directory: Path, count_mib: int) -> dict[str, float]:
     path.unlink(missing_ok=True)
     cmd = ["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={count_mib}", "conv=fdatasync"]
     start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, "LC_ALL": "C"})
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, check=True, env={**os.environ, "LC_ALL": "C"}
+    )
     wall = time.perf_counter() - start
     path.unlink(missing_ok=True)
     match = _DD_RATE.search(done.stderr)
@@ -353,8 +366,13 @@ def write_report(ctx: Context, name: str, report: dict[str, Any], elapsed_s: flo
     document = {
         "benchmark": name,
         "command": command_line(ctx.argv),
-        "invoked_via_make": bool(os.environ.get("MAKELEVEL")),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        # run from `make bench`: the make command line that leads to `command`
+        "make_command": (
+            f"make bench BENCH_ARGS={shlex.quote(shlex.join(ctx.argv))}"
+            if os.environ.get("MAKELEVEL")
+            else None
+        ),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "mode": "quick" if ctx.quick else "full",
         "elapsed_seconds": round(elapsed_s, 1),
         "engine": ctx.engine_source,

@@ -1,0 +1,8 @@
+"""Reproducible benchmarks of the storage engine, each measured next to its peer or physical
+limit in the same run (see bench/README.md). Run with `make bench` or `python -m bench`.
+
+Modules: harness (context, machine facts, dd, reports), data (pre-encoded batches), and one
+module per benchmark: append, read, lookup, restart.
+"""
+
+BENCHMARKS = ("append", "read", "lookup", "restart")
