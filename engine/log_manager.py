@@ -47,7 +47,10 @@ from .errors import (
 from . import kafka_import
 from .fileutil import fsync_dir
 from .log_dirs import LogDir
+from .groups import CONSUMER_OFFSETS_CONFIG, GroupOffsets
 from .metadata import (
+    CONSUMER_OFFSETS_TOPIC,
+    INTERNAL_TOPICS,
     METADATA_TOPIC,
     MetadataImage,
     TopicMeta,
@@ -109,6 +112,7 @@ class LogManager:
         self._partition_dir: dict[PartitionLog, LogDir] = {}
         self._recovery_limiter = anyio.CapacityLimiter(max(1, config.recovery_threads))
         self.commit_hooks: list[Callable[[PartitionLog, int, int, int], None]] = []
+        self.groups: GroupOffsets | None = None  # set once __consumer_offsets is loaded
         self._recovery_points: dict[tuple[str, int], int] = {}
         self._log_starts: dict[tuple[str, int], int] = {}
 
@@ -160,6 +164,7 @@ class LogManager:
             state.partitions[p] = log
         for state, p, log in loaded:
             await tg.start(log.run)
+        await self._open_group_offsets()
         for d in self.dirs:
             await anyio.to_thread.run_sync(d.clear_clean_shutdown)
         tg.start_soon(self._checkpoint_loop)
@@ -258,6 +263,18 @@ class LogManager:
         meta = TopicMeta(METADATA_TOPIC, "", 1, {})
         self.topics[METADATA_TOPIC] = TopicState(meta, METADATA_LOG_CONFIG, [log])
 
+    async def _open_group_offsets(self) -> None:
+        """Create __consumer_offsets on first start, then replay it into memory."""
+        if CONSUMER_OFFSETS_TOPIC not in self.topics:
+            await self.create_topic(
+                CONSUMER_OFFSETS_TOPIC,
+                1,
+                {"cleanup.policy": CONSUMER_OFFSETS_CONFIG.cleanup_policy, "segment.bytes": CONSUMER_OFFSETS_CONFIG.segment_bytes},
+                internal=True,
+            )
+        self.groups = GroupOffsets(self.partition(CONSUMER_OFFSETS_TOPIC, 0))
+        await self.groups.load()
+
     def _remove_deleted_topic_dirs(self) -> None:
         for d in self.dirs:
             for entry in os.scandir(d.path):
@@ -295,9 +312,13 @@ class LogManager:
         self.image.apply(decode_event(value))
 
     async def create_topic(
-        self, name: str, partitions: int | None = None, configs: Mapping[str, Any] | None = None
+        self, name: str, partitions: int | None = None, configs: Mapping[str, Any] | None = None,
+        *, internal: bool = False,
     ) -> TopicState:
-        """Validate, record topic_created, then create the partition directories."""
+        """Validate, record topic_created, then create the partition directories.
+
+        Internal topics (__metadata, __consumer_offsets) are created by the server only.
+        """
         validate_topic_name(name)
         count = self.config.default_partitions if partitions is None else partitions
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_PARTITIONS:
@@ -305,7 +326,7 @@ class LogManager:
         overrides = normalise_overrides(configs or {})
         config = self.config.default_log_config.with_overrides(overrides)
         async with self._topic_lock:
-            if name in self.topics or name == METADATA_TOPIC:
+            if name in self.topics or (name in INTERNAL_TOPICS and not internal):
                 raise TopicExistsError(name)
             self._check_collision(name)
             topic_id = new_topic_id()
@@ -374,6 +395,7 @@ class LogManager:
             tps = {(name, p) for p in range(len(state.partitions))}
             for d in self.dirs:
                 await self._write_checkpoints(d, exclude=tps)
+            await self.groups.forget_topic(name)
         assert self._tg is not None
         for path in doomed:
             self._tg.start_soon(anyio.to_thread.run_sync, shutil.rmtree, path, True)
@@ -394,7 +416,7 @@ class LogManager:
         config = self.config.default_log_config
         stats: dict[int, LoadStats] = {}
         async with self._topic_lock:
-            if name in self.topics or name == METADATA_TOPIC:
+            if name in self.topics or name in INTERNAL_TOPICS:
                 raise TopicExistsError(name)
             self._check_collision(name)
             topic_id = new_topic_id()
@@ -439,8 +461,8 @@ class LogManager:
                 raise InvalidTopicNameError(name, f"collides with existing topic {other!r} ('.' and '_' are not told apart)")
 
     def _user_topic(self, name: str) -> TopicState:
-        if name == METADATA_TOPIC:
-            raise InvalidRequestError(f"{METADATA_TOPIC} is managed by the server")
+        if name in INTERNAL_TOPICS:
+            raise InvalidRequestError(f"{name} is managed by the server")
         return self.topic(name)
 
     # -- checkpoints and deletions ------------------------------------------------------------

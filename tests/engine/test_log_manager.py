@@ -55,7 +55,7 @@ async def test_topics_survive_restart_through_the_metadata_log(tmp_path: Path) -
         await engine.delete_topic("gone")
         assert not (tmp_path / "gone-0").exists() or not (tmp_path / "gone-0").is_dir()
     async with open_engine(cfg(tmp_path)) as engine:
-        assert sorted(engine.topics) == [METADATA_TOPIC, "orders"]
+        assert sorted(engine.topics) == ["__consumer_offsets", METADATA_TOPIC, "orders"]
         orders = engine.topic("orders")
         assert len(orders.partitions) == 4
         assert orders.meta.overrides == {"cleanup.policy": "compact", "retention.ms": "1000"}
@@ -66,6 +66,7 @@ async def test_topics_survive_restart_through_the_metadata_log(tmp_path: Path) -
         # metadata events are plain records in an internal topic
         events = values_of(engine, METADATA_TOPIC, 0)
         assert [e.split(b'"type":"')[1].split(b'"')[0] for e in events] == [
+            b"topic_created",  # __consumer_offsets, on first start
             b"topic_created", b"topic_created", b"configs_altered", b"partitions_added", b"topic_deleted",
         ]
     assert not [p for p in os.listdir(tmp_path) if p.startswith("gone")]
@@ -154,7 +155,7 @@ async def test_meta_properties_and_checkpoints_in_kafka_format(tmp_path: Path) -
     recovery = read_checkpoint(tmp_path / "recovery-point-offset-checkpoint")
     assert recovery[("t", 1)] == 3 and recovery[("t", 0)] == 0
     text = (tmp_path / "recovery-point-offset-checkpoint").read_text()
-    assert text.startswith("0\n3\n") and text.endswith("\n") and "t 1 3\n" in text
+    assert text.startswith("0\n4\n") and text.endswith("\n") and "t 1 3\n" in text
     assert (tmp_path / "cleaner-offset-checkpoint").read_bytes() == b"0\n0\n"
     assert (tmp_path / ".kafka_cleanshutdown").exists()
     async with open_engine(cfg(tmp_path, node_id=3)) as engine:
@@ -215,3 +216,29 @@ async def test_concurrent_topic_operations_are_serialised(tmp_path: Path) -> Non
             for i in range(5):
                 tg.start_soon(create, i)
         assert sorted(results) == ["exists"] * 4 + ["ok"]
+
+
+async def test_group_offsets_are_durable_and_follow_their_topic(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)) as engine:
+        await engine.create_topic("t", 2)
+        await engine.create_topic("u", 1)
+        await engine.groups.commit("g1", [("t", 0, 5, "m"), ("t", 1, 7, ""), ("u", 0, 1, "")])
+        await engine.groups.commit("g1", [("t", 0, 6, "again")])
+        await engine.groups.commit("g2", [("t", 1, 3, "")])
+        with pytest.raises(InvalidRequestError):
+            await engine.groups.commit("", [("t", 0, 1, "")])
+        with pytest.raises(InvalidRequestError):
+            await engine.groups.commit("g", [("t", 0, 1, "x" * 5000)])
+        with pytest.raises(InvalidRequestError):
+            await engine.delete_topic("__consumer_offsets")
+    async with open_engine(cfg(tmp_path)) as engine:
+        got = [(c.topic, c.partition, c.offset, c.metadata) for c in engine.groups.fetch("g1")]
+        assert got == [("t", 0, 6, "again"), ("t", 1, 7, ""), ("u", 0, 1, "")]
+        assert engine.groups.groups() == ["g1", "g2"]
+        await engine.delete_topic("t")  # its committed offsets go with it
+        assert [(c.topic, c.offset) for c in engine.groups.fetch("g1")] == [("u", 1)]
+        assert engine.groups.fetch("g2") == []
+        assert await engine.groups.delete("g1") == 1
+    async with open_engine(cfg(tmp_path)) as engine:
+        assert engine.groups.groups() == []
+        assert engine.topic("__consumer_offsets").config.compact
