@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from . import health, records, topics
+from . import groups, health, offsets, records, topics
 from .errors import install_error_handlers
 from .schemas import ProduceRequest
 
@@ -20,6 +20,8 @@ def install_routes(app: FastAPI) -> None:
     app.include_router(health.router)
     app.include_router(topics.router)
     app.include_router(records.router)
+    app.include_router(offsets.router)
+    app.include_router(groups.router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

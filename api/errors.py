@@ -29,11 +29,12 @@ PROBLEM_JSON = "application/problem+json"
 class ApiError(Exception):
     """Raised by API code for a request it refuses."""
 
-    def __init__(self, status: int, code: str, detail: str, **extra: Any) -> None:
+    def __init__(self, status: int, code: str, detail: str, *, headers: dict[str, str] | None = None, **extra: Any) -> None:
         super().__init__(detail)
         self.status = status
         self.code = code
         self.detail = detail
+        self.headers = headers or {}
         self.extra = extra
 
 
@@ -57,7 +58,7 @@ ENGINE_ERRORS: dict[type[e.EngineError], tuple[int, str]] = {
 }
 
 
-def problem(status: int, code: str, detail: str, **extra: Any) -> Response:
+def problem(status: int, code: str, detail: str, *, headers: dict[str, str] | None = None, **extra: Any) -> Response:
     body = {
         "type": f"urn:eventlog:problem:{code}",
         "title": HTTPStatus(status).phrase,
@@ -66,7 +67,7 @@ def problem(status: int, code: str, detail: str, **extra: Any) -> Response:
         "code": code,
         **extra,
     }
-    return Response(orjson.dumps(body), status_code=status, media_type=PROBLEM_JSON)
+    return Response(orjson.dumps(body), status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
 def engine_problem(exc: e.EngineError) -> Response:
@@ -91,7 +92,7 @@ async def _engine_handler(_request: Request, exc: Exception) -> Response:
 
 async def _api_handler(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return problem(exc.status, exc.code, exc.detail, **exc.extra)
+    return problem(exc.status, exc.code, exc.detail, headers=exc.headers, **exc.extra)
 
 
 async def _validation_handler(_request: Request, exc: Exception) -> Response:

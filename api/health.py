@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
+from .auth import Monitor
 from .errors import problem
 from .schemas import Problem, Status
 
@@ -20,11 +22,28 @@ async def healthz() -> Status:
     "/readyz",
     operation_id="getReadiness",
     response_model=Status,
-    responses={503: {"model": Problem, "description": "recovering or shutting down"}},
+    responses={
+        401: {"model": Problem, "description": "unauthorized"},
+        503: {"model": Problem, "description": "not_ready: shutting down"},
+    },
     summary="Recovery is done and the engine takes requests",
 )
-async def readyz(request: Request) -> Status | Response:
+async def readyz(request: Request, _principal: Monitor) -> Status | Response:
     engine = request.app.state.engine
-    if engine is None or not engine.ready or request.app.state.shutting_down:
+    if engine is None or not engine.ready or engine.stopping or request.app.state.shutting_down:
         return problem(503, "not_ready", "the engine is not ready")
     return Status(status="ready")
+
+
+@router.get(
+    "/metrics",
+    operation_id="getMetrics",
+    response_class=Response,
+    responses={
+        200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}, "description": "Prometheus text format"},
+        401: {"model": Problem, "description": "unauthorized"},
+    },
+    summary="Prometheus metrics: requests, produce/fetch, group commits, fsync latency, partitions",
+)
+async def metrics(request: Request, _principal: Monitor) -> Response:
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

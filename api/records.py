@@ -14,16 +14,17 @@ from typing import Any
 
 import anyio
 import orjson
-from fastapi import APIRouter, Query, Request
-from starlette.responses import Response
+from fastapi import APIRouter, Header, Query, Request
+from starlette.responses import Response, StreamingResponse
 
 from engine import compression
-from engine.errors import PartitionNotFoundError, RecordTooLargeError
+from engine.errors import OffsetOutOfRangeError, PartitionNotFoundError, RecordTooLargeError
 from engine.partition_log import PartitionLog, PreparedBatch, prepare_batches, wall_clock_ms
 from engine.partitioner import partition_for_key
 from engine.records import encode_batch
 
 from . import formats
+from .auth import Reader, Writer
 from .deps import Engine
 from .errors import ApiError
 from .schemas import FetchResponse, Format, ProduceResponse, Problem
@@ -36,11 +37,18 @@ VALIDATE_IN_THREAD_BYTES = 128 * 1024
 _RECORD_KEYS = frozenset({"key", "value", "headers", "timestamp", "partition"})
 _spread = itertools.count()
 
+_auth_problems: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "unauthorized"},
+    403: {"model": Problem, "description": "forbidden"},
+}
 _produce_problems: dict[int | str, dict[str, Any]] = {
+    **_auth_problems,
     400: {"model": Problem, "description": "invalid_json, corrupt_batch"},
     404: {"model": Problem, "description": "topic_not_found, partition_not_found"},
-    413: {"model": Problem, "description": "record_too_large"},
+    413: {"model": Problem, "description": "record_too_large, request_too_large"},
+    415: {"model": Problem, "description": "unsupported_media_type"},
     422: {"model": Problem, "description": "validation_error"},
+    503: {"model": Problem, "description": "unavailable: the server is shutting down"},
 }
 
 
@@ -174,6 +182,26 @@ async def _produce_json(engine, topic: str, body: bytes, fixed_partition: int | 
     return out
 
 
+def _stream_error(exc: Exception, position: int) -> dict[str, Any]:
+    if isinstance(exc, OffsetOutOfRangeError):
+        return {"code": "offset_out_of_range", "detail": str(exc), "offset": position, "log_start_offset": exc.log_start_offset}
+    assert isinstance(exc, ApiError)
+    return {"code": exc.code, "detail": exc.detail, "offset": position}
+
+
+def _records_json(records: list, kf: str, vf: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "offset": r.offset,
+            "timestamp": r.timestamp,
+            "key": formats.decode(r.key, kf, "key", r.offset),
+            "value": formats.decode(r.value, vf, "value", r.offset),
+            "headers": [{"key": k, "value": formats.decode(v, vf, "value of header", r.offset)} for k, v in r.headers],
+        }
+        for r in records
+    ]
+
+
 @router.post(
     "/{topic}/records",
     operation_id="produceRecords",
@@ -187,7 +215,7 @@ async def _produce_json(engine, topic: str, body: bytes, fixed_partition: int | 
     },
     summary="Produce records (JSON); partitions chosen by murmur2(key) unless given",
 )
-async def produce(topic: str, request: Request, engine: Engine) -> Response:
+async def produce(topic: str, request: Request, engine: Engine, _principal: Writer) -> Response:
     offsets = await _produce_json(engine, topic, await request.body(), None)
     return Response(orjson.dumps({"offsets": offsets}), media_type="application/json")
 
@@ -207,7 +235,9 @@ async def produce(topic: str, request: Request, engine: Engine) -> Response:
     },
     summary="Produce to one partition: JSON records, or raw Kafka v2 record batches",
 )
-async def produce_to_partition(topic: str, partition: int, request: Request, engine: Engine) -> Response:
+async def produce_to_partition(
+    topic: str, partition: int, request: Request, engine: Engine, _principal: Writer
+) -> Response:
     log = engine.partition(topic, partition)
     body = await request.body()
     content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
@@ -238,6 +268,7 @@ async def produce_to_partition(topic: str, partition: int, request: Request, eng
     response_model=FetchResponse,
     responses={
         200: {"content": {RECORD_BATCH_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}},
+        **_auth_problems,
         404: {"model": Problem, "description": "topic_not_found, partition_not_found"},
         416: {"model": Problem, "description": "offset_out_of_range"},
         422: {"model": Problem, "description": "validation_error, not_utf8, not_json"},
@@ -249,6 +280,7 @@ async def fetch(
     partition: int,
     request: Request,
     engine: Engine,
+    _principal: Reader,
     offset: int | None = Query(None, ge=0, description="default: the log start offset"),
     max_records: int = Query(500, ge=1, le=100_000),
     max_bytes: int = Query(1_048_576, ge=1, le=64 * 1024 * 1024),
@@ -267,6 +299,7 @@ async def fetch(
         slice_ = log.fetch_slice(offset, max_bytes)
         view = log.view
         data = b"" if slice_ is None else await log.read_slice(slice_)
+        request.app.state.metrics.fetched_bytes.labels(topic).inc(len(data))
         headers = {
             "X-Next-Offset": str(offset if slice_ is None else slice_.next_offset),
             "X-High-Watermark": str(view.high_watermark if slice_ is None else slice_.high_watermark),
@@ -274,17 +307,10 @@ async def fetch(
         }
         return Response(data, media_type=RECORD_BATCH_MEDIA_TYPE, headers=headers)
     result = await log.read_records(offset, max_records, max_bytes)
-    kf, vf = key_format.value, value_format.value
-    records = [
-        {
-            "offset": r.offset,
-            "timestamp": r.timestamp,
-            "key": formats.decode(r.key, kf, "key", r.offset),
-            "value": formats.decode(r.value, vf, "value", r.offset),
-            "headers": [{"key": k, "value": formats.decode(v, vf, "value of header", r.offset)} for k, v in r.headers],
-        }
-        for r in result.records
-    ]
+    records = _records_json(result.records, key_format.value, value_format.value)
+    metrics = request.app.state.metrics
+    metrics.fetched_records.labels(topic).inc(len(records))
+    metrics.fetched_bytes.labels(topic).inc(result.bytes_read)
     body = {
         "records": records,
         "next_offset": result.next_offset,
@@ -292,3 +318,66 @@ async def fetch(
         "log_start_offset": result.log_start_offset,
     }
     return Response(orjson.dumps(body), media_type="application/json")
+
+
+SSE_KEEPALIVE_S = 15.0
+
+
+@router.get(
+    "/{topic}/partitions/{partition}/records/stream",
+    operation_id="streamRecords",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "description": "one `record` event per record: `id` is its offset, `data` the record as JSON",
+        },
+        **_auth_problems,
+        404: {"model": Problem, "description": "topic_not_found, partition_not_found"},
+        416: {"model": Problem, "description": "offset_out_of_range"},
+    },
+    summary="Tail a partition as server-sent events (curl -N), from an offset or the end",
+)
+async def stream(
+    topic: str,
+    partition: int,
+    request: Request,
+    engine: Engine,
+    _principal: Reader,
+    offset: int | None = Query(None, ge=0, description="default: the high watermark (new records only)"),
+    key_format: Format = Format.string,
+    value_format: Format = Format.string,
+    last_event_id: int | None = Header(None, ge=-1, description="resume after this offset (sent by EventSource on reconnect)"),
+) -> StreamingResponse:
+    log = engine.partition(topic, partition)
+    if last_event_id is not None:
+        offset = last_event_id + 1
+    elif offset is None:
+        offset = log.high_watermark
+    log.check_offset(offset)
+    kf, vf = key_format.value, value_format.value
+    metrics = request.app.state.metrics
+
+    async def events():
+        position = offset
+        yield b": streaming " + f"{topic}/{partition} from offset {position}".encode() + b"\n\n"
+        while not engine.stopping:
+            if position >= log.high_watermark:
+                if not await log.wait_for_data(position, SSE_KEEPALIVE_S):
+                    yield b": keepalive\n\n"
+                    continue
+            try:
+                result = await log.read_records(position, 500, 1024 * 1024)
+                records = _records_json(result.records, kf, vf)
+            except (ApiError, OffsetOutOfRangeError) as exc:  # retention passed us, or bytes the format cannot show
+                yield b"event: error\ndata: " + orjson.dumps(_stream_error(exc, position)) + b"\n\n"
+                return
+            chunk = [
+                b"id: %d\nevent: record\ndata: %s\n\n" % (record["offset"], orjson.dumps(record)) for record in records
+            ]
+            metrics.fetched_records.labels(topic).inc(len(result.records))
+            if chunk:
+                yield b"".join(chunk)
+            position = max(result.next_offset, position)
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -122,3 +122,73 @@ class FetchResponse(BaseModel):
     next_offset: int
     high_watermark: int
     log_start_offset: int
+
+
+class PartitionOffsets(BaseModel):
+    log_start_offset: int
+    high_watermark: int
+    log_end_offset: int
+    offset: int | None = Field(
+        None, description="with ?timestamp= or ?spec=: the answer (null when no record qualifies, or when not asked)"
+    )
+    timestamp: int | None = Field(None, description="the timestamp of the record at `offset` (null for earliest/latest)")
+
+
+class OffsetSpec(str, Enum):
+    earliest = "earliest"
+    latest = "latest"
+    max_timestamp = "max_timestamp"
+
+
+class DeleteRecordsRequest(BaseModel):
+    before_offset: int = Field(ge=-1, description="the new log start offset; -1 means the high watermark")
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeleteRecordsResponse(BaseModel):
+    log_start_offset: int
+
+
+class SegmentInfo(BaseModel):
+    base_offset: int
+    last_offset: int = Field(description="base_offset - 1 when the segment is empty")
+    size_bytes: int
+    first_timestamp: int = Field(description="-1 when unknown")
+    max_timestamp: int = Field(description="-1 when unknown")
+    index_entries: int
+    time_index_entries: int
+    active: bool
+
+
+class SegmentList(BaseModel):
+    segments: list[SegmentInfo]
+
+
+class GroupOffset(BaseModel):
+    topic: str
+    partition: int = Field(ge=0)
+    offset: int = Field(ge=0)
+    metadata: str = Field("", max_length=4096)
+    model_config = ConfigDict(extra="forbid")
+
+
+class CommittedGroupOffset(BaseModel):
+    topic: str
+    partition: int
+    offset: int
+    metadata: str
+    commit_timestamp: int
+
+
+class GroupOffsetsCommit(BaseModel):
+    offsets: list[GroupOffset] = Field(min_length=1)
+    model_config = ConfigDict(extra="forbid")
+
+
+class GroupOffsets(BaseModel):
+    group: str
+    offsets: list[CommittedGroupOffset]
+
+
+class GroupList(BaseModel):
+    groups: list[str]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
@@ -12,12 +12,16 @@ from engine.config import is_internal
 from engine.log_manager import TopicState
 from engine.metadata import INTERNAL_TOPICS
 
+from .auth import Admin, Describer, principal_of
 from .deps import Engine
 from .schemas import ConfigValue, PartitionInfo, Problem, Topic, TopicCreate, TopicDetail, TopicList, TopicSummary
 
 router = APIRouter(prefix="/v1/topics", tags=["topics"])
 
 _problems: dict[int | str, dict[str, Any]] = {
+    400: {"model": Problem, "description": "invalid_request (an internal topic)"},
+    401: {"model": Problem, "description": "unauthorized"},
+    403: {"model": Problem, "description": "forbidden"},
     404: {"model": Problem, "description": "topic_not_found"},
     422: {"model": Problem, "description": "invalid_topic_name, invalid_config, invalid_partitions, validation_error"},
 }
@@ -66,19 +70,27 @@ def topic_detail(state: TopicState) -> TopicDetail:
     responses={409: {"model": Problem, "description": "topic_exists"}, **_problems},
     summary="Create a topic",
 )
-async def create_topic(body: TopicCreate, engine: Engine) -> Topic:
+async def create_topic(body: TopicCreate, engine: Engine, _principal: Admin) -> Topic:
     state = await engine.create_topic(body.name, body.partitions, body.configs)
     return topic_model(state)
 
 
-@router.get("", operation_id="listTopics", response_model=TopicList, summary="List topics")
+@router.get(
+    "",
+    operation_id="listTopics",
+    response_model=TopicList,
+    responses={401: _problems[401], 403: _problems[403]},
+    summary="List topics (those the caller's token covers)",
+)
 async def list_topics(
-    engine: Engine, internal: bool = Query(False, description="include internal topics (__*)")
+    request: Request, engine: Engine, _principal: Describer,
+    internal: bool = Query(False, description="include internal topics (__*)"),
 ) -> TopicList:
+    principal = principal_of(request)
     topics = [
         TopicSummary(name=name, partitions=len(state.partitions), internal=is_internal(name))
         for name, state in sorted(engine.topics.items())
-        if internal or not is_internal(name)
+        if (internal or not is_internal(name)) and principal.covers_topic(name)
     ]
     return TopicList(topics=topics)
 
@@ -87,10 +99,10 @@ async def list_topics(
     "/{topic}",
     operation_id="describeTopic",
     response_model=TopicDetail,
-    responses={404: _problems[404]},
+    responses={401: _problems[401], 403: _problems[403], 404: _problems[404]},
     summary="Describe a topic: configs and per-partition offsets and sizes",
 )
-async def describe_topic(topic: str, engine: Engine) -> TopicDetail:
+async def describe_topic(topic: str, engine: Engine, _principal: Describer) -> TopicDetail:
     return topic_detail(engine.topic(topic))
 
 
@@ -107,7 +119,7 @@ class ConfigsPatch(BaseModel):
     responses=_problems,
     summary="Change topic configs",
 )
-async def alter_configs(topic: str, body: ConfigsPatch, engine: Engine) -> Topic:
+async def alter_configs(topic: str, body: ConfigsPatch, engine: Engine, _principal: Admin) -> Topic:
     return topic_model(await engine.alter_topic_configs(topic, body.configs))
 
 
@@ -122,7 +134,7 @@ class PartitionsIncrease(BaseModel):
     responses=_problems,
     summary="Grow a topic's partition count",
 )
-async def add_partitions(topic: str, body: PartitionsIncrease, engine: Engine) -> Topic:
+async def add_partitions(topic: str, body: PartitionsIncrease, engine: Engine, _principal: Admin) -> Topic:
     return topic_model(await engine.add_partitions(topic, body.count))
 
 
@@ -131,9 +143,9 @@ async def add_partitions(topic: str, body: PartitionsIncrease, engine: Engine) -
     operation_id="deleteTopic",
     status_code=204,
     response_class=Response,
-    responses={404: _problems[404]},
-    summary="Delete a topic and its data",
+    responses={400: _problems[400], 401: _problems[401], 403: _problems[403], 404: _problems[404]},
+    summary="Delete a topic and its data (and its committed group offsets)",
 )
-async def delete_topic(topic: str, engine: Engine) -> Response:
+async def delete_topic(topic: str, engine: Engine, _principal: Admin) -> Response:
     await engine.delete_topic(topic)
     return Response(status_code=204)

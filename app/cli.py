@@ -9,7 +9,8 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Iterator, Optional
+from types import FrameType
+from typing import Callable, Iterator, Optional
 
 import typer
 import uvicorn
@@ -40,7 +41,15 @@ def _settings(**overrides: object) -> Settings:
 
 class _Server(uvicorn.Server):
     """uvicorn's server, minus re-raising the shutdown signal afterwards: SIGTERM and SIGINT
-    mean a clean shutdown and exit status 0."""
+    mean a clean shutdown and exit status 0. The first signal also ends long-polls and event
+    streams at once (on_exit), so the graceful wait for open requests is short."""
+
+    on_exit: Callable[[], None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self.on_exit is not None:
+            self.on_exit()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -84,14 +93,23 @@ def serve(
     log_level: Optional[str] = typer.Option(None, "--log-level", help="critical|error|warning|info|debug"),
 ) -> None:
     """Run the HTTP service until SIGTERM or SIGINT, then shut down cleanly."""
-    from .main import create_app
+    from api.auth import AuthConfigError
+
+    from .main import begin_shutdown, create_app
 
     settings = _settings(data_dir=data_dir, host=host, port=port, log_level=log_level)
     _configure_logging(settings.log_level)
     log = logging.getLogger("eventlog.app")
-    if settings.listens_beyond_loopback:
-        log.warning("listening on %s: anyone who can reach this address can read and write every topic", settings.host)
-    app = create_app(settings)
+    if settings.listens_beyond_loopback and settings.auth_file is None:
+        log.warning(
+            "listening on %s without EVENTLOG_AUTH_FILE: anyone who can reach this address can read, "
+            "write and delete every topic", settings.host,
+        )
+    try:
+        app = create_app(settings)
+    except AuthConfigError as exc:
+        err.print(f"[red]eventlog: cannot start:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
     logging.getLogger("uvicorn.error").addFilter(_HideStartupTraceback(app))
     config = uvicorn.Config(
         app,
@@ -100,10 +118,11 @@ def serve(
         lifespan="on",
         log_config=None,
         log_level=settings.log_level,
-        access_log=settings.access_log,
+        access_log=False,  # our middleware writes structured access lines (eventlog.access)
         timeout_graceful_shutdown=30,
     )
     server = _Server(config)
+    server.on_exit = lambda: begin_shutdown(app)
     try:
         asyncio.run(server.serve())
     except SystemExit:  # uvicorn exits with status 3 when the lifespan fails

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from contextlib import asynccontextmanager
@@ -9,6 +10,7 @@ from typing import AsyncIterator
 
 from fastapi import FastAPI
 
+from api.observability import Metrics
 from engine.errors import EngineError
 from engine.log_manager import open_engine
 
@@ -17,12 +19,14 @@ from .settings import Settings
 logger = logging.getLogger("eventlog.app")
 
 
-def make_lifespan(settings: Settings):
+def make_lifespan(settings: Settings, metrics: Metrics):
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             async with open_engine(settings.engine_config()) as engine:
                 app.state.engine = engine
+                app.state.loop = asyncio.get_running_loop()
+                metrics.attach(engine)
                 # Everything built at start-up lives as long as the process: keep it out of
                 # the cyclic GC's full collections, which would otherwise walk it each time.
                 gc.collect()
@@ -31,6 +35,7 @@ def make_lifespan(settings: Settings):
                     yield
                 finally:
                     app.state.shutting_down = True
+                    engine.begin_shutdown()
         except EngineError as exc:
             if app.state.engine is None:
                 app.state.startup_error = exc

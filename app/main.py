@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import FastAPI
 
 from api import install_routes
+from api.auth import Authenticator
+from api.observability import Metrics, ObservabilityMiddleware
 
 from .lifespan import make_lifespan
 from .settings import Settings
@@ -13,16 +17,48 @@ __version__ = "0.1.0"
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
+    """The service. Raises api.auth.AuthConfigError for an unreadable or invalid auth file."""
     settings = settings or Settings()
+    authenticator = Authenticator.from_file(settings.auth_file) if settings.auth_file else None
+    metrics = Metrics()
     app = FastAPI(
         title="eventlog",
         version=__version__,
         summary="Apache Kafka's log layer behind a REST API",
-        lifespan=make_lifespan(settings),
+        description=(
+            "Topics and partitions stored in Kafka's own segment format. Every error is "
+            "`application/problem+json` with a stable `code`. With an auth file configured, every "
+            "request but `GET /healthz` needs `Authorization: Bearer <token>`."
+        ),
+        lifespan=make_lifespan(settings, metrics),
     )
     app.state.settings = settings
+    app.state.metrics = metrics
     app.state.engine = None
     app.state.startup_error = None
     app.state.shutting_down = False
+    app.state.loop = None
     install_routes(app)
+    app.add_middleware(
+        ObservabilityMiddleware,
+        metrics=metrics,
+        authenticator=authenticator,
+        max_request_bytes=settings.max_request_bytes,
+        access_log=settings.access_log,
+    )
     return app
+
+
+def begin_shutdown(app: FastAPI) -> None:
+    """Called from a signal handler when shutdown starts: end long-polls and event streams now,
+    so the HTTP server's wait for open requests does not last until they time out."""
+    loop: asyncio.AbstractEventLoop | None = app.state.loop
+    engine = app.state.engine
+    if loop is None or engine is None:
+        return
+
+    def stop() -> None:
+        app.state.shutting_down = True
+        engine.begin_shutdown()
+
+    loop.call_soon_threadsafe(stop)

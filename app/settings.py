@@ -36,7 +36,9 @@ class Settings(BaseSettings):
     recovery_threads: int = Field(2, ge=1, le=64)
     checkpoint_interval_ms: int = Field(60_000, ge=100)
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$")
-    access_log: bool = True
+    access_log: bool = Field(True, description="one JSON line per request on the eventlog.access logger")
+    auth_file: Path | None = Field(None, description="JSON file of bearer tokens, roles and topic prefixes; unset: no auth")
+    max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest request body accepted")
 
     @field_validator("log_dirs", mode="before")
     @classmethod

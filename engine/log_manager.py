@@ -106,12 +106,16 @@ class LogManager:
         self.metadata_log: PartitionLog | None = None
         self.load_stats: dict[str, LoadStats] = {}
         self.ready = False
+        self.stopping = False
         self._tg: TaskGroup | None = None
         self._topic_lock = anyio.Lock()
         self._checkpoint_locks: dict[Path, anyio.Lock] = {}
         self._partition_dir: dict[PartitionLog, LogDir] = {}
         self._recovery_limiter = anyio.CapacityLimiter(max(1, config.recovery_threads))
+        # observers (metrics), called from writer threads: (log, requests, records, bytes)
+        # after each group commit, and (log, seconds) after each fsync
         self.commit_hooks: list[Callable[[PartitionLog, int, int, int], None]] = []
+        self.fsync_hooks: list[Callable[[PartitionLog, float], None]] = []
         self.groups: GroupOffsets | None = None  # set once __consumer_offsets is loaded
         self._recovery_points: dict[tuple[str, int], int] = {}
         self._log_starts: dict[tuple[str, int], int] = {}
@@ -243,6 +247,7 @@ class LogManager:
             on_log_start_change=self._on_log_start_change,
             on_commit=self._on_commit,
             schedule_delete=self._schedule_delete,
+            on_fsync=self._on_fsync,
         )
         self._partition_dir[log] = log_dir
         return log
@@ -471,6 +476,10 @@ class LogManager:
         for hook in self.commit_hooks:
             hook(log, requests, records, size)
 
+    def _on_fsync(self, log: PartitionLog, seconds: float) -> None:
+        for hook in self.fsync_hooks:
+            hook(log, seconds)
+
     async def _on_log_start_change(self, log: PartitionLog) -> None:
         await self._write_checkpoints(self._partition_dir[log])
 
@@ -515,6 +524,12 @@ class LogManager:
             self._tg.start_soon(remove)
 
     # -- shutdown -----------------------------------------------------------------------------
+
+    def begin_shutdown(self) -> None:
+        """Shutdown is coming: end long-polls and streams now. Call on the event loop."""
+        self.stopping = True
+        for log in self.all_partitions():
+            log.stop_waiting()
 
     async def _close(self) -> None:
         self.ready = False

@@ -173,6 +173,7 @@ class PartitionLog:
         on_log_start_change: Callable[[PartitionLog], Awaitable[None]] | None = None,
         on_commit: Callable[[PartitionLog, int, int, int], None] | None = None,
         schedule_delete: Callable[[PartitionLog, list[LogSegment]], None] | None = None,
+        on_fsync: Callable[[PartitionLog, float], None] | None = None,
     ) -> None:
         assert segments, "a log always has an active segment"
         self.topic = topic
@@ -189,9 +190,11 @@ class PartitionLog:
         self._last_flush_ms = clock()
         self._on_log_start_change = on_log_start_change
         self._on_commit = on_commit
+        self._on_fsync = on_fsync
         self._send, self._receive = anyio.create_memory_object_stream[_Op](QUEUE_DEPTH)
         self._data_event = anyio.Event()
         self._closed = False
+        self._stop_waiting = False
         self._running = False
         self._failed: StorageError | None = None
         self._schedule_delete = schedule_delete or _delete_now
@@ -359,7 +362,10 @@ class PartitionLog:
             self._on_commit(self, len(group), messages, sum(b.size for b in prepared))
 
     def _flush_sync(self) -> None:
+        started = time.perf_counter()
         self._segments[-1].flush()
+        if self._on_fsync is not None:
+            self._on_fsync(self, time.perf_counter() - started)
         self._unflushed_messages = 0
         self._last_flush_ms = self.clock()
         self.recovery_point = self._next_offset
@@ -578,9 +584,16 @@ class PartitionLog:
         if self.view.high_watermark > offset:
             return True
         with anyio.move_on_after(timeout_s):
-            while self.view.high_watermark <= offset and not self._closed:
+            while self.view.high_watermark <= offset and not (self._closed or self._stop_waiting):
                 await self._data_event.wait()
         return self.view.high_watermark > offset
+
+    def stop_waiting(self) -> None:
+        """Release every long-poll now and make later ones return at once (shutdown begins:
+        the HTTP server waits for open requests before the engine closes)."""
+        self._stop_waiting = True
+        event, self._data_event = self._data_event, anyio.Event()
+        event.set()
 
     # -- closing ------------------------------------------------------------------------------
 

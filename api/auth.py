@@ -1,0 +1,171 @@
+"""Bearer-token authentication and role/prefix authorization.
+
+The auth file (EVENTLOG_AUTH_FILE) is JSON:
+
+    {"tokens": [
+      {"name": "ops",       "token": "…",                "role": "admin"},
+      {"name": "billing",   "token_sha256": "<hex>",     "role": "producer", "topics": ["billing."]},
+      {"name": "analytics", "token": "…",                "role": "consumer", "topics": ["billing.", "orders"],
+                                                          "groups": ["analytics-"]}
+    ]}
+
+A token is given in clear ("token") or as the hex SHA-256 of it ("token_sha256", so the file
+need not hold secrets). `topics` and `groups` are name prefixes; omitted means all.
+
+    role       may
+    admin      everything
+    producer   write (produce) and describe its topics; monitor
+    consumer   read (fetch, stream, offsets, segments) and describe its topics, commit and
+               fetch offsets of its groups for its topics; monitor
+
+Every request but GET /healthz needs `Authorization: Bearer <token>` when the file is set:
+401 `unauthorized` without a valid one (authentication happens in the middleware), 403
+`forbidden` when the role or the prefixes do not cover the request (route dependencies).
+Without an auth file every request acts as an anonymous admin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Callable
+
+import orjson
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from .errors import ApiError
+
+ROLES = {
+    "admin": frozenset({"admin", "write", "read", "describe", "group", "monitor"}),
+    "producer": frozenset({"write", "describe", "monitor"}),
+    "consumer": frozenset({"read", "describe", "group", "monitor"}),
+}
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    role: str
+    topics: tuple[str, ...] = ("",)
+    groups: tuple[str, ...] = ("",)
+
+    def may(self, action: str) -> bool:
+        return action in ROLES[self.role]
+
+    def covers_topic(self, topic: str) -> bool:
+        return self.role == "admin" or any(topic.startswith(p) for p in self.topics)
+
+    def covers_group(self, group: str) -> bool:
+        return self.role == "admin" or any(group.startswith(p) for p in self.groups)
+
+
+ANONYMOUS_ADMIN = Principal("anonymous", "admin")
+
+
+class AuthConfigError(ValueError):
+    """Raised when the auth file cannot be read or holds an invalid entry."""
+
+
+class Authenticator:
+    """Token -> principal, by SHA-256 digest (constant-time comparison)."""
+
+    def __init__(self, principals: dict[bytes, Principal]) -> None:
+        self._by_digest = principals
+
+    @classmethod
+    def from_file(cls, path: Path) -> Authenticator:
+        try:
+            doc = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise AuthConfigError(f"auth file {path}: {exc}") from exc
+        entries = doc.get("tokens") if isinstance(doc, dict) else None
+        if not isinstance(entries, list) or not entries:
+            raise AuthConfigError(f"auth file {path}: expected {{\"tokens\": [...]}} with at least one entry")
+        principals: dict[bytes, Principal] = {}
+        for i, entry in enumerate(entries):
+            where = f"auth file {path}, tokens[{i}]"
+            if not isinstance(entry, dict):
+                raise AuthConfigError(f"{where}: expected an object")
+            role = entry.get("role")
+            if role not in ROLES:
+                raise AuthConfigError(f"{where}: role must be one of {', '.join(ROLES)}")
+            if "token" in entry and isinstance(entry["token"], str) and len(entry["token"]) >= 8:
+                digest = hashlib.sha256(entry["token"].encode()).digest()
+            elif isinstance(entry.get("token_sha256"), str):
+                try:
+                    digest = bytes.fromhex(entry["token_sha256"])
+                except ValueError:
+                    raise AuthConfigError(f"{where}: token_sha256 is not hex") from None
+                if len(digest) != 32:
+                    raise AuthConfigError(f"{where}: token_sha256 must be 64 hex digits")
+            else:
+                raise AuthConfigError(f"{where}: needs \"token\" (at least 8 characters) or \"token_sha256\"")
+            topics = _prefixes(entry.get("topics"), where, "topics")
+            groups = _prefixes(entry.get("groups"), where, "groups")
+            if digest in principals:
+                raise AuthConfigError(f"{where}: the same token appears twice")
+            principals[digest] = Principal(str(entry.get("name", f"token-{i}")), role, topics, groups)
+        return cls(principals)
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        """The principal for an Authorization header; ApiError 401 if there is none."""
+        if not authorization:
+            raise _unauthorized("missing Authorization: Bearer <token>")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise _unauthorized("expected Authorization: Bearer <token>")
+        digest = hashlib.sha256(token.strip().encode()).digest()
+        for known, principal in self._by_digest.items():
+            if hmac.compare_digest(known, digest):
+                return principal
+        raise _unauthorized("unknown token")
+
+
+def _prefixes(value: Any, where: str, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ("",)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise AuthConfigError(f"{where}: {what} must be a list of name prefixes")
+    return tuple(value)
+
+
+def _unauthorized(detail: str) -> ApiError:
+    return ApiError(401, "unauthorized", detail, headers={"WWW-Authenticate": 'Bearer realm="eventlog"'})
+
+
+# -- route dependencies ------------------------------------------------------------------------
+
+_bearer = HTTPBearer(auto_error=False, description="a token from the server's EVENTLOG_AUTH_FILE")
+
+
+def principal_of(request: Request) -> Principal:
+    return getattr(request.state, "principal", ANONYMOUS_ADMIN)
+
+
+def require(action: str) -> Callable[..., Principal]:
+    """A dependency: the caller may do `action`, on the path's topic and group if any."""
+
+    def check(request: Request, _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+        principal = principal_of(request)
+        if not principal.may(action):
+            raise ApiError(403, "forbidden", f"role {principal.role!r} may not {action}")
+        topic = request.path_params.get("topic")
+        if topic is not None and not principal.covers_topic(topic):
+            raise ApiError(403, "forbidden", f"{principal.name!r} has no access to topic {topic!r}")
+        group = request.path_params.get("group")
+        if group is not None and not principal.covers_group(group):
+            raise ApiError(403, "forbidden", f"{principal.name!r} has no access to group {group!r}")
+        return principal
+
+    return check
+
+
+Admin = Annotated[Principal, Depends(require("admin"))]
+Writer = Annotated[Principal, Depends(require("write"))]
+Reader = Annotated[Principal, Depends(require("read"))]
+Describer = Annotated[Principal, Depends(require("describe"))]
+GroupMember = Annotated[Principal, Depends(require("group"))]
+Monitor = Annotated[Principal, Depends(require("monitor"))]

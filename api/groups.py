@@ -1,0 +1,91 @@
+"""Consumer-group offsets: commit, fetch, delete, list groups."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from starlette.responses import Response
+
+from .auth import Describer, GroupMember, principal_of
+from .deps import Engine
+from .errors import ApiError
+from .schemas import CommittedGroupOffset, GroupList, GroupOffsets, GroupOffsetsCommit, Problem
+
+router = APIRouter(prefix="/v1/groups", tags=["groups"])
+
+_problems: dict[int | str, dict[str, Any]] = {
+    400: {"model": Problem, "description": "invalid_request (group id)"},
+    401: {"model": Problem, "description": "unauthorized"},
+    403: {"model": Problem, "description": "forbidden"},
+    404: {"model": Problem, "description": "topic_not_found, partition_not_found"},
+    422: {"model": Problem, "description": "validation_error"},
+}
+
+
+def _model(group: str, committed) -> GroupOffsets:  # noqa: ANN001
+    return GroupOffsets(
+        group=group,
+        offsets=[
+            CommittedGroupOffset(topic=c.topic, partition=c.partition, offset=c.offset, metadata=c.metadata, commit_timestamp=c.commit_timestamp)
+            for c in committed
+        ],
+    )
+
+
+@router.post(
+    "/{group}/offsets",
+    operation_id="commitGroupOffsets",
+    response_model=GroupOffsets,
+    responses=_problems,
+    summary="Commit a consumer group's offsets (stored in __consumer_offsets, durable on return)",
+)
+async def commit_offsets(group: str, body: GroupOffsetsCommit, request: Request, engine: Engine, _principal: GroupMember) -> GroupOffsets:
+    principal = principal_of(request)
+    for item in body.offsets:
+        engine.partition(item.topic, item.partition)  # 404 for an unknown topic or partition
+        if not principal.covers_topic(item.topic):
+            raise ApiError(403, "forbidden", f"{principal.name!r} has no access to topic {item.topic!r}")
+    committed = await engine.groups.commit(group, [(o.topic, o.partition, o.offset, o.metadata) for o in body.offsets])
+    return _model(group, committed)
+
+
+@router.get(
+    "/{group}/offsets",
+    operation_id="fetchGroupOffsets",
+    response_model=GroupOffsets,
+    responses=_problems,
+    summary="A consumer group's committed offsets (an unknown group has none)",
+)
+async def fetch_offsets(
+    group: str, request: Request, engine: Engine, _principal: GroupMember,
+    topic: str | None = Query(None, description="only this topic's offsets"),
+) -> GroupOffsets:
+    principal = principal_of(request)
+    committed = [c for c in engine.groups.fetch(group, topic) if principal.covers_topic(c.topic)]
+    return _model(group, committed)
+
+
+@router.delete(
+    "/{group}/offsets",
+    operation_id="deleteGroupOffsets",
+    status_code=204,
+    response_class=Response,
+    responses=_problems,
+    summary="Forget a consumer group's committed offsets (all, or one topic's)",
+)
+async def delete_offsets(
+    group: str, request: Request, engine: Engine, _principal: GroupMember, topic: str | None = Query(None)
+) -> Response:
+    principal = principal_of(request)
+    topics = {c.topic for c in engine.groups.fetch(group, topic)}
+    for t in sorted(topics):
+        if principal.covers_topic(t):
+            await engine.groups.delete(group, t)
+    return Response(status_code=204)
+
+
+@router.get("", operation_id="listGroups", response_model=GroupList, responses={401: _problems[401], 403: _problems[403]}, summary="Consumer groups with committed offsets")
+async def list_groups(request: Request, engine: Engine, _principal: Describer) -> GroupList:
+    principal = principal_of(request)
+    return GroupList(groups=[g for g in engine.groups.groups() if principal.covers_group(g)])

@@ -1,0 +1,203 @@
+"""The ASGI middleware every request passes: body limit, authentication, metrics, access log.
+
+One pure ASGI layer (no BaseHTTPMiddleware, which would buffer streaming responses):
+
+1. A declared Content-Length above max_request_bytes: 413 `request_too_large` at once; a
+   chunked body is counted as it is read and refused the same way when it passes the limit.
+2. With an auth file, every path but /healthz needs a valid bearer token (401 otherwise); the
+   principal goes to request.state for the routes' authorization checks.
+3. Afterwards: eventlog_http_requests_total and _request_duration_seconds by route template,
+   method and status, and one JSON access-log line on the eventlog.access logger.
+
+Metrics (prometheus-client, one registry per app) also cover the engine: group-commit sizes
+and fsync latency via the log manager's hooks, produce/fetch counters from the routes, and
+per-partition gauges (high watermark, log start offset, size) read at scrape time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .auth import Authenticator
+from .errors import ApiError, problem
+
+access_logger = logging.getLogger("eventlog.access")
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+COMMIT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+RECORD_BUCKETS = (1, 10, 100, 500, 1000, 5000, 10_000, 50_000, 100_000)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("eventlog_http_requests", "HTTP requests", ["route", "method", "status"], registry=r)
+        self.latency = Histogram(
+            "eventlog_http_request_duration_seconds", "HTTP request latency", ["route", "method"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.produced_records = Counter("eventlog_produce_records", "records appended", ["topic"], registry=r)
+        self.produced_bytes = Counter("eventlog_produce_bytes", "record-batch bytes appended", ["topic"], registry=r)
+        self.fetched_records = Counter("eventlog_fetch_records", "records returned by fetches", ["topic"], registry=r)
+        self.fetched_bytes = Counter("eventlog_fetch_bytes", "record-batch bytes read by fetches", ["topic"], registry=r)
+        self.commit_requests = Histogram(
+            "eventlog_group_commit_requests", "append requests per group commit", buckets=COMMIT_BUCKETS, registry=r
+        )
+        self.commit_records = Histogram(
+            "eventlog_group_commit_records", "records per group commit", buckets=RECORD_BUCKETS, registry=r
+        )
+        self.fsync = Histogram("eventlog_fsync_seconds", "fdatasync latency of group commits", buckets=FSYNC_BUCKETS, registry=r)
+        self._engine: Any = None
+
+    def attach(self, engine: Any) -> None:
+        """Observe a log manager: its commits, fsyncs, and partitions at scrape time."""
+        self._engine = engine
+        engine.commit_hooks.append(self._on_commit)
+        engine.fsync_hooks.append(self._on_fsync)
+        self.registry.register(_PartitionCollector(self))
+
+    def _on_commit(self, log: Any, requests: int, records: int, size: int) -> None:
+        self.commit_requests.observe(requests)
+        self.commit_records.observe(records)
+        self.produced_records.labels(log.topic).inc(records)
+        self.produced_bytes.labels(log.topic).inc(size)
+
+    def _on_fsync(self, _log: Any, seconds: float) -> None:
+        self.fsync.observe(seconds)
+
+
+class _PartitionCollector:
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self):  # noqa: ANN201 -- prometheus-client's collector protocol
+        engine = self.metrics._engine
+        hw = GaugeMetricFamily("eventlog_partition_high_watermark", "next offset to be written", labels=["topic", "partition"])
+        start = GaugeMetricFamily("eventlog_partition_log_start_offset", "first readable offset", labels=["topic", "partition"])
+        size = GaugeMetricFamily("eventlog_partition_size_bytes", "bytes in the partition's segments", labels=["topic", "partition"])
+        segments = GaugeMetricFamily("eventlog_partition_segments", "segments in the partition", labels=["topic", "partition"])
+        if engine is not None:
+            for log in engine.all_partitions():
+                view = log.view
+                labels = [log.topic, str(log.partition)]
+                hw.add_metric(labels, view.high_watermark)
+                start.add_metric(labels, view.log_start_offset)
+                size.add_metric(labels, view.size_bytes)
+                segments.add_metric(labels, len(view.segments))
+        return [hw, start, size, segments]
+
+
+class ObservabilityMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        metrics: Metrics,
+        authenticator: Authenticator | None,
+        max_request_bytes: int,
+        access_log: bool,
+    ) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.authenticator = authenticator
+        self.max_request_bytes = max_request_bytes
+        self.access_log = access_log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+        sent = 0
+        principal_name = "anonymous"
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status, sent
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            rejection = self._reject_early(scope)
+            if rejection is not None:
+                await rejection(scope, receive, send_wrapper)
+                return
+            if self.authenticator is not None and scope["path"] != "/healthz":
+                try:
+                    principal = self.authenticator.authenticate(_header(scope, b"authorization"))
+                except ApiError as exc:
+                    await problem(exc.status, exc.code, exc.detail, headers=exc.headers)(scope, receive, send_wrapper)
+                    return
+                scope.setdefault("state", {})["principal"] = principal
+                principal_name = principal.name
+            await self.app(scope, self._limited(receive), send_wrapper)
+        finally:
+            elapsed = time.perf_counter() - started
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            method = scope["method"]
+            self.metrics.requests.labels(route, method, str(status)).inc()
+            self.metrics.latency.labels(route, method).observe(elapsed)
+            if self.access_log:
+                access_logger.info(
+                    orjson.dumps({
+                        "method": method,
+                        "path": scope["path"],
+                        "query": scope.get("query_string", b"").decode("latin-1"),
+                        "route": route,
+                        "status": status,
+                        "ms": round(elapsed * 1000, 3),
+                        "bytes_out": sent,
+                        "client": (scope.get("client") or ("-",))[0],
+                        "principal": principal_name,
+                    }).decode()
+                )
+
+    def _reject_early(self, scope: Scope):  # noqa: ANN202
+        length = _header(scope, b"content-length")
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                return problem(400, "invalid_request", "Content-Length is not a number")
+            if declared > self.max_request_bytes:
+                return problem(
+                    413, "request_too_large",
+                    f"request body of {declared} bytes exceeds the limit of {self.max_request_bytes}",
+                    limit=self.max_request_bytes,
+                )
+        return None
+
+    def _limited(self, receive: Receive) -> Receive:
+        limit = self.max_request_bytes
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise ApiError(413, "request_too_large", f"request body exceeds the limit of {limit} bytes", limit=limit)
+            return message
+
+        return limited
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
