@@ -47,7 +47,8 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> "ServerProcess":
+    def start(self, timeout: float = 30.0, token: str | None = None) -> "ServerProcess":
+        """Start and wait for /readyz (asked with `token` when the server has an auth file)."""
         self.log_path = self.data_dir.parent / f"server-{self.port}.log"
         env = {**os.environ, **self.env}
         self._log = open(self.log_path, "ab")
@@ -63,7 +64,8 @@ class ServerProcess:
                 self._log.close()
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                headers = {"authorization": f"Bearer {token}"} if token else {}
+                if httpx.get(f"{self.url}/readyz", headers=headers, timeout=1).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass

@@ -1,0 +1,219 @@
+"""Offsets, time lookups, delete-records, segments, consumer-group offsets, SSE, metrics."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from .test_api import assert_problem
+
+
+@pytest.fixture
+def client(server):
+    with server.client() as c:
+        yield c
+
+
+def produce(client: httpx.Client, topic: str, values: list[str], partition: int = 0, ts0: int | None = None) -> list[dict]:
+    records = [{"value": v, "partition": partition} | ({"timestamp": ts0 + i} if ts0 is not None else {}) for i, v in enumerate(values)]
+    r = client.post(f"/v1/topics/{topic}/records", json={"records": records})
+    assert r.status_code == 200, r.text
+    return r.json()["offsets"]
+
+
+def test_list_offsets_by_spec_and_time(client: httpx.Client) -> None:
+    client.post("/v1/topics", json={"name": "t"})
+    url = "/v1/topics/t/partitions/0/offsets"
+    assert client.get(url).json() == {"log_start_offset": 0, "high_watermark": 0, "log_end_offset": 0, "offset": None, "timestamp": None}
+    assert client.get(url, params={"spec": "max_timestamp"}).json()["offset"] is None
+    produce(client, "t", ["a", "b", "c"], ts0=1000)
+    produce(client, "t", ["d"], ts0=500)  # timestamps need not grow
+    assert client.get(url, params={"timestamp": 1001}).json() | {} == {"log_start_offset": 0, "high_watermark": 4, "log_end_offset": 4, "offset": 1, "timestamp": 1001}
+    assert client.get(url, params={"timestamp": 0}).json()["offset"] == 0
+    assert client.get(url, params={"timestamp": 1003}).json()["offset"] is None
+    assert client.get(url, params={"spec": "earliest"}).json()["offset"] == 0
+    assert client.get(url, params={"spec": "latest"}).json()["offset"] == 4
+    got = client.get(url, params={"spec": "max_timestamp"}).json()
+    assert (got["offset"], got["timestamp"]) == (2, 1002)
+    assert_problem(client.get(url, params={"spec": "sometime"}), 422, "validation_error")
+    assert_problem(client.get(url, params={"timestamp": 1, "spec": "latest"}), 422, "validation_error")
+    assert_problem(client.get(url, params={"timestamp": -5}), 422, "validation_error")
+    assert_problem(client.get("/v1/topics/t/partitions/3/offsets"), 404, "partition_not_found")
+
+
+def test_delete_records_and_segments(client: httpx.Client) -> None:
+    client.post("/v1/topics", json={"name": "t", "configs": {"segment.bytes": 200}})
+    for i in range(6):
+        produce(client, "t", [f"value-{i}" * 5])
+    segments = client.get("/v1/topics/t/partitions/0/segments").json()["segments"]
+    assert len(segments) >= 3 and segments[-1]["active"] and not segments[0]["active"]
+    assert segments[0]["base_offset"] == 0 and segments[0]["first_timestamp"] > 0
+    url = "/v1/topics/t/partitions/0/delete-records"
+    assert client.post(url, json={"before_offset": 4}).json() == {"log_start_offset": 4}
+    assert client.post(url, json={"before_offset": 2}).json() == {"log_start_offset": 4}
+    assert_problem(client.post(url, json={"before_offset": 7}), 416, "offset_out_of_range")
+    assert_problem(client.post(url, json={"before_offset": -3}), 422, "validation_error")
+    assert_problem(client.get("/v1/topics/t/partitions/0/records", params={"offset": 3}), 416, "offset_out_of_range")
+    got = client.get("/v1/topics/t/partitions/0/records").json()
+    assert [r["offset"] for r in got["records"]] == [4, 5] and got["log_start_offset"] == 4
+    assert client.post(url, json={"before_offset": -1}).json() == {"log_start_offset": 6}
+
+
+def test_group_offsets(client: httpx.Client) -> None:
+    client.post("/v1/topics", json={"name": "t", "partitions": 2})
+    client.post("/v1/topics", json={"name": "u"})
+    body = {"offsets": [{"topic": "t", "partition": 0, "offset": 5, "metadata": "m"}, {"topic": "u", "partition": 0, "offset": 1}]}
+    r = client.post("/v1/groups/g1/offsets", json=body)
+    assert r.status_code == 200
+    assert [(o["topic"], o["offset"]) for o in r.json()["offsets"]] == [("t", 5), ("u", 1)]
+    got = client.get("/v1/groups/g1/offsets").json()
+    assert got["group"] == "g1"
+    assert [(o["topic"], o["partition"], o["offset"], o["metadata"]) for o in got["offsets"]] == [("t", 0, 5, "m"), ("u", 0, 1, "")]
+    assert all(o["commit_timestamp"] > 0 for o in got["offsets"])
+    assert [o["topic"] for o in client.get("/v1/groups/g1/offsets", params={"topic": "u"}).json()["offsets"]] == ["u"]
+    assert client.get("/v1/groups/nobody/offsets").json() == {"group": "nobody", "offsets": []}
+    assert client.get("/v1/groups").json() == {"groups": ["g1"]}
+    assert_problem(client.post("/v1/groups/g1/offsets", json={"offsets": [{"topic": "nope", "partition": 0, "offset": 1}]}), 404, "topic_not_found")
+    assert_problem(client.post("/v1/groups/g1/offsets", json={"offsets": [{"topic": "t", "partition": 9, "offset": 1}]}), 404, "partition_not_found")
+    assert_problem(client.post("/v1/groups/g1/offsets", json={"offsets": [{"topic": "t", "partition": 0, "offset": -1}]}), 422, "validation_error")
+    assert_problem(client.post("/v1/groups/g1/offsets", json={"offsets": []}), 422, "validation_error")
+    assert client.delete("/v1/groups/g1/offsets", params={"topic": "u"}).status_code == 204
+    assert [o["topic"] for o in client.get("/v1/groups/g1/offsets").json()["offsets"]] == ["t"]
+    client.delete("/v1/topics/t")  # a deleted topic takes its committed offsets with it
+    assert client.get("/v1/groups/g1/offsets").json()["offsets"] == []
+
+
+def test_group_offsets_survive_restart(server_factory) -> None:
+    server = server_factory().start()
+    with server.client() as c:
+        c.post("/v1/topics", json={"name": "t"})
+        c.post("/v1/groups/g/offsets", json={"offsets": [{"topic": "t", "partition": 0, "offset": 42}]})
+    assert server.stop() == 0
+    again = server_factory(server.data_dir).start()
+    with again.client() as c:
+        assert c.get("/v1/groups/g/offsets").json()["offsets"][0]["offset"] == 42
+        assert [t["name"] for t in c.get("/v1/topics", params={"internal": True}).json()["topics"]] == ["__consumer_offsets", "__metadata", "t"]
+    again.stop()
+
+
+def _sse_events(response: httpx.Response, count: int, timeout: float = 20) -> list[dict]:
+    """Parse server-sent events until `count` record events arrived."""
+    import orjson
+
+    events, current = [], {}
+    deadline = time.monotonic() + timeout
+    for line in response.iter_lines():
+        assert time.monotonic() < deadline
+        if not line:
+            if current.get("event") in ("record", "error"):
+                events.append(current)
+                if len(events) >= count or current["event"] == "error":
+                    return events
+            current = {}
+        elif line.startswith(":"):
+            continue
+        else:
+            name, _, value = line.partition(": ")
+            current[name] = orjson.loads(value) if name == "data" else value
+    return events
+
+
+def test_sse_stream_delivers_records_in_order_and_tails(server) -> None:
+    with server.client() as client:
+        client.post("/v1/topics", json={"name": "s"})
+        produce(client, "s", [f"v{i}" for i in range(5)])
+
+        def later() -> None:
+            time.sleep(0.5)
+            with server.client() as c:
+                for i in range(5, 305, 100):
+                    produce(c, "s", [f"v{j}" for j in range(i, i + 100)])
+
+        threading.Thread(target=later).start()
+        with httpx.Client(base_url=server.url, timeout=30) as streaming:
+            with streaming.stream("GET", "/v1/topics/s/partitions/0/records/stream", params={"offset": 2}) as response:
+                assert response.status_code == 200
+                assert response.headers["content-type"].startswith("text/event-stream")
+                events = _sse_events(response, 303)
+        assert [int(e["id"]) for e in events] == list(range(2, 305))
+        assert [e["data"]["value"] for e in events] == [f"v{i}" for i in range(2, 305)]
+        # resume after a reconnect: Last-Event-ID wins over offset
+        with httpx.Client(base_url=server.url, timeout=30) as streaming:
+            with streaming.stream("GET", "/v1/topics/s/partitions/0/records/stream", headers={"Last-Event-ID": "300"}) as response:
+                assert [int(e["id"]) for e in _sse_events(response, 4)] == [301, 302, 303, 304]
+        assert_problem(client.get("/v1/topics/s/partitions/0/records/stream", params={"offset": 999}), 416, "offset_out_of_range")
+
+
+def test_sse_reports_undecodable_values_as_an_error_event(server) -> None:
+    with server.client() as client:
+        client.post("/v1/topics", json={"name": "b"})
+        client.post("/v1/topics/b/records", json={"value_format": "base64", "records": [{"value": "/w=="}]})
+        with client.stream("GET", "/v1/topics/b/partitions/0/records/stream", params={"offset": 0}) as response:
+            events = _sse_events(response, 1)
+        assert events[0]["event"] == "error" and events[0]["data"]["code"] == "not_utf8"
+
+
+def test_shutdown_releases_long_polls_and_streams(server_factory) -> None:
+    server = server_factory().start()
+    with server.client() as c:
+        c.post("/v1/topics", json={"name": "t"})
+    outcomes = []
+
+    def long_poll() -> None:
+        with server.client() as c:
+            outcomes.append(c.get("/v1/topics/t/partitions/0/records", params={"offset": 0, "max_wait_ms": 120_000}).status_code)
+
+    def stream() -> None:
+        with server.client() as c, c.stream("GET", "/v1/topics/t/partitions/0/records/stream") as response:
+            for _ in response.iter_lines():
+                pass
+            outcomes.append("stream ended")
+
+    threads = [threading.Thread(target=long_poll), threading.Thread(target=stream)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    assert server.stop() == 0
+    assert time.monotonic() - started < 10  # not the 120 s of the long-poll, nor the 30 s grace
+    for t in threads:
+        t.join(10)
+    assert sorted(map(str, outcomes)) == ["200", "stream ended"]
+
+
+def test_metrics_count_requests_records_commits_and_fsyncs(client: httpx.Client) -> None:
+    client.post("/v1/topics", json={"name": "m", "partitions": 2})
+    produce(client, "m", ["x"] * 10)
+    client.get("/v1/topics/m/partitions/0/records")
+    client.get("/v1/topics/nope")
+    text = client.get("/metrics").text
+    assert 'eventlog_http_requests_total{method="POST",route="/v1/topics/{topic}/records",status="200"} 1.0' in text
+    assert 'eventlog_http_requests_total{method="GET",route="/v1/topics/{topic}",status="404"} 1.0' in text
+    assert 'eventlog_produce_records_total{topic="m"} 10.0' in text
+    assert 'eventlog_fetch_records_total{topic="m"} 10.0' in text
+    assert 'eventlog_partition_high_watermark{partition="0",topic="m"} 10.0' in text
+    assert 'eventlog_partition_log_start_offset{partition="1",topic="m"} 0.0' in text
+    assert "eventlog_fsync_seconds_bucket" in text and "eventlog_group_commit_requests_count" in text
+    assert "eventlog_http_request_duration_seconds_bucket" in text
+
+
+def test_request_body_limit(server_factory) -> None:
+    server = server_factory(EVENTLOG_MAX_REQUEST_BYTES="2000").start()
+    with server.client() as c:
+        c.post("/v1/topics", json={"name": "t"})
+        body = {"records": [{"value": "x" * 3000}]}
+        assert_problem(c.post("/v1/topics/t/records", json=body), 413, "request_too_large")
+
+        def chunks():
+            yield b'{"records": [{"value": "'
+            for _ in range(10):
+                yield b"y" * 500
+            yield b'"}]}'
+
+        r = c.post("/v1/topics/t/records", content=chunks(), headers={"content-type": "application/json"})
+        assert_problem(r, 413, "request_too_large")
+        assert c.get("/v1/topics/t").json()["partitions"][0]["high_watermark"] == 0
+    server.stop()
