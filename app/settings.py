@@ -29,6 +29,10 @@ class Settings(BaseSettings):
     )
     node_id: int = Field(0, ge=0)
     default_partitions: int = Field(1, ge=1, le=10_000, description="num.partitions for new topics")
+    max_partitions: int = Field(
+        4096, ge=1, le=1_000_000,
+        description="partitions of user topics on this server (each active one holds three file descriptors)",
+    )
     topic_defaults: dict[str, Any] = Field(
         default_factory=dict,
         description='JSON object of topic config defaults, e.g. {"segment.bytes": 104857600}',
@@ -72,6 +76,7 @@ class Settings(BaseSettings):
             recovery_threads=self.recovery_threads,
             checkpoint_interval_ms=self.checkpoint_interval_ms,
             default_partitions=self.default_partitions,
+            max_partitions=self.max_partitions,
         )
 
     @property

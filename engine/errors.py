@@ -107,10 +107,13 @@ class RecordTooLargeError(InvalidRequestError):
 
 
 class InvalidPartitionsError(InvalidRequestError):
-    """Raised when a partition count is not positive or would shrink a topic."""
+    """Raised when a partition count is not positive, would shrink a topic, or would take the
+    server past its partition limit."""
 
-    def __init__(self, requested: int, current: int | None = None) -> None:
-        if current is None:
+    def __init__(self, requested: int, current: int | None = None, reason: str | None = None) -> None:
+        if reason is not None:
+            msg = reason
+        elif current is None:
             msg = f"partition count must be at least 1, got {requested}"
         else:
             msg = f"partitions only grow: topic has {current}, asked for {requested}"

@@ -43,7 +43,6 @@ class IndexFile:
         self._mm: mmap.mmap | None = None
         self._array: np.ndarray | None = None  # structured view of the whole mapping
         self._columns: tuple[np.ndarray, ...] = ()  # one view per field, for binary search
-        self._fd: int | None = None
         self._appendable = False
         self._loaded = False
         self._load_lock = threading.Lock()
@@ -85,11 +84,15 @@ class IndexFile:
         length = self.max_entries * self.ENTRY_SIZE
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            os.ftruncate(fd, length)
-            self._set_mapping(mmap.mmap(fd, length, access=mmap.ACCESS_WRITE))
+            try:
+                os.ftruncate(fd, length)
+                # the mapping keeps its own duplicate of the descriptor: ours closes now, so an
+                # active partition costs one descriptor per index, not two
+                self._set_mapping(mmap.mmap(fd, length, access=mmap.ACCESS_WRITE))
+            finally:
+                os.close(fd)
         except OSError as exc:
             raise StorageError(self.path, f"cannot map index for appends: {exc}") from exc
-        self._fd = fd
         self._appendable = True
         self._loaded = True
 
@@ -97,30 +100,28 @@ class IndexFile:
         """Trim the file to its entries, fsync it, and switch to lazy read-only mode."""
         if not self._appendable:
             return
-        assert self._fd is not None and self._mm is not None
+        assert self._mm is not None
         try:
             self._mm.flush()
-            os.ftruncate(self._fd, self._entries * self.ENTRY_SIZE)
-            os.fsync(self._fd)
-            os.close(self._fd)
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                os.ftruncate(fd, self._entries * self.ENTRY_SIZE)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         except OSError as exc:
             raise StorageError(self.path, f"cannot trim index: {exc}") from exc
-        self._fd = None
         self._appendable = False
         self._set_mapping(None)  # the old mapping lives on for any reader still holding it
         self._loaded = False
 
     def flush(self) -> None:
+        """msync the mapped entries (the file's size does not change until it is trimmed)."""
         if self._appendable and self._mm is not None:
             self._mm.flush()
-            assert self._fd is not None
-            os.fsync(self._fd)
 
     def release(self) -> None:
         """Forget the mapping (files are being deleted or renamed); lookups remap lazily."""
-        if self._appendable and self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
         self._appendable = False
         self._set_mapping(None)
         self._loaded = False

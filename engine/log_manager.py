@@ -68,7 +68,7 @@ logger = logging.getLogger("eventlog.engine")
 
 PARTITION_METADATA = "partition.metadata"
 METADATA_LOG_CONFIG = LogConfig(retention_ms=-1, segment_bytes=64 * 1024 * 1024)
-MAX_PARTITIONS = 10_000
+MAX_PARTITIONS = 10_000  # per topic
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,8 @@ class EngineConfig:
     recovery_threads: int = 2
     checkpoint_interval_ms: int = 60_000
     default_partitions: int = 1
+    # partitions of user topics on this server: each costs three open descriptors while active
+    max_partitions: int = 4096
 
 
 @dataclass
@@ -334,6 +336,8 @@ class LogManager:
             if name in self.topics or (name in INTERNAL_TOPICS and not internal):
                 raise TopicExistsError(name)
             self._check_collision(name)
+            if not internal:
+                self._check_partition_budget(count)
             topic_id = new_topic_id()
             await self._append_event("topic_created", name, topic_id, partitions=count, configs=overrides)
             state = TopicState(self.image.topics[name], config)
@@ -374,6 +378,7 @@ class LogManager:
             current = len(state.partitions)
             if isinstance(count, bool) or not isinstance(count, int) or count <= current or count > MAX_PARTITIONS:
                 raise InvalidPartitionsError(count if isinstance(count, int) else -1, current)
+            self._check_partition_budget(count - current)
             await self._append_event("partitions_added", name, state.meta.topic_id, partitions=count)
             state.meta = self.image.topics[name]
             await self._add_partition_logs(state, count)
@@ -424,6 +429,7 @@ class LogManager:
             if name in self.topics or name in INTERNAL_TOPICS:
                 raise TopicExistsError(name)
             self._check_collision(name)
+            self._check_partition_budget(count)
             topic_id = new_topic_id()
             planned: dict[LogDir, int] = {}
             for p in range(count):
@@ -456,6 +462,15 @@ class LogManager:
             await self._add_partition_logs(state, count)
         await self.checkpoint()
         return state, stats
+
+    def _check_partition_budget(self, adding: int) -> None:
+        in_use = sum(len(s.partitions) for name, s in self.topics.items() if name not in INTERNAL_TOPICS)
+        if in_use + adding > self.config.max_partitions:
+            raise InvalidPartitionsError(
+                adding,
+                reason=f"the server holds {in_use} partitions; {adding} more would pass its limit of "
+                f"{self.config.max_partitions} (EVENTLOG_MAX_PARTITIONS)",
+            )
 
     def _check_collision(self, name: str) -> None:
         """Kafka refuses names that equal an existing one once '.' is read as '_' (metric

@@ -242,3 +242,14 @@ async def test_group_offsets_are_durable_and_follow_their_topic(tmp_path: Path) 
     async with open_engine(cfg(tmp_path)) as engine:
         assert engine.groups.groups() == []
         assert engine.topic("__consumer_offsets").config.compact
+
+
+async def test_the_server_partition_limit(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path, max_partitions=5)) as engine:
+        await engine.create_topic("a", 3)
+        with pytest.raises(InvalidPartitionsError, match="limit of 5"):
+            await engine.create_topic("b", 3)
+        with pytest.raises(InvalidPartitionsError, match="limit of 5"):
+            await engine.add_partitions("a", 6)
+        await engine.add_partitions("a", 5)
+        assert "b" not in engine.topics
