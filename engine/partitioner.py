@@ -8,6 +8,8 @@ records are not hashed; the API spreads them (round robin per request). Pure.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
 
@@ -37,5 +39,11 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+@lru_cache(maxsize=1 << 16)
+def _positive_hash(key: bytes) -> int:
+    return murmur2(key) & 0x7FFFFFFF
+
+
 def partition_for_key(key: bytes, num_partitions: int) -> int:
-    return (murmur2(key) & 0x7FFFFFFF) % num_partitions
+    """Kafka's placement. Hashes of recent keys are cached: producers repeat their keys."""
+    return _positive_hash(key) % num_partitions

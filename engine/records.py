@@ -114,16 +114,32 @@ def varint_size(value: int) -> int:
 # encoding
 
 
+def varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    write_varint(out, value)
+    return bytes(out)
+
+
+# zigzag varints of 0..16383 (1 byte below 64, 2 bytes below 8192, 3 above): record lengths,
+# deltas and counts are nearly always in this range, so encoding is mostly a list lookup
+_VARINT = [varint_bytes(n) for n in range(16384)]
+_NULL = b"\x01"  # zigzag(-1): a null key, value or header value
+
+
 def encode_records(
     records: Iterable[tuple[bytes | None, bytes | None, int, Sequence[Header]] | RecordInput],
     base_timestamp: int,
 ) -> tuple[bytearray, int, int]:
-    """Encode records with offset deltas 0..n-1: (bytes, count, max timestamp)."""
+    """Encode records with offset deltas 0..n-1: (bytes, count, max timestamp).
+
+    Timestamps must not be below `base_timestamp` (encode_batch passes the smallest).
+    """
     out = bytearray()
-    body = bytearray()
     count = 0
     max_ts = -1
-    wv = write_varint
+    V = _VARINT
+    small = len(V)
+    vb = varint_bytes
     for rec in records:
         if isinstance(rec, RecordInput):
             key, value, ts, headers = rec.key, rec.value, rec.timestamp, rec.headers
@@ -131,31 +147,36 @@ def encode_records(
             key, value, ts, headers = rec
         if ts > max_ts:
             max_ts = ts
-        body.clear()
-        body.append(0)  # attributes
-        wv(body, ts - base_timestamp)
-        wv(body, count)
+        delta = ts - base_timestamp
+        body = bytearray(b"\x00")  # attributes
+        body += V[delta] if delta < small else vb(delta)
+        body += V[count] if count < small else vb(count)
         if key is None:
-            body.append(1)  # zigzag(-1)
+            body += _NULL
         else:
-            wv(body, len(key))
+            n = len(key)
+            body += V[n] if n < small else vb(n)
             body += key
         if value is None:
-            body.append(1)
+            body += _NULL
         else:
-            wv(body, len(value))
+            n = len(value)
+            body += V[n] if n < small else vb(n)
             body += value
-        wv(body, len(headers))
+        n = len(headers)
+        body += V[n] if n < small else vb(n)
         for hkey, hvalue in headers:
             hk = hkey.encode("utf-8", "surrogateescape")
-            wv(body, len(hk))
+            body += V[len(hk)] if len(hk) < small else vb(len(hk))
             body += hk
             if hvalue is None:
-                body.append(1)
+                body += _NULL
             else:
-                wv(body, len(hvalue))
+                n = len(hvalue)
+                body += V[n] if n < small else vb(n)
                 body += hvalue
-        wv(out, len(body))
+        n = len(body)
+        out += V[n] if n < small else vb(n)
         out += body
         count += 1
     return out, count, max_ts
