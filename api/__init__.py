@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from . import groups, health, offsets, records, topics
-from .errors import install_error_handlers
+from .errors import PROBLEM_JSON, install_error_handlers
 from .schemas import ProduceRequest
 
 # models referenced only from openapi_extra (bodies parsed by hand) must still be published
@@ -17,6 +17,9 @@ _EXTRA_SCHEMAS = (ProduceRequest,)
 
 def install_routes(app: FastAPI) -> None:
     install_error_handlers(app)
+    # No 307 to the path without its trailing slash: a path parameter ending in an encoded "/"
+    # (DELETE /v1/topics/orders%2F) would be redirected to another resource (/v1/topics/orders).
+    app.router.redirect_slashes = False
     app.include_router(health.router)
     app.include_router(topics.router)
     app.include_router(records.router)
@@ -31,10 +34,36 @@ def install_routes(app: FastAPI) -> None:
                 extra = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(extra.pop("$defs", {}))
                 components[model.__name__] = extra
+            _document_problems(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _document_problems(schema: dict[str, Any]) -> None:
+    """Every error is application/problem+json (errors.py), not the application/json FastAPI
+    documents for `responses={...: {"model": Problem}}`; request validation answers a Problem
+    with code validation_error, not FastAPI's own HTTPValidationError; and any request body may
+    meet the middleware's size limit (observability.py)."""
+    problem = {"schema": {"$ref": "#/components/schemas/Problem"}}
+    for path_item in schema.get("paths", {}).values():
+        for operation in path_item.values():
+            if "requestBody" in operation:
+                operation["responses"].setdefault("413", {"description": "request_too_large", "content": {PROBLEM_JSON: problem}})
+            for status, response in operation.get("responses", {}).items():
+                content = response.get("content", {})
+                if not status.startswith(("4", "5")) or "application/json" not in content:
+                    continue
+                if content["application/json"].get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):
+                    response["description"] = "validation_error"  # the 422 FastAPI adds by itself
+                response["content"] = {PROBLEM_JSON: problem}
+            if operation.get("security"):
+                # a token is needed only when the server has an auth file (off by default)
+                operation["security"] = [*operation["security"], {}]
+    components = schema.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
 
 
 __all__ = ["install_routes"]

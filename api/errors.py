@@ -108,7 +108,10 @@ async def _validation_handler(_request: Request, exc: Exception) -> Response:
 
 async def _http_handler(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
-    codes = {404: "not_found", 405: "method_not_allowed", 406: "not_acceptable", 413: "request_too_large", 415: "unsupported_media_type"}
+    codes = {
+        400: "invalid_json",  # FastAPI: a JSON body it cannot decode (a BOM, then bytes that are not UTF-8)
+        404: "not_found", 405: "method_not_allowed", 406: "not_acceptable", 413: "request_too_large", 415: "unsupported_media_type",
+    }
     code = codes.get(exc.status_code, HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_"))
     response = problem(exc.status_code, code, str(exc.detail))
     if exc.headers:
@@ -116,8 +119,14 @@ async def _http_handler(_request: Request, exc: Exception) -> Response:
     return response
 
 
+async def _unexpected_handler(_request: Request, exc: Exception) -> Response:
+    # Starlette's ServerErrorMiddleware calls this, then re-raises, so the traceback is logged too
+    return problem(500, "internal_error", "internal error")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(e.EngineError, _engine_handler)
     app.add_exception_handler(ApiError, _api_handler)
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
+    app.add_exception_handler(Exception, _unexpected_handler)

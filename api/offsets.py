@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 from engine import reader
 
 from .auth import Admin, Reader
-from .deps import Engine
+from .deps import Engine, refuse_internal
 from .errors import ApiError
 from .schemas import DeleteRecordsRequest, DeleteRecordsResponse, OffsetSpec, PartitionOffsets, Problem, SegmentInfo, SegmentList
 
@@ -75,12 +75,17 @@ async def list_offsets(
     "/delete-records",
     operation_id="deleteRecords",
     response_model=DeleteRecordsResponse,
-    responses={**_problems, 416: {"model": Problem, "description": "offset_out_of_range: above the high watermark"}},
+    responses={
+        400: {"model": Problem, "description": "invalid_json, invalid_request (an internal topic)"},
+        **_problems,
+        416: {"model": Problem, "description": "offset_out_of_range: above the high watermark"},
+    },
     summary="Move the log start offset forward (Kafka's DeleteRecords)",
 )
 async def delete_records(
     topic: str, partition: int, body: DeleteRecordsRequest, engine: Engine, _principal: Admin
 ) -> DeleteRecordsResponse:
+    refuse_internal(topic)
     log = engine.partition(topic, partition)
     return DeleteRecordsResponse(log_start_offset=await log.delete_records(body.before_offset))
 

@@ -25,9 +25,9 @@ from engine.records import encode_batch
 
 from . import formats
 from .auth import Reader, Writer
-from .deps import Engine
+from .deps import Engine, refuse_internal
 from .errors import ApiError
-from .schemas import FetchResponse, Format, ProduceResponse, Problem
+from .schemas import FetchResponse, Format, PartitionProduceResponse, ProduceResponse, Problem
 
 router = APIRouter(prefix="/v1/topics", tags=["records"])
 
@@ -43,7 +43,7 @@ _auth_problems: dict[int | str, dict[str, Any]] = {
 }
 _produce_problems: dict[int | str, dict[str, Any]] = {
     **_auth_problems,
-    400: {"model": Problem, "description": "invalid_json, corrupt_batch"},
+    400: {"model": Problem, "description": "invalid_json, corrupt_batch, invalid_request (an internal topic)"},
     404: {"model": Problem, "description": "topic_not_found, partition_not_found"},
     413: {"model": Problem, "description": "record_too_large, request_too_large"},
     415: {"model": Problem, "description": "unsupported_media_type"},
@@ -153,6 +153,7 @@ async def _append_all(groups: dict[int, tuple[PartitionLog, list[PreparedBatch]]
 
 
 async def _produce_json(engine, topic: str, body: bytes, fixed_partition: int | None) -> list[dict[str, int]]:
+    refuse_internal(topic)
     state = engine.topic(topic)
     if fixed_partition is not None:
         engine.partition(topic, fixed_partition)
@@ -223,6 +224,7 @@ async def produce(topic: str, request: Request, engine: Engine, _principal: Writ
 @router.post(
     "/{topic}/partitions/{partition}/records",
     operation_id="produceToPartition",
+    response_model=PartitionProduceResponse,
     responses=_produce_problems,
     openapi_extra={
         "requestBody": {
@@ -238,6 +240,7 @@ async def produce(topic: str, request: Request, engine: Engine, _principal: Writ
 async def produce_to_partition(
     topic: str, partition: int, request: Request, engine: Engine, _principal: Writer
 ) -> Response:
+    refuse_internal(topic)
     log = engine.partition(topic, partition)
     body = await request.body()
     content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()

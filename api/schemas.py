@@ -83,20 +83,23 @@ class TopicDetail(BaseModel):
 class RecordHeader(BaseModel):
     key: str
     value: Any = None
+    model_config = ConfigDict(extra="forbid")
 
 
 class ProduceRecord(BaseModel):
     key: Any = None
     value: Any = None
     headers: list[RecordHeader] = Field(default_factory=list)
-    timestamp: int | None = Field(None, description="CreateTime in ms; default: now")
+    timestamp: int | None = Field(None, ge=0, le=2**63 - 1, description="CreateTime in ms; default: now")
     partition: int | None = Field(None, ge=0, description="default: murmur2(key), or spread when keyless")
+    model_config = ConfigDict(extra="forbid")
 
 
 class ProduceRequest(BaseModel):
     records: list[ProduceRecord] = Field(min_length=1)
     key_format: Format = Format.string
     value_format: Format = Format.string
+    model_config = ConfigDict(extra="forbid")
 
 
 class RecordOffset(BaseModel):
@@ -109,12 +112,19 @@ class ProduceResponse(BaseModel):
     offsets: list[RecordOffset]
 
 
+class PartitionProduceResponse(BaseModel):
+    partition: int
+    base_offset: int
+    last_offset: int
+    timestamp: int = Field(description="the LogAppendTime if the topic uses it, else the largest record timestamp")
+
+
 class FetchedRecord(BaseModel):
     offset: int
     timestamp: int
-    key: Any = None
-    value: Any = None
-    headers: list[RecordHeader] = Field(default_factory=list)
+    key: Any = Field(description="in the requested key_format; null for a null key")
+    value: Any = Field(description="in the requested value_format; null for a tombstone")
+    headers: list[RecordHeader]
 
 
 class FetchResponse(BaseModel):
@@ -167,7 +177,7 @@ class SegmentList(BaseModel):
 class GroupOffset(BaseModel):
     topic: str
     partition: int = Field(ge=0)
-    offset: int = Field(ge=0)
+    offset: int = Field(ge=0, le=2**63 - 1)
     metadata: str = Field("", max_length=4096)
     model_config = ConfigDict(extra="forbid")
 
