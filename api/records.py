@@ -72,7 +72,11 @@ def _format(doc: dict[str, Any], name: str) -> str:
 def _parse_records(
     doc: dict[str, Any], topic: str, partitions: int, *, fixed_partition: int | None, now: int
 ) -> list[tuple[int, bytes | None, bytes | None, int, list[tuple[str, bytes | None]]]]:
-    """(partition, key, value, timestamp, headers) for each record, in request order."""
+    """(partition, key, value, timestamp, headers) for each record, in request order.
+
+    The hot loop of JSON produce: error messages are built only on the error paths, and
+    string keys and values (the common case) are encoded inline.
+    """
     records = doc.get("records")
     if not isinstance(records, list) or not records:
         raise ApiError(422, "validation_error", "records: must be a non-empty list")
@@ -81,37 +85,47 @@ def _parse_records(
         raise ApiError(422, "validation_error", f"unknown field(s): {', '.join(sorted(unknown))}")
     key_format = _format(doc, "key_format")
     value_format = _format(doc, "value_format")
+    key_is_string = key_format == "string"
+    value_is_string = value_format == "string"
+    encode = formats.encode
+    allowed = _RECORD_KEYS
     out = []
     for i, rec in enumerate(records):
-        where = f"records[{i}]"
-        if not isinstance(rec, dict):
-            raise ApiError(422, "validation_error", f"{where}: must be an object")
-        if rec.keys() - _RECORD_KEYS:
-            raise ApiError(422, "validation_error", f"{where}: unknown field(s): {', '.join(sorted(rec.keys() - _RECORD_KEYS))}")
-        key = formats.encode(rec.get("key"), key_format, f"{where}.key")
-        value = formats.encode(rec.get("value"), value_format, f"{where}.value")
+        if type(rec) is not dict:
+            raise ApiError(422, "validation_error", f"records[{i}]: must be an object")
+        if not allowed.issuperset(rec):
+            raise ApiError(422, "validation_error", f"records[{i}]: unknown field(s): {', '.join(sorted(rec.keys() - allowed))}")
+        key = rec.get("key")
+        if key is not None:
+            key = key.encode("utf-8", "surrogatepass") if key_is_string and type(key) is str else encode(key, key_format, f"records[{i}].key")
+        value = rec.get("value")
+        if value is not None:
+            value = value.encode("utf-8", "surrogatepass") if value_is_string and type(value) is str else encode(value, value_format, f"records[{i}].value")
         ts = rec.get("timestamp")
         if ts is None:
             ts = now
-        elif isinstance(ts, bool) or not isinstance(ts, int) or not 0 <= ts < 2**63:
-            raise ApiError(422, "validation_error", f"{where}.timestamp: must be a non-negative integer (ms)")
+        elif type(ts) is not int or not 0 <= ts < 2**63:
+            raise ApiError(422, "validation_error", f"records[{i}].timestamp: must be a non-negative integer (ms)")
         headers = []
-        raw_headers = rec.get("headers") or []
-        if not isinstance(raw_headers, list):
-            raise ApiError(422, "validation_error", f"{where}.headers: must be a list")
-        for j, h in enumerate(raw_headers):
-            if not isinstance(h, dict) or not isinstance(h.get("key"), str) or h.keys() - {"key", "value"}:
-                raise ApiError(422, "validation_error", f"{where}.headers[{j}]: must be {{\"key\": string, \"value\": ...}}")
-            headers.append((h["key"], formats.encode(h.get("value"), value_format, f"{where}.headers[{j}].value")))
+        raw_headers = rec.get("headers")
+        if raw_headers:
+            if type(raw_headers) is not list:
+                raise ApiError(422, "validation_error", f"records[{i}].headers: must be a list")
+            for j, h in enumerate(raw_headers):
+                if type(h) is not dict or type(h.get("key")) is not str or not h.keys() <= {"key", "value"}:
+                    raise ApiError(422, "validation_error", f"records[{i}].headers[{j}]: must be {{\"key\": string, \"value\": ...}}")
+                headers.append((h["key"], encode(h.get("value"), value_format, f"records[{i}].headers[{j}].value")))
+        elif raw_headers is not None and type(raw_headers) is not list:
+            raise ApiError(422, "validation_error", f"records[{i}].headers: must be a list")
         partition = rec.get("partition")
         if fixed_partition is not None:
             if partition is not None and partition != fixed_partition:
-                raise ApiError(422, "validation_error", f"{where}.partition: this endpoint writes partition {fixed_partition}")
+                raise ApiError(422, "validation_error", f"records[{i}].partition: this endpoint writes partition {fixed_partition}")
             partition = fixed_partition
         elif partition is None:
             partition = partition_for_key(key, partitions) if key is not None else next(_spread) % partitions
-        elif isinstance(partition, bool) or not isinstance(partition, int):
-            raise ApiError(422, "validation_error", f"{where}.partition: must be an integer")
+        elif type(partition) is not int:
+            raise ApiError(422, "validation_error", f"records[{i}].partition: must be an integer")
         elif not 0 <= partition < partitions:
             raise PartitionNotFoundError(topic, partition, partitions)
         out.append((partition, key, value, ts, headers))

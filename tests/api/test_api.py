@@ -102,6 +102,9 @@ def test_produce_is_all_or_nothing(client: httpx.Client) -> None:
         ({"records": []}, 422, "validation_error"),
         ({"records": [good, {"value": 5}]}, 422, "validation_error"),
         ({"records": [good], "surprise": 1}, 422, "validation_error"),
+        ({"records": [good, {"valeu": "typo"}]}, 422, "validation_error"),  # not a silent tombstone
+        ({"records": [good, {"value": "v", "headers": [{"key": "h", "value": "x", "extra": 1}]}]}, 422, "validation_error"),
+        ({"records": [good, {"value": "v", "timestamp": True}]}, 422, "validation_error"),
     ]
     for body, status, code in bad_requests:
         assert_problem(client.post("/v1/topics/t/records", json=body), status, code)
