@@ -27,6 +27,7 @@ from . import formats
 from .auth import Reader, Writer
 from .deps import Engine, refuse_internal
 from .errors import ApiError
+from .responses import FileRangeResponse
 from .schemas import FetchResponse, Format, PartitionProduceResponse, ProduceResponse, Problem
 
 router = APIRouter(prefix="/v1/topics", tags=["records"])
@@ -315,14 +316,18 @@ async def fetch(
     if raw:
         slice_ = log.fetch_slice(offset, max_bytes)
         view = log.view
-        data = b"" if slice_ is None else await log.read_slice(slice_)
-        request.app.state.metrics.fetched_bytes.labels(topic).inc(len(data))
         headers = {
             "X-Next-Offset": str(offset if slice_ is None else slice_.next_offset),
             "X-High-Watermark": str(view.high_watermark if slice_ is None else slice_.high_watermark),
             "X-Log-Start-Offset": str(view.log_start_offset),
         }
-        return Response(data, media_type=RECORD_BATCH_MEDIA_TYPE, headers=headers)
+        if slice_ is None:
+            return Response(b"", media_type=RECORD_BATCH_MEDIA_TYPE, headers=headers)
+        request.app.state.metrics.fetched_bytes.labels(topic).inc(slice_.size)
+        return FileRangeResponse(
+            slice_.handle, slice_.position, slice_.size, lambda: log.read_slice(slice_),
+            media_type=RECORD_BATCH_MEDIA_TYPE, headers=headers,
+        )
     result = await log.read_records(offset, max_records, max_bytes)
     records = _records_json(result.records, key_format.value, value_format.value)
     metrics = request.app.state.metrics
