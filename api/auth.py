@@ -148,7 +148,9 @@ def principal_of(request: Request) -> Principal:
 def require(action: str) -> Callable[..., Principal]:
     """A dependency: the caller may do `action`, on the path's topic and group if any."""
 
-    def check(request: Request, _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+    async def check(  # async: no threadpool hop for a dictionary lookup
+        request: Request, _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    ) -> Principal:
         principal = principal_of(request)
         if not principal.may(action):
             raise ApiError(403, "forbidden", f"role {principal.role!r} may not {action}")

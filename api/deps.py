@@ -11,7 +11,8 @@ from engine.log_manager import LogManager
 from engine.metadata import INTERNAL_TOPICS
 
 
-def get_engine(request: Request) -> LogManager:
+async def get_engine(request: Request) -> LogManager:
+    # async: a plain def dependency would run in FastAPI's threadpool, a hop on every request
     engine = request.app.state.engine
     if engine is None or request.app.state.shutting_down:
         raise LogClosedError("engine")

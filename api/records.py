@@ -198,6 +198,29 @@ async def _produce_json(engine, topic: str, body: bytes, fixed_partition: int | 
     return out
 
 
+async def _read_body(request: Request) -> bytearray:
+    """The body straight into one writable buffer (offsets are then rewritten in place): no
+    joined copy, no second copy for prepare_batches."""
+    declared = request.headers.get("content-length")
+    buf = bytearray(int(declared)) if declared and declared.isdigit() else bytearray()
+    view = memoryview(buf)
+    filled = 0
+    async for chunk in request.stream():
+        n = len(chunk)
+        if filled + n <= len(buf):
+            view[filled : filled + n] = chunk
+        else:
+            view.release()
+            del buf[filled:]
+            buf += chunk
+            view = memoryview(buf)
+        filled += n
+    view.release()
+    if filled < len(buf):
+        del buf[filled:]
+    return buf
+
+
 def _stream_error(exc: Exception, position: int) -> dict[str, Any]:
     if isinstance(exc, OffsetOutOfRangeError):
         return {"code": "offset_out_of_range", "detail": str(exc), "offset": position, "log_start_offset": exc.log_start_offset}
@@ -257,8 +280,8 @@ async def produce_to_partition(
 ) -> Response:
     refuse_internal(topic)
     log = engine.partition(topic, partition)
-    body = await request.body()
     content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    body = await _read_body(request) if content_type == RECORD_BATCH_MEDIA_TYPE else await request.body()
     if content_type == RECORD_BATCH_MEDIA_TYPE:
         if len(body) > VALIDATE_IN_THREAD_BYTES:
             batches = await anyio.to_thread.run_sync(prepare_batches, body, log.config)

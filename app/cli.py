@@ -124,7 +124,7 @@ def serve(
     server = _Server(config)
     server.on_exit = lambda: begin_shutdown(app)
     try:
-        asyncio.run(server.serve())
+        server.run()  # on uvloop when installed (uvicorn picks the loop)
     except SystemExit:  # uvicorn exits with status 3 when the lifespan fails
         pass
     if app.state.startup_error is not None:

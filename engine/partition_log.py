@@ -566,17 +566,20 @@ class PartitionLog:
         return await anyio.to_thread.run_sync(slice_.read)
 
     async def read_records(self, offset: int, max_records: int, max_bytes: int) -> reader.RecordsResult:
-        """Decoded records from `offset` on (at most `max_records`, about `max_bytes` of batches)."""
+        """Decoded records from `offset` on (at most `max_records`, about `max_bytes` of batches):
+        on the event loop when the page cache holds the data, else in a worker thread."""
         view = self.view
-        if max_bytes > LARGE_READ_BYTES:
+        try:
+            return reader.read_records(view, offset, max_records, max_bytes, cached_only=True)
+        except reader.NotCached:
             return await anyio.to_thread.run_sync(reader.read_records, view, offset, max_records, max_bytes)
-        return reader.read_records(view, offset, max_records, max_bytes)
 
     async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        return await anyio.to_thread.run_sync(reader.offset_for_timestamp, self.view, timestamp)
+        """Kafka's ListOffsets by time (a few index searches and small reads: inline)."""
+        return reader.offset_for_timestamp(self.view, timestamp)
 
     async def max_timestamp_offset(self) -> tuple[int, int] | None:
-        return await anyio.to_thread.run_sync(reader.max_timestamp_offset, self.view)
+        return reader.max_timestamp_offset(self.view)
 
     async def wait_for_data(self, offset: int, timeout_s: float) -> bool:
         """Wait until the high watermark passes `offset` or `timeout_s` elapses (woken by the

@@ -8,7 +8,6 @@ records are not hashed; the API spreads them (round robin per request). Pure.
 
 from __future__ import annotations
 
-from functools import lru_cache
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
@@ -39,11 +38,17 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
-@lru_cache(maxsize=1 << 16)
-def _positive_hash(key: bytes) -> int:
-    return murmur2(key) & 0x7FFFFFFF
+_CACHE: dict[bytes, int] = {}
+_CACHE_LIMIT = 1 << 16
 
 
 def partition_for_key(key: bytes, num_partitions: int) -> int:
-    """Kafka's placement. Hashes of recent keys are cached: producers repeat their keys."""
-    return _positive_hash(key) % num_partitions
+    """Kafka's placement. Hashes of recent keys are cached (producers repeat their keys); the
+    cache is a plain dict, emptied when full, so a miss costs little more than the hash."""
+    h = _CACHE.get(key)
+    if h is None:
+        h = murmur2(key) & 0x7FFFFFFF
+        if len(_CACHE) >= _CACHE_LIMIT:
+            _CACHE.clear()
+        _CACHE[key] = h
+    return h % num_partitions

@@ -17,6 +17,9 @@ from .segment import LogSegment
 from .segments import LogView
 
 
+CACHED_CHECK_BYTES = 64 * 1024  # smaller reads are not worth the RWF_NOWAIT probe
+
+
 @dataclass(frozen=True, slots=True)
 class FetchSlice:
     """Whole batches [position, end) of one segment, ready to be read or sent as they are."""
@@ -82,7 +85,13 @@ def fetch_slice(view: LogView, offset: int, max_bytes: int) -> FetchSlice | None
     return None
 
 
-def read_records(view: LogView, offset: int, max_records: int, max_bytes: int) -> RecordsResult:
+class NotCached(Exception):
+    """Raised by read_records(cached_only=True) when a read would wait for the disk."""
+
+
+def read_records(
+    view: LogView, offset: int, max_records: int, max_bytes: int, *, cached_only: bool = False
+) -> RecordsResult:
     """Decode up to `max_records` records with offset >= `offset` from about `max_bytes` of
     batches (at least one batch). Control batches (transaction markers) are skipped, as Kafka
     consumers skip them. next_offset is where the following read should start."""
@@ -96,7 +105,12 @@ def read_records(view: LogView, offset: int, max_records: int, max_bytes: int) -
         slice_ = fetch_slice(view, next_offset, max(budget, 1))
         if slice_ is None or (bytes_read and slice_.size > budget):
             break  # only the first batch of a read may exceed max_bytes
-        data = slice_.read()
+        if cached_only and slice_.size > CACHED_CHECK_BYTES:
+            data = slice_.read_if_cached()
+            if data is None:
+                raise NotCached
+        else:
+            data = slice_.read()
         bytes_read += len(data)
         position = 0
         full = False
