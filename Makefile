@@ -26,6 +26,7 @@ test-fast: install
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: install
+	sh bench/install-peers.sh
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:

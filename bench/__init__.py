@@ -2,7 +2,9 @@
 limit in the same run (see bench/README.md). Run with `make bench` or `python -m bench`.
 
 Modules: harness (context, machine facts, dd, reports), data (pre-encoded batches), and one
-module per benchmark: append, read, lookup, restart.
+module per benchmark: append, read, lookup, restart (the engine in-process); http_produce,
+http_raw, http_fetch (the HTTP API: `eventlog serve` as a subprocess, next to redis-server and
+nats-server, with servers.py starting and stopping them).
 """
 
-BENCHMARKS = ("append", "read", "lookup", "restart")
+BENCHMARKS = ("append", "read", "lookup", "restart", "http_produce", "http_raw", "http_fetch")

@@ -41,7 +41,15 @@ TABLE_START = "<!-- results-table:start (written by python -m bench) -->"
 TABLE_END = "<!-- results-table:end -->"
 
 # Scratch space each benchmark needs at most, in GB (full, quick); checked before starting.
-SPACE_GB = {"append": (2.5, 1), "read": (2.5, 1), "lookup": (1.5, 0.5), "restart": (11.5, 1.5)}
+SPACE_GB = {
+    "append": (2.5, 1),
+    "read": (2.5, 1),
+    "lookup": (1.5, 0.5),
+    "restart": (11.5, 1.5),
+    "http_produce": (3, 1),
+    "http_raw": (4, 1.5),
+    "http_fetch": (1, 0.5),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
