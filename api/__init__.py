@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from . import groups, health, offsets, records, topics
+from . import admin, groups, health, offsets, records, topics
 from .errors import PROBLEM_JSON, install_error_handlers
 from .schemas import ProduceRequest
 
@@ -25,6 +25,7 @@ def install_routes(app: FastAPI) -> None:
     app.include_router(records.router)
     app.include_router(offsets.router)
     app.include_router(groups.router)
+    app.include_router(admin.router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

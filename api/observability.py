@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .auth import Authenticator
@@ -57,13 +57,18 @@ class Metrics:
         )
         self.fsync = Histogram("eventlog_fsync_seconds", "fdatasync latency of group commits", buckets=FSYNC_BUCKETS, registry=r)
         self._engine: Any = None
+        self._workers: Any = None
 
-    def attach(self, engine: Any) -> None:
-        """Observe a log manager: its commits, fsyncs, and partitions at scrape time."""
+    def attach(self, engine: Any, workers: Any = None) -> None:
+        """Observe a log manager (its commits, fsyncs, and partitions at scrape time) and the
+        cleanup workers' figures."""
         self._engine = engine
+        self._workers = workers
         engine.commit_hooks.append(self._on_commit)
         engine.fsync_hooks.append(self._on_fsync)
         self.registry.register(_PartitionCollector(self))
+        if workers is not None:
+            self.registry.register(_WorkerCollector(workers))
 
     def _on_commit(self, log: Any, requests: int, records: int, size: int) -> None:
         self.commit_requests.observe(requests)
@@ -94,6 +99,36 @@ class _PartitionCollector:
                 size.add_metric(labels, view.size_bytes)
                 segments.add_metric(labels, len(view.segments))
         return [hw, start, size, segments]
+
+
+class _WorkerCollector:
+    """The retention deleter's and the compactor's figures (workers.manager.WorkerFigures)."""
+
+    def __init__(self, workers: Any) -> None:
+        self.workers = workers
+
+    def collect(self):  # noqa: ANN201 -- prometheus-client's collector protocol
+        f = self.workers.figures
+        passes = CounterMetricFamily("eventlog_cleanup_passes", "cleanup passes by worker and outcome", labels=["worker", "outcome"])
+        for (worker, outcome), n in sorted(f.passes.items()):
+            passes.add_metric([worker, outcome], n)
+        reclaimed = CounterMetricFamily("eventlog_cleanup_reclaimed_bytes", "bytes given back by cleanup", labels=["worker"])
+        for worker in ("retention", "compaction"):
+            reclaimed.add_metric([worker], f.bytes_reclaimed.get(worker, 0))
+        deleted = CounterMetricFamily("eventlog_retention_deleted_segments", "segments deleted by retention")
+        deleted.add_metric([], f.segments_deleted)
+        removed = CounterMetricFamily("eventlog_compaction_removed_records", "records dropped by compaction")
+        removed.add_metric([], f.records_removed)
+        duration = GaugeMetricFamily("eventlog_cleanup_last_pass_seconds", "duration of the last pass", labels=["worker"])
+        for worker, seconds in sorted(f.last_duration_s.items()):
+            duration.add_metric([worker], seconds)
+        ratio = GaugeMetricFamily(
+            "eventlog_compaction_dirty_ratio", "dirty bytes / (clean + dirty bytes) of compacted partitions",
+            labels=["topic", "partition"],
+        )
+        for (topic, partition), value in sorted(f.dirty_ratio.items()):
+            ratio.add_metric([topic, str(partition)], value)
+        return [passes, reclaimed, deleted, removed, duration, ratio]
 
 
 class ObservabilityMiddleware:

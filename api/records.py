@@ -9,6 +9,7 @@ the response lists offsets in request order once every append is durable.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any
 
@@ -18,7 +19,7 @@ from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response, StreamingResponse
 
 from engine import compression
-from engine.errors import OffsetOutOfRangeError, PartitionNotFoundError, RecordTooLargeError
+from engine.errors import KeyRequiredError, OffsetOutOfRangeError, PartitionNotFoundError, RecordTooLargeError
 from engine.partition_log import PartitionLog, PreparedBatch, prepare_batches, wall_clock_ms
 from engine.partitioner import partition_for_key
 from engine.records import encode_batch
@@ -138,6 +139,8 @@ def _encode_batches(records: list[tuple], log: PartitionLog) -> list[PreparedBat
     config = log.config
     codec = compression.CODECS.get(config.compression_type, compression.NONE)  # producer/uncompressed: none
     limit = config.max_batch_bytes
+    if config.compact and any(r[1] is None for r in records):
+        raise KeyRequiredError(log.topic)
 
     def build(chunk: list[tuple]) -> list[PreparedBatch]:
         batch = encode_batch(0, [(k, v, ts, h) for _p, k, v, ts, h in chunk], compression_type=codec)
@@ -284,9 +287,11 @@ async def produce_to_partition(
     body = await _read_body(request) if content_type == RECORD_BATCH_MEDIA_TYPE else await request.body()
     if content_type == RECORD_BATCH_MEDIA_TYPE:
         if len(body) > VALIDATE_IN_THREAD_BYTES:
-            batches = await anyio.to_thread.run_sync(prepare_batches, body, log.config)
+            batches = await anyio.to_thread.run_sync(
+                functools.partial(prepare_batches, body, log.config, topic=log.topic)
+            )
         else:
-            batches = prepare_batches(body, log.config)
+            batches = prepare_batches(body, log.config, topic=log.topic)
         result = await log.append(batches)
         timestamp = result.log_append_time if result.log_append_time >= 0 else max(b.header.max_timestamp for b in batches)
         payload = {"partition": partition, "base_offset": result.base_offset, "last_offset": result.last_offset, "timestamp": timestamp}

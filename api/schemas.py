@@ -202,3 +202,48 @@ class GroupOffsets(BaseModel):
 
 class GroupList(BaseModel):
     groups: list[str]
+
+
+class MaintenanceRequest(BaseModel):
+    topic: str | None = Field(None, description="only this topic; default: every topic")
+    model_config = ConfigDict(extra="forbid")
+
+
+class RetentionPartition(BaseModel):
+    topic: str
+    partition: int
+    segments_deleted: int
+    bytes_reclaimed: int
+    reasons: dict[str, int] = Field(description="segments deleted per rule: log_start_offset, retention_bytes, retention_ms")
+    log_start_offset: int = Field(description="after the pass")
+
+
+class RetentionRun(BaseModel):
+    segments_deleted: int
+    bytes_reclaimed: int
+    partitions: list[RetentionPartition] = Field(description="partitions where segments were deleted")
+
+
+class CompactionPartition(BaseModel):
+    topic: str
+    partition: int
+    cleaned: bool = Field(description="false when there was nothing to clean")
+    first_dirty_offset: int = Field(description="where the pass's dirty range began")
+    end_offset: int = Field(description="the first offset not cleaned: the next pass's first dirty offset")
+    dirty_ratio: float = Field(description="dirty bytes / (clean + dirty bytes) before the pass")
+    segments_before: int
+    segments_after: int
+    bytes_reclaimed: int
+    records_read: int
+    records_kept: int
+    records_removed: int
+    tombstones_removed: int
+    map_full: bool = Field(description="the offset map filled up: the dirty range was cleaned in part")
+    seconds: float
+    note: str = ""
+
+
+class CompactionRun(BaseModel):
+    bytes_reclaimed: int
+    records_removed: int
+    partitions: list[CompactionPartition] = Field(description="every compacted partition looked at")

@@ -1,9 +1,12 @@
-"""The FastAPI lifespan: open the engine (recovery first), serve, close cleanly."""
+"""The FastAPI lifespan: open the engine (recovery first), start the cleanup workers, serve,
+close cleanly."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+
+import anyio
 import logging
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
@@ -13,6 +16,7 @@ from fastapi import FastAPI
 from api.observability import Metrics
 from engine.errors import EngineError
 from engine.log_manager import open_engine
+from workers.manager import Workers
 
 from .settings import Settings
 
@@ -23,10 +27,13 @@ def make_lifespan(settings: Settings, metrics: Metrics):
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
-            async with open_engine(settings.engine_config()) as engine:
+            async with open_engine(settings.engine_config()) as engine, anyio.create_task_group() as tg:
                 app.state.engine = engine
                 app.state.loop = asyncio.get_running_loop()
-                metrics.attach(engine)
+                workers = Workers(engine, settings.worker_settings())
+                app.state.workers = workers
+                metrics.attach(engine, workers)
+                tg.start_soon(workers.run)
                 # Everything built at start-up lives as long as the process: keep it out of
                 # the cyclic GC's full collections, which would otherwise walk it each time.
                 gc.collect()
@@ -39,6 +46,7 @@ def make_lifespan(settings: Settings, metrics: Metrics):
                 finally:
                     app.state.shutting_down = True
                     engine.begin_shutdown()
+                    tg.cancel_scope.cancel()  # the workers stop before the engine closes
         except EngineError as exc:
             if app.state.engine is None:
                 app.state.startup_error = exc

@@ -35,6 +35,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.engine = None
+    app.state.workers = None
     app.state.startup_error = None
     app.state.shutting_down = False
     app.state.loop = None

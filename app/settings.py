@@ -8,7 +8,7 @@ plain EngineConfig that engine_config() derives.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from engine.config import LogConfig
 from engine.errors import InvalidConfigError
 from engine.log_manager import EngineConfig
+from workers.manager import WorkerSettings
 
 
 class Settings(BaseSettings):
@@ -43,6 +44,17 @@ class Settings(BaseSettings):
     access_log: bool = Field(True, description="one JSON line per request on the eventlog.access logger")
     auth_file: Path | None = Field(None, description="JSON file of bearer tokens, roles and topic prefixes; unset: no auth")
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest request body accepted")
+    retention_check_interval_ms: int = Field(
+        300_000, ge=100, description="log.retention.check.interval.ms: how often the retention deleter runs"
+    )
+    cleaner_enabled: bool = Field(True, description="log.cleaner.enable: run the compactor's loop")
+    cleaner_backoff_ms: int = Field(15_000, ge=10, description="log.cleaner.backoff.ms: the compactor's sleep when nothing is due")
+    cleaner_dedupe_buffer_size: int = Field(
+        128 * 1024 * 1024, ge=1024 * 1024, description="log.cleaner.dedupe.buffer.size: the compactor's offset map, bytes"
+    )
+    cleaner_run_in: Literal["process", "thread"] = Field(
+        "process", description="where a compaction pass's CPU work runs: a worker process (default) or a thread"
+    )
 
     @field_validator("log_dirs", mode="before")
     @classmethod
@@ -67,6 +79,15 @@ class Settings(BaseSettings):
     @property
     def effective_log_dirs(self) -> tuple[Path, ...]:
         return self.log_dirs or (self.data_dir,)
+
+    def worker_settings(self) -> WorkerSettings:
+        return WorkerSettings(
+            retention_check_interval_ms=self.retention_check_interval_ms,
+            cleaner_enabled=self.cleaner_enabled,
+            cleaner_backoff_ms=self.cleaner_backoff_ms,
+            dedupe_buffer_bytes=self.cleaner_dedupe_buffer_size,
+            cleaner_run_in=self.cleaner_run_in,
+        )
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(

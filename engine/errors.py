@@ -106,6 +106,16 @@ class RecordTooLargeError(InvalidRequestError):
         self.what = what
 
 
+class KeyRequiredError(InvalidRequestError):
+    """Raised when a record without a key is offered to a compacted topic (Kafka refuses them:
+    compaction keeps the latest record per key, and a keyless record has none)."""
+
+    def __init__(self, topic: str, position: int | None = None) -> None:
+        where = f" (batch at byte {position})" if position is not None else ""
+        super().__init__(f"topic {topic!r} is compacted (cleanup.policy=compact): every record needs a key{where}")
+        self.topic = topic
+
+
 class InvalidPartitionsError(InvalidRequestError):
     """Raised when a partition count is not positive, would shrink a topic, or would take the
     server past its partition limit."""

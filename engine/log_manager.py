@@ -31,7 +31,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from . import filenames
-from .checkpoints import LOG_START_OFFSET, RECOVERY_POINT
+from .checkpoints import CLEANER_OFFSET, LOG_START_OFFSET, RECOVERY_POINT
 from .config import CONFIG_DEFS, LogConfig, normalise_overrides, validate_topic_name
 from .errors import (
     DataDirError,
@@ -67,7 +67,8 @@ from .segment import LogSegment
 logger = logging.getLogger("eventlog.engine")
 
 PARTITION_METADATA = "partition.metadata"
-METADATA_LOG_CONFIG = LogConfig(retention_ms=-1, segment_bytes=64 * 1024 * 1024)
+# compacted: every event but topic_deleted carries the topic's whole state (metadata.py)
+METADATA_LOG_CONFIG = LogConfig(cleanup_policy="compact", retention_ms=-1, segment_bytes=64 * 1024 * 1024)
 MAX_PARTITIONS = 10_000  # per topic
 
 
@@ -121,6 +122,8 @@ class LogManager:
         self.groups: GroupOffsets | None = None  # set once __consumer_offsets is loaded
         self._recovery_points: dict[tuple[str, int], int] = {}
         self._log_starts: dict[tuple[str, int], int] = {}
+        # the compactor's first dirty offset per partition (cleaner-offset-checkpoint)
+        self._cleaner_offsets: dict[tuple[str, int], int] = {}
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -197,6 +200,8 @@ class LogManager:
                 self._recovery_points[tp] = offset
             for tp, offset in d.read_checkpoint(LOG_START_OFFSET).items():
                 self._log_starts[tp] = offset
+            for tp, offset in d.read_checkpoint(CLEANER_OFFSET).items():
+                self._cleaner_offsets[tp] = offset
 
     def _find_partition_dir(self, topic: str, partition: int) -> LogDir | None:
         name = filenames.partition_dir_name(topic, partition)
@@ -365,7 +370,10 @@ class LogManager:
             for k in removals:
                 overrides.pop(k, None)
             config = self.config.default_log_config.with_overrides(overrides)
-            await self._append_event("configs_altered", name, state.meta.topic_id, configs=overrides)
+            await self._append_event(
+                "configs_altered", name, state.meta.topic_id, configs=overrides,
+                partitions=state.meta.partitions, created_ms=state.meta.created_ms,
+            )
             state.meta = self.image.topics[name]
             state.config = config
             for log in state.partitions:
@@ -379,7 +387,10 @@ class LogManager:
             if isinstance(count, bool) or not isinstance(count, int) or count <= current or count > MAX_PARTITIONS:
                 raise InvalidPartitionsError(count if isinstance(count, int) else -1, current)
             self._check_partition_budget(count - current)
-            await self._append_event("partitions_added", name, state.meta.topic_id, partitions=count)
+            await self._append_event(
+                "partitions_added", name, state.meta.topic_id, partitions=count,
+                configs=dict(state.meta.overrides), created_ms=state.meta.created_ms,
+            )
             state.meta = self.image.topics[name]
             await self._add_partition_logs(state, count)
             return state
@@ -403,6 +414,8 @@ class LogManager:
                 await anyio.to_thread.run_sync(fsync_dir, log_dir.path)
                 doomed.append(target)
             tps = {(name, p) for p in range(len(state.partitions))}
+            for tp in tps:
+                self._cleaner_offsets.pop(tp, None)
             for d in self.dirs:
                 await self._write_checkpoints(d, exclude=tps)
             await self.groups.forget_topic(name)
@@ -509,6 +522,23 @@ class LogManager:
             starts = {(log.topic, log.partition): log.log_start_offset for log in logs}
             await anyio.to_thread.run_sync(log_dir.write_checkpoint, RECOVERY_POINT, recovery)
             await anyio.to_thread.run_sync(log_dir.write_checkpoint, LOG_START_OFFSET, starts)
+
+    def cleaner_offset(self, log: PartitionLog) -> int | None:
+        """Where the compactor's next pass starts (None: never cleaned)."""
+        return self._cleaner_offsets.get((log.topic, log.partition))
+
+    async def set_cleaner_offset(self, log: PartitionLog, offset: int) -> None:
+        """Record a finished compaction pass in its log dir's cleaner-offset-checkpoint."""
+        self._cleaner_offsets[(log.topic, log.partition)] = offset
+        log_dir = self._partition_dir[log]
+        lock = self._checkpoint_locks.setdefault(log_dir.path, anyio.Lock())
+        async with lock:
+            entries = {
+                (lg.topic, lg.partition): self._cleaner_offsets[(lg.topic, lg.partition)]
+                for lg, d in self._partition_dir.items()
+                if d is log_dir and (lg.topic, lg.partition) in self._cleaner_offsets
+            }
+            await anyio.to_thread.run_sync(log_dir.write_checkpoint, CLEANER_OFFSET, entries)
 
     async def checkpoint(self) -> None:
         for d in self.dirs:

@@ -5,9 +5,15 @@ key = topic name (UTF-8), value = a JSON object with "v": 1, "type", "topic", "t
 "ts" (ms) and per type:
 
     topic_created     "partitions": int, "configs": {kafka name: string}  (overrides only)
-    configs_altered   "configs": {...}   the complete new set of overrides
-    partitions_added  "partitions": int  the new total
+    configs_altered   "configs": {...}   the complete new set of overrides, and "partitions",
+                      "created_ms": the rest of the topic's state
+    partitions_added  "partitions": int  the new total, and "configs", "created_ms"
     topic_deleted     -
+
+The log is compacted (key = topic name), so only the latest event per topic name is sure to
+survive: every event but topic_deleted carries the topic's whole state, and an event for a
+topic the image does not know yet creates it. (Events written before "created_ms" was added
+lack it and the two state fields; a compacted log never held those.)
 
 Start-up replays the log from its start into a MetadataImage. An event is appended (and
 fsynced) before the change it describes touches any file, so after a crash the image says
@@ -68,7 +74,18 @@ class MetadataImage:
             )
             self.deleted_topic_ids.discard(topic_id)
             return
+        if current is None and kind != "topic_deleted":
+            if "partitions" in event and "configs" in event:
+                # its topic_created was compacted away: the event holds the whole state
+                self.topics[name] = TopicMeta(
+                    name, topic_id, int(event["partitions"]), dict(event["configs"]),
+                    int(event.get("created_ms", event.get("ts", 0))),
+                )
+                self.deleted_topic_ids.discard(topic_id)
+            return
         if current is None or current.topic_id != topic_id:
+            if kind == "topic_deleted":
+                self.deleted_topic_ids.add(topic_id)
             return  # an event for a topic incarnation that no longer exists
         if kind == "configs_altered":
             self.topics[name] = replace(current, overrides=dict(event["configs"]))

@@ -37,11 +37,13 @@ from .config import LogConfig
 from .errors import (
     CorruptBatchError,
     EngineError,
+    KeyRequiredError,
     LogClosedError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
     StorageError,
 )
+from .faults import crash_point
 from .fileutil import fsync_dir
 from .format import (
     CONTROL_BIT,
@@ -50,7 +52,7 @@ from .format import (
     set_base_offset,
     set_log_append_time,
 )
-from .records import check_records_framing
+from .records import check_records_framing, decode_records
 from .segment import AppendBatch, LogSegment
 from . import reader
 from .reader import FetchSlice
@@ -94,12 +96,14 @@ def prepare_batches(
     *,
     check_records: bool = True,
     allow_control: bool = False,
+    topic: str | None = None,
 ) -> list[PreparedBatch]:
     """Validate one or more concatenated v2 batches for appending; nothing is written.
 
     Raises CorruptBatchError (framing, magic, CRC, record framing, no records, control batches
-    from a client) or RecordTooLargeError (a batch above max.message.bytes or segment.bytes).
-    The returned views share one writable copy of `body`.
+    from a client), RecordTooLargeError (a batch above max.message.bytes or segment.bytes), or,
+    on a compacted topic, KeyRequiredError (a record without a key; the batch is decoded to
+    see). The returned views share one writable copy of `body`.
     """
     buf = body if isinstance(body, bytearray) else bytearray(body)
     view = memoryview(buf)
@@ -115,6 +119,9 @@ def prepare_batches(
             raise CorruptBatchError("control batches are written by the log, not by producers", header.position)
         if check_records:
             check_records_framing(buf, header)
+            if config.compact and not header.attributes & CONTROL_BIT:
+                if any(r.key is None for r in decode_records(buf, header)):
+                    raise KeyRequiredError(topic or "?", header.position)
         out.append(PreparedBatch(view[header.position : header.position + header.size], header))
     return out
 
@@ -487,10 +494,12 @@ class PartitionLog:
             doomed = [s for s in log._segments[:-1] if id(s) in targets]
             if not doomed:
                 return [], False
-            log._segments = tuple(s for s in log._segments if id(s) not in targets)
+            doomed_ids = {id(s) for s in doomed}  # never the active segment, even an empty one
+            log._segments = tuple(s for s in log._segments if id(s) not in doomed_ids)
             for s in doomed:
                 s.change_suffix(s.suffix, filenames.DELETED_SUFFIX)
             fsync_dir(log.directory)
+            crash_point("delete.after_deleted_rename")
             changed = False
             first = log._segments[0].base_offset
             if first > log._log_start_offset:
@@ -533,12 +542,15 @@ class PartitionLog:
             for s in reversed(new_sorted):
                 s.change_suffix(filenames.CLEANED_SUFFIX, filenames.SWAP_SUFFIX)
             fsync_dir(log.directory)
+            crash_point("swap.after_swap_rename")
             for s in old_segments:
                 s.change_suffix(s.suffix, filenames.DELETED_SUFFIX)
             fsync_dir(log.directory)
+            crash_point("swap.after_deleted_rename")
             for s in new_sorted:
                 s.change_suffix(filenames.SWAP_SUFFIX, "")
             fsync_dir(log.directory)
+            crash_point("swap.after_live_rename")
             kept = [s for s in live if id(s) not in old_ids]
             log._segments = tuple(sorted(kept + new_sorted, key=lambda s: s.base_offset))
 

@@ -40,6 +40,7 @@ OPERATIONS = [
     "produceRecords", "produceToPartition", "fetchRecords",
     "listOffsets", "deleteRecords", "listSegments",
     "commitGroupOffsets", "fetchGroupOffsets", "deleteGroupOffsets", "listGroups",
+    "runRetention", "runCompaction",
     "deleteTopic",
 ]
 # Not generated: streamRecords (server-sent events) never ends while the client listens, so no

@@ -55,6 +55,10 @@ OPERATIONS = {
         "deleteRecords": "delete_records",
         "listSegments": "list_segments",
     },
+    "admin": {
+        "runRetention": "run_retention",
+        "runCompaction": "run_compaction",
+    },
     "groups": {
         "commitGroupOffsets": "commit_group_offsets",
         "fetchGroupOffsets": "fetch_group_offsets",

@@ -35,7 +35,7 @@ def cfg(*dirs: Path, **kw) -> EngineConfig:
 
 async def produce(engine, topic: str, partition: int, values: list[bytes]) -> int:
     log = engine.partition(topic, partition)
-    batch = encode_batch(0, [(None, v, T0, []) for v in values])
+    batch = encode_batch(0, [(b"k%d" % i, v, T0, []) for i, v in enumerate(values)])
     return (await log.append(prepare_batches(batch, log.config))).base_offset
 
 

@@ -1,0 +1,114 @@
+"""Maintenance on demand: one retention or compaction pass now (workers/manager.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Request
+
+from engine.errors import LogClosedError
+
+from .auth import Admin
+from .deps import Engine
+from .schemas import (
+    CompactionPartition,
+    CompactionRun,
+    MaintenanceRequest,
+    Problem,
+    RetentionPartition,
+    RetentionRun,
+)
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+
+_problems: dict[int | str, dict[str, Any]] = {
+    400: {"model": Problem, "description": "invalid_json"},
+    401: {"model": Problem, "description": "unauthorized"},
+    403: {"model": Problem, "description": "forbidden: admin only"},
+    404: {"model": Problem, "description": "topic_not_found"},
+    422: {"model": Problem, "description": "validation_error"},
+}
+
+
+def _workers(request: Request) -> Any:
+    workers = request.app.state.workers
+    if workers is None:
+        raise LogClosedError("workers")
+    return workers
+
+
+@router.post(
+    "/retention/run",
+    operation_id="runRetention",
+    response_model=RetentionRun,
+    responses=_problems,
+    summary="Run the retention deleter now",
+    description=(
+        "One pass over every partition (or the topic's): closed segments past `retention.ms`, beyond "
+        "`retention.bytes`, or wholly below the log start offset are deleted (files removed after "
+        "`file.delete.delay.ms`). The active segment is never deleted."
+    ),
+)
+async def run_retention(
+    request: Request,
+    engine: Engine,
+    _principal: Admin,
+    body: MaintenanceRequest | None = Body(None),
+) -> RetentionRun:
+    topic = body.topic if body else None
+    if topic is not None:
+        engine.topic(topic)  # 404 for an unknown topic
+    results = await _workers(request).run_retention(topic)
+    partitions = [
+        RetentionPartition(
+            topic=r.topic, partition=r.partition, segments_deleted=r.segments_deleted,
+            bytes_reclaimed=r.bytes_reclaimed, reasons=r.reasons, log_start_offset=r.log_start_offset,
+        )
+        for r in results
+        if r.segments_deleted
+    ]
+    return RetentionRun(
+        segments_deleted=sum(p.segments_deleted for p in partitions),
+        bytes_reclaimed=sum(p.bytes_reclaimed for p in partitions),
+        partitions=partitions,
+    )
+
+
+@router.post(
+    "/compaction/run",
+    operation_id="runCompaction",
+    response_model=CompactionRun,
+    responses=_problems,
+    summary="Run the compactor now",
+    description=(
+        "Cleans every partition of every compacted topic (or of the topic given) that has dirty "
+        "records, whatever its dirty ratio, keeping the latest record per key; tombstones go once "
+        "their delete horizon (`delete.retention.ms` after the pass that first kept them) has passed. "
+        "Records younger than `min.compaction.lag.ms` and the active segment are not cleaned."
+    ),
+)
+async def run_compaction(
+    request: Request,
+    engine: Engine,
+    _principal: Admin,
+    body: MaintenanceRequest | None = Body(None),
+) -> CompactionRun:
+    topic = body.topic if body else None
+    if topic is not None:
+        engine.topic(topic)
+    results = await _workers(request).run_compaction(topic)
+    partitions = [
+        CompactionPartition(
+            topic=r.topic, partition=r.partition, cleaned=r.cleaned, first_dirty_offset=r.first_dirty_offset,
+            end_offset=r.end_offset, dirty_ratio=round(r.dirty_ratio, 6), segments_before=r.segments_before,
+            segments_after=r.segments_after, bytes_reclaimed=r.bytes_reclaimed, records_read=r.records_read,
+            records_kept=r.records_kept, records_removed=r.records_removed,
+            tombstones_removed=r.tombstones_removed, map_full=r.map_full, seconds=round(r.seconds, 6), note=r.note,
+        )
+        for r in results
+    ]
+    return CompactionRun(
+        bytes_reclaimed=sum(p.bytes_reclaimed for p in partitions),
+        records_removed=sum(p.records_removed for p in partitions),
+        partitions=partitions,
+    )

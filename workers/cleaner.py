@@ -1,0 +1,626 @@
+"""One compaction pass over one partition: Kafka's log cleaner, as a pure function over files.
+
+`clean(request)` reads closed segments and writes new ones; it touches nothing the live log
+uses, so it runs in a separate process (see compactor.py) while producers and readers go on.
+The caller swaps the new segments in (PartitionLog.replace_segments) and records the new first
+dirty offset in cleaner-offset-checkpoint.
+
+The pass, after Kafka's LogCleaner:
+
+1. Map. Walk the dirty range — from the first dirty offset up to the first uncleanable offset
+   (the active segment, or the first segment younger than min.compaction.lag.ms) — putting each
+   keyed record's key digest and offset in a fixed-size OffsetMap. When the map is full, stop at
+   a batch boundary: the pass cleans up to there (`end_offset`) and the next pass goes on.
+2. Group. The segments from the log's first up to the one holding end_offset - 1 are grouped,
+   consecutive, so that a group's bytes fit in segment.bytes and its offsets in an int32 delta.
+3. Recopy each group into one `<base>.log.cleaned` segment (with indexes), keeping a record when
+   no later record of its key is in the map, and dropping tombstones whose batch's delete
+   horizon has passed. Offsets are kept; gaps are normal. A batch kept whole is copied byte for
+   byte; the survivors of thinned batches are re-encoded into batches of up to 1 MiB with their
+   original codec. A batch holding tombstones is stamped with a delete horizon (now +
+   delete.retention.ms, Kafka's KIP-534 layout: the horizon in baseTimestamp, attribute bit 6)
+   the first time it is cleaned; the tombstones go in the first pass after the horizon.
+4. Each new segment's last batch claims the offsets up to the group's end (its lastOffsetDelta
+   is raised, as Kafka's cleaner does for producer state), so a new segment covers exactly the
+   offsets of the segments it replaces. Start-up recovery relies on that to finish a swap.
+   A group whose every record is dropped joins its neighbour; if all are dropped, the result
+   says so and the caller deletes the old segments instead.
+
+Records without a key (only possible in logs written before the topic became compacted) are
+kept. Control batches are copied as they are.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from crc32c import crc32c
+
+from engine import compression, filenames
+from engine.faults import crash_point
+from engine.format import (
+    COMPRESSION_MASK,
+    CONTROL_BIT,
+    DELETE_HORIZON_BIT,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC_V2,
+    NO_PRODUCER_ID,
+    TIMESTAMP_TYPE_BIT,
+    BatchHeader,
+)
+from engine.records import batch_records_bytes, read_varint, varint_bytes
+from engine.scan import BatchScanner
+from engine.segment import AppendBatch, LogSegment
+
+from .offset_map import OffsetMap, key_digests
+
+INT32_MAX = 2**31 - 1
+REBUILT_BATCH_BYTES = 1024 * 1024  # target size of a batch re-formed from survivors
+CHUNK_RECORDS = 8192  # records decided together (one map lookup)
+MIN_MAP_BYTES = 16 * 24  # tests use tiny maps; settings ask for at least 1 MiB
+
+_HEADER_BEFORE_CRC = struct.Struct(">qiib")
+_HEADER_AFTER_CRC = struct.Struct(">hiqqqhii")
+_LAST_OFFSET_DELTA = struct.Struct(">i")
+_U32 = struct.Struct(">I")
+_VARINT = [varint_bytes(n) for n in range(16384)]
+
+
+class CleanerError(Exception):
+    """A pass that cannot run as configured (e.g. a map too small for one batch)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRef:
+    base_offset: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class CleanRequest:
+    directory: str
+    segments: tuple[SegmentRef, ...]  # closed segments, the log's first up to the first uncleanable
+    end_limit: int  # the first uncleanable offset: base offset of the segment after `segments`
+    first_dirty_offset: int
+    now_ms: int
+    delete_retention_ms: int
+    segment_bytes: int
+    max_index_bytes: int
+    index_interval_bytes: int
+    map_budget_bytes: int
+    map_load_factor: float = 0.9
+    # recopy the clean segments even with nothing dirty, to drop tombstones whose horizon passed
+    sweep: bool = False
+    in_worker_process: bool = False  # run by the compactor in a process of its own
+
+
+@dataclass(slots=True)
+class Group:
+    old_bases: list[int]
+    new_base: int | None  # None: every record of the group was dropped
+
+
+@dataclass(slots=True)
+class CleanOutcome:
+    end_offset: int  # the first offset not cleaned: the next pass's first dirty offset
+    groups: list[Group] = field(default_factory=list)
+    map_full: bool = False  # stopped early because the map was full
+    map_entries: int = 0
+    map_budget_bytes: int = 0
+    records_read: int = 0
+    records_kept: int = 0
+    records_removed: int = 0
+    tombstones_removed: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    batches_copied: int = 0
+    batches_rebuilt: int = 0
+    seconds: float = 0.0
+    map_seconds: float = 0.0
+    peak_rss_bytes: int = 0
+    next_horizon_ms: int | None = None  # the earliest delete horizon of the tombstones kept
+
+
+# ---------------------------------------------------------------------------------------------
+# records
+
+
+class _Batch:
+    """One source batch read during recopying, with its records parsed."""
+
+    __slots__ = ("header", "keep", "keys", "offsets", "raw", "tails", "timestamps", "tombstones")
+
+    def __init__(self, header: BatchHeader, raw: bytes) -> None:
+        self.header = header
+        self.raw = raw
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.tombstones: list[bool] = []
+        self.tails: list[bytes] = []  # each record from its key length to its end
+        self.keep: list[bool] = []
+
+
+def parse_batch(header: BatchHeader, raw: bytes, *, with_tails: bool) -> _Batch:
+    """Parse the records of one non-control batch (raw = the whole batch's bytes)."""
+    batch = _Batch(header, raw)
+    data = batch_records_bytes(raw, header, 0)
+    base_offset = header.base_offset
+    log_append = header.attributes & TIMESTAMP_TYPE_BIT
+    base_ts = header.base_timestamp
+    max_ts = header.max_timestamp
+    rv = read_varint
+    offsets, timestamps, keys, tombstones, tails = batch.offsets, batch.timestamps, batch.keys, batch.tombstones, batch.tails
+    pos = 0
+    for _ in range(header.records_count):
+        length, pos = rv(data, pos)
+        end = pos + length
+        pos += 1  # attributes
+        ts_delta, pos = rv(data, pos)
+        offset_delta, pos = rv(data, pos)
+        tail_start = pos
+        klen, pos = rv(data, pos)
+        if klen < 0:
+            keys.append(None)
+        else:
+            keys.append(bytes(data[pos : pos + klen]))
+            pos += klen
+        vlen, _ = rv(data, pos)
+        tombstones.append(vlen < 0)
+        offsets.append(base_offset + offset_delta)
+        timestamps.append(max_ts if log_append else base_ts + ts_delta)
+        if with_tails:
+            tails.append(bytes(data[tail_start:end]))
+        pos = end
+    if isinstance(data, memoryview):
+        data.release()
+    return batch
+
+
+# ---------------------------------------------------------------------------------------------
+# writing a cleaned segment
+
+
+class _SegmentWriter:
+    """Appends batches to one `.cleaned` segment. The last batch is held back so that, once the
+    group's end is known, its lastOffsetDelta can be raised to cover the group's offsets."""
+
+    def __init__(self, directory: Path, base_offset: int, request: CleanRequest) -> None:
+        self.base_offset = base_offset
+        self.request = request
+        self.segment = LogSegment.create(
+            directory, base_offset, max_index_bytes=request.max_index_bytes, now_ms=request.now_ms,
+            suffix=filenames.CLEANED_SUFFIX,
+        )
+        self.held: bytearray | bytes | None = None
+        self.bytes_written = 0
+
+    def add(self, batch: bytes | bytearray) -> None:
+        if self.held is not None:
+            self._stage(self.held)
+        self.held = batch
+
+    def _stage(self, data: bytes | bytearray) -> None:
+        base, = struct.unpack_from(">q", data, 0)
+        last_delta, = _LAST_OFFSET_DELTA.unpack_from(data, 23)
+        max_ts, = struct.unpack_from(">q", data, 35)
+        self.segment.stage(
+            AppendBatch(data, base, base + last_delta, max_ts, len(data)), self.request.index_interval_bytes
+        )
+        self.bytes_written += len(data)
+        if self.segment._staged_bytes >= 4 * 1024 * 1024:
+            self.segment.write_staged()
+            crash_point("clean.mid_recopy")
+
+    def finish(self, end_offset: int) -> None:
+        """Raise the held batch's last offset to end_offset - 1, write it, fsync all three files."""
+        assert self.held is not None
+        data = bytearray(self.held)
+        base, = struct.unpack_from(">q", data, 0)
+        last_delta, = _LAST_OFFSET_DELTA.unpack_from(data, 23)
+        if base + last_delta < end_offset - 1:
+            _LAST_OFFSET_DELTA.pack_into(data, 23, end_offset - 1 - base)
+            _U32.pack_into(data, 17, crc32c(memoryview(data)[21:]))
+        self._stage(data)
+        self.held = None
+        segment = self.segment
+        segment.close_for_append()
+        for path in (segment.log_path, segment._offset_index.path, segment._time_index.path):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        segment.close()
+
+    def abandon(self) -> None:
+        self.segment.close()
+        self.segment.delete_files()
+
+
+class _Rebuilder:
+    """Collects survivors of thinned batches and encodes them into new batches."""
+
+    def __init__(self, writer_add, now_ms: int, delete_retention_ms: int, outcome: CleanOutcome) -> None:
+        self.add = writer_add
+        self.now_ms = now_ms
+        self.delete_retention_ms = delete_retention_ms
+        self.outcome = outcome
+        self.key: tuple | None = None
+        self.records: list[tuple[int, int, bytes]] = []  # (offset, timestamp, tail)
+        self.has_tombstone = False
+        self.pending_bytes = 0
+        self.horizon: int | None = None
+        self.producer: tuple[int, int, int] = (NO_PRODUCER_ID, -1, -1)
+        self.override_last: int | None = None
+        self.attributes = 0
+        self.max_ts_override: int | None = None
+
+    def take(self, batch: _Batch, indices: list[int]) -> None:
+        h = batch.header
+        codec = h.attributes & COMPRESSION_MASK
+        log_append = bool(h.attributes & TIMESTAMP_TYPE_BIT)
+        horizon = h.base_timestamp if h.attributes & DELETE_HORIZON_BIT else None
+        producer = h.producer_id != NO_PRODUCER_ID
+        key = (codec, log_append, h.max_timestamp if log_append else None, horizon, h.attributes & 0x10)
+        if producer or key != self.key or self.pending_bytes >= REBUILT_BATCH_BYTES:
+            self.flush()
+        self.key = key
+        self.attributes = h.attributes & (COMPRESSION_MASK | TIMESTAMP_TYPE_BIT | 0x10)
+        self.horizon = horizon
+        self.max_ts_override = h.max_timestamp if log_append else None
+        for i in indices:
+            tail = batch.tails[i]
+            self.records.append((batch.offsets[i], batch.timestamps[i], tail))
+            self.pending_bytes += len(tail) + 8
+            if batch.tombstones[i]:
+                self.has_tombstone = True
+        if producer:
+            # a producer's batch keeps its identity and its last offset (its sequence numbers)
+            self.producer = (h.producer_id, h.producer_epoch, h.base_sequence)
+            self.override_last = h.last_offset
+            self.flush()
+
+    def flush(self) -> None:
+        records = self.records
+        if not records:
+            self._reset()
+            return
+        attributes = self.attributes
+        base_offset = records[0][0]
+        if self.has_tombstone:
+            horizon = self.horizon if self.horizon is not None else self.now_ms + self.delete_retention_ms
+            base_ts = horizon
+            attributes |= DELETE_HORIZON_BIT
+            _note_horizon(self.outcome, horizon)
+        else:
+            base_ts = min(r[1] for r in records)
+        max_ts = self.max_ts_override if self.max_ts_override is not None else max(r[1] for r in records)
+        body = bytearray()
+        V = _VARINT
+        small = len(V)
+        vb = varint_bytes
+        for offset, ts, tail in records:
+            td = ts - base_ts
+            od = offset - base_offset
+            rec = bytearray(b"\x00")
+            rec += V[td] if 0 <= td < small else vb(td)
+            rec += V[od] if od < small else vb(od)
+            rec += tail
+            n = len(rec)
+            body += V[n] if n < small else vb(n)
+            body += rec
+        codec = attributes & COMPRESSION_MASK
+        payload = compression.compress(codec, body) if codec else body
+        last_offset = self.override_last if self.override_last is not None else records[-1][0]
+        out = bytearray(HEADER_SIZE)
+        out += payload
+        _HEADER_BEFORE_CRC.pack_into(out, 0, base_offset, len(out) - LOG_OVERHEAD, 0, MAGIC_V2)
+        pid, epoch, seq = self.producer
+        _HEADER_AFTER_CRC.pack_into(
+            out, 21, attributes, last_offset - base_offset, base_ts, max_ts, pid, epoch, seq, len(records)
+        )
+        _U32.pack_into(out, 17, crc32c(memoryview(out)[21:]))
+        self.add(out)
+        self.outcome.batches_rebuilt += 1
+        self._reset()
+
+    def _reset(self) -> None:
+        self.records = []
+        self.has_tombstone = False
+        self.pending_bytes = 0
+        self.producer = (NO_PRODUCER_ID, -1, -1)
+        self.override_last = None
+        self.key = None
+
+
+# ---------------------------------------------------------------------------------------------
+# the pass
+
+
+def clean(request: CleanRequest) -> CleanOutcome:
+    """Run one pass (see the module docstring). Writes `.cleaned` segments in the partition's
+    directory; returns which old segments each replaces. On error, removes what it wrote."""
+    started = time.perf_counter()
+    if request.in_worker_process:
+        _die_with_parent()
+    directory = Path(request.directory)
+    segments = request.segments
+    outcome = CleanOutcome(end_offset=request.first_dirty_offset)
+    if not segments or (request.first_dirty_offset >= request.end_limit and not request.sweep):
+        return outcome
+    budget = max(request.map_budget_bytes, MIN_MAP_BYTES)
+    offset_map = OffsetMap(budget, request.map_load_factor)
+    outcome.map_budget_bytes = offset_map.budget_bytes
+    end_offset = _build_map(directory, request, offset_map, outcome)
+    outcome.map_seconds = time.perf_counter() - started
+    outcome.end_offset = end_offset
+    outcome.map_entries = offset_map.size
+    if end_offset <= request.first_dirty_offset and not request.sweep:
+        return outcome
+    groups = _group_segments(segments, end_offset, request)
+    if not groups:
+        return outcome
+    _recopy(directory, groups, request, offset_map, outcome, end_offset)
+    crash_point("clean.after_cleaned")
+    outcome.seconds = time.perf_counter() - started
+    outcome.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return outcome
+
+
+def _next_base(segments: tuple[SegmentRef, ...], i: int, end_limit: int) -> int:
+    return segments[i + 1].base_offset if i + 1 < len(segments) else end_limit
+
+
+def _build_map(directory: Path, request: CleanRequest, offset_map: OffsetMap, outcome: CleanOutcome) -> int:
+    """Put the dirty range's keys in the map; returns the offset the map covers up to."""
+    segments = request.segments
+    first_dirty = request.first_dirty_offset
+    start = 0
+    for i, ref in enumerate(segments):
+        if ref.base_offset <= first_dirty:
+            start = i
+    end_offset = first_dirty
+    keys: list[bytes] = []
+    offsets: list[int] = []
+    chunk_end = first_dirty  # the offset after the last batch in the chunk
+    chunk_records = max(1, min(CHUNK_RECORDS, offset_map.max_entries // 4))
+
+    def put_chunk() -> bool:
+        nonlocal keys, offsets, end_offset
+        if not offset_map.room_for(len(keys)):
+            return False
+        if keys:
+            hi, lo = key_digests(keys)
+            offset_map.put(hi, lo, np.asarray(offsets, dtype=np.int64))
+        end_offset = chunk_end
+        keys, offsets = [], []
+        return True
+
+    for i in range(start, len(segments)):
+        ref = segments[i]
+        path = filenames.log_file(directory, ref.base_offset)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            scanner = BatchScanner(fd, 0, ref.size, with_data=True, check_crc=True)
+            for header, data in scanner:
+                if header.next_offset <= first_dirty:
+                    continue
+                if header.base_offset >= request.end_limit:
+                    break
+                outcome.bytes_read += header.size
+                if not header.attributes & CONTROL_BIT:
+                    batch = parse_batch(header, bytes(data), with_tails=False)
+                    for offset, key in zip(batch.offsets, batch.keys):
+                        if key is not None and offset >= first_dirty:
+                            keys.append(key)
+                            offsets.append(offset)
+                chunk_end = header.next_offset
+                if len(keys) >= chunk_records and not put_chunk():
+                    outcome.map_full = True
+                    break
+            if scanner.error is not None:
+                raise CleanerError(f"{path.name}: {scanner.error} at byte {scanner.error_position}")
+        finally:
+            os.close(fd)
+        if outcome.map_full:
+            break
+        chunk_end = _next_base(segments, i, request.end_limit)
+        if not put_chunk():
+            outcome.map_full = True
+            break
+    if end_offset <= first_dirty and outcome.map_full:
+        raise CleanerError(
+            f"the offset map ({offset_map.budget_bytes} bytes, {offset_map.max_entries} keys) cannot hold one "
+            "chunk of the dirty range: raise log.cleaner.dedupe.buffer.size"
+        )
+    return end_offset
+
+
+def _group_segments(segments: tuple[SegmentRef, ...], end_offset: int, request: CleanRequest) -> list[list[int]]:
+    """Indexes of `segments` to recopy, in groups that fit one segment each."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for i, ref in enumerate(segments):
+        if ref.base_offset >= end_offset:
+            break
+        span_end = _next_base(segments, i, request.end_limit)
+        if current:
+            base = segments[current[0]].base_offset
+            fits = size + ref.size <= request.segment_bytes and span_end - 1 - base <= INT32_MAX
+            if not fits:
+                groups.append(current)
+                current, size = [], 0
+        current.append(i)
+        size += ref.size
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _recopy(
+    directory: Path, groups: list[list[int]], request: CleanRequest, offset_map: OffsetMap, outcome: CleanOutcome,
+    end_offset: int,
+) -> None:
+    segments = request.segments
+    now = request.now_ms
+    written: list[_SegmentWriter] = []
+    writer: _SegmentWriter | None = None  # the last group's segment with output, still open
+    writer_group: Group | None = None
+    writer_end = 0  # the end offset that segment will cover
+    carried: list[int] = []  # old bases of leading groups with no output yet
+
+    try:
+        for group in groups:
+            bases = [segments[i].base_offset for i in group]
+            group_end = _next_base(segments, group[-1], request.end_limit)
+            new_writer: _SegmentWriter | None = None
+            first_base = carried[0] if carried else bases[0]
+
+            def add(batch: bytes | bytearray, first_base: int = first_base) -> None:
+                nonlocal new_writer
+                if new_writer is None:
+                    new_writer = _SegmentWriter(directory, first_base, request)
+                    written.append(new_writer)
+                new_writer.add(batch)
+
+            rebuilder = _Rebuilder(add, now, request.delete_retention_ms, outcome)
+            for i in group:
+                _recopy_segment(directory, segments[i], request, offset_map, rebuilder, add, outcome, end_offset)
+            rebuilder.flush()
+            if new_writer is None:
+                if writer is not None and writer_group is not None:
+                    writer_group.old_bases.extend(bases)  # the previous new segment covers them
+                    writer_end = group_end
+                else:
+                    carried.extend(bases)
+                continue
+            if writer is not None:
+                writer.finish(writer_end)
+            writer = new_writer
+            writer_group = Group(carried + bases, first_base)
+            outcome.groups.append(writer_group)
+            carried = []
+            writer_end = group_end
+        if writer is not None:
+            writer.finish(writer_end)
+        if carried:
+            outcome.groups.append(Group(carried, None))
+        outcome.bytes_written = sum(w.bytes_written for w in written)
+    except BaseException:
+        for w in written:
+            try:
+                w.abandon()
+            except OSError:
+                pass
+        raise
+
+
+def _recopy_segment(
+    directory: Path,
+    ref: SegmentRef,
+    request: CleanRequest,
+    offset_map: OffsetMap,
+    rebuilder: _Rebuilder,
+    add,
+    outcome: CleanOutcome,
+    end_offset: int,
+) -> None:
+    """Recopy one old segment. Batches at or past `end_offset` (the part of the last segment the
+    map did not reach) are copied as they are: the next pass cleans them."""
+    path = filenames.log_file(directory, ref.base_offset)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        scanner = BatchScanner(fd, 0, ref.size, with_data=True, check_crc=True)
+        chunk: list[_Batch] = []
+        chunk_records = 0
+        for header, data in scanner:
+            outcome.bytes_read += header.size
+            raw = bytes(data)
+            if header.attributes & CONTROL_BIT or header.base_offset >= end_offset:
+                _decide(chunk, offset_map, request.now_ms, rebuilder, add, outcome)
+                chunk, chunk_records = [], 0
+                rebuilder.flush()
+                add(raw)
+                outcome.batches_copied += 1
+                continue
+            batch = parse_batch(header, raw, with_tails=True)
+            chunk.append(batch)
+            chunk_records += header.records_count
+            if chunk_records >= CHUNK_RECORDS:
+                _decide(chunk, offset_map, request.now_ms, rebuilder, add, outcome)
+                chunk, chunk_records = [], 0
+        if scanner.error is not None:
+            raise CleanerError(f"{path.name}: {scanner.error} at byte {scanner.error_position}")
+        _decide(chunk, offset_map, request.now_ms, rebuilder, add, outcome)
+    finally:
+        os.close(fd)
+
+
+def _decide(chunk: list[_Batch], offset_map: OffsetMap, now_ms: int, rebuilder: _Rebuilder, add, outcome: CleanOutcome) -> None:
+    """Which records of these batches survive, and write them (whole batches or survivors)."""
+    if not chunk:
+        return
+    keys: list[bytes] = []
+    for batch in chunk:
+        keys.extend(k for k in batch.keys if k is not None)
+    latest = offset_map.get(*key_digests(keys)).tolist() if keys else []
+    j = 0
+    for batch in chunk:
+        h = batch.header
+        horizon_passed = bool(h.attributes & DELETE_HORIZON_BIT) and now_ms >= h.base_timestamp
+        keep_idx: list[int] = []
+        tombstones = False
+        for i, key in enumerate(batch.keys):
+            offset = batch.offsets[i]
+            if key is not None:
+                newer = latest[j] > offset
+                j += 1
+                if newer:
+                    continue
+            if batch.tombstones[i]:
+                if horizon_passed:
+                    outcome.tombstones_removed += 1
+                    continue
+                tombstones = True
+            keep_idx.append(i)
+        n = len(batch.keys)
+        outcome.records_read += n
+        outcome.records_kept += len(keep_idx)
+        outcome.records_removed += n - len(keep_idx)
+        if len(keep_idx) == n and (not tombstones or h.attributes & DELETE_HORIZON_BIT):
+            if tombstones:
+                _note_horizon(outcome, h.base_timestamp)
+            rebuilder.flush()
+            add(batch.raw)
+            outcome.batches_copied += 1
+        elif keep_idx:
+            rebuilder.take(batch, keep_idx)
+
+
+def _note_horizon(outcome: CleanOutcome, horizon: int) -> None:
+    if outcome.next_horizon_ms is None or horizon < outcome.next_horizon_ms:
+        outcome.next_horizon_ms = horizon
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker process when the server dies, so that a pass never
+    outlives the server and writes .cleaned files after the next start's recovery."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
