@@ -1,7 +1,8 @@
 """Background workers over the engine: the retention deleter and the key-based compactor.
 
-Each will be a pure one-pass function over a partition plus a thin loop that schedules it. The
-engine already provides what they need: PartitionLog.delete_segments (retention) and
-PartitionLog.replace_segments with LogSegment.create(..., suffix=".cleaned") (compaction), whose
-crash recovery is in engine/recovery.py. Coming with the workers issue.
+    retention.py   which old segments of a partition go (a pure planner) and one pass
+    offset_map.py  the compactor's fixed-size key -> offset map (numpy, open addressing)
+    cleaner.py     one compaction pass over a partition's files (runs in a worker process)
+    compactor.py   dirty ratios, and swapping a pass's segments into the live log
+    manager.py     the two loops the app's lifespan starts, on-demand passes, figures
 """
