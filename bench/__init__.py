@@ -4,7 +4,10 @@ limit in the same run (see bench/README.md). Run with `make bench` or `python -m
 Modules: harness (context, machine facts, dd, reports), data (pre-encoded batches), and one
 module per benchmark: append, read, lookup, restart (the engine in-process); http_produce,
 http_raw, http_fetch (the HTTP API: `eventlog serve` as a subprocess, next to redis-server and
-nats-server, with servers.py starting and stopping them).
+nats-server, with servers.py starting and stopping them); compaction (workers.cleaner's pass in a
+fresh process, and produce latency of a real server while a pass runs).
 """
 
-BENCHMARKS = ("append", "read", "lookup", "restart", "http_produce", "http_raw", "http_fetch")
+BENCHMARKS = (
+    "append", "read", "lookup", "restart", "http_produce", "http_raw", "http_fetch", "compaction",
+)

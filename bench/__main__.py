@@ -49,6 +49,7 @@ SPACE_GB = {
     "http_produce": (3, 1),
     "http_raw": (4, 1.5),
     "http_fetch": (1, 0.5),
+    "compaction": (2, 0.5),
 }
 
 
