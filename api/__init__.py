@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from . import admin, groups, health, offsets, records, topics
+from . import admin, groups, health, offsets, records, snapshots, topics
 from .errors import PROBLEM_JSON, install_error_handlers
 from .schemas import ProduceRequest
 
@@ -26,6 +26,7 @@ def install_routes(app: FastAPI) -> None:
     app.include_router(offsets.router)
     app.include_router(groups.router)
     app.include_router(admin.router)
+    app.include_router(snapshots.router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

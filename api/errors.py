@@ -40,6 +40,7 @@ class ApiError(Exception):
 
 # engine class -> (status, code); looked up along the exception's MRO, so subclasses win
 ENGINE_ERRORS: dict[type[e.EngineError], tuple[int, str]] = {
+    e.SnapshotNotFoundError: (404, "snapshot_not_found"),
     e.TopicNotFoundError: (404, "topic_not_found"),
     e.PartitionNotFoundError: (404, "partition_not_found"),
     e.NotFoundError: (404, "not_found"),

@@ -247,3 +247,29 @@ class CompactionRun(BaseModel):
     bytes_reclaimed: int
     records_removed: int
     partitions: list[CompactionPartition] = Field(description="every compacted partition looked at")
+
+
+class SnapshotRequest(BaseModel):
+    topics: list[str] | None = Field(None, description="topics to include; default: every user topic")
+    model_config = ConfigDict(extra="forbid")
+
+
+class SnapshotPartition(BaseModel):
+    topic: str
+    partition: int
+    log_start_offset: int
+    high_watermark: int = Field(description="the snapshot holds the offsets below it")
+    segments: int
+    size_bytes: int
+
+
+class Snapshot(BaseModel):
+    id: str
+    path: str = Field(description="the snapshot's directory: manifest.json and one directory per partition")
+    created_at: str = Field(description="ISO 8601, UTC")
+    topics: list[str]
+    partitions: list[SnapshotPartition]
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[Snapshot]

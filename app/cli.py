@@ -164,6 +164,24 @@ def import_kafka(
 
 
 @cli.command()
+def snapshot(
+    topics: Optional[str] = typer.Option(None, "--topics", help="comma-separated topics (default: every user topic)"),
+    url: Optional[str] = typer.Option(
+        None, "--url", envvar="EVENTLOG_URL", help="a running server, e.g. http://127.0.0.1:8080 [env EVENTLOG_URL]"
+    ),
+    token: Optional[str] = typer.Option(None, "--token", envvar="EVENTLOG_TOKEN", help="bearer token for --url"),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="without --url: a data dir no server is using"),
+) -> None:
+    """Take a consistent snapshot (hard links + manifest.json) for Spark or a backup."""
+    from .snapshot import run_snapshot
+
+    settings = _settings(data_dir=data_dir)
+    _configure_logging("warning")
+    wanted = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
+    raise typer.Exit(run_snapshot(settings, wanted, url=url, token=token))
+
+
+@cli.command()
 def version() -> None:
     """Print the version."""
     from .main import __version__

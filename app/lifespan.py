@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from api.observability import Metrics
 from engine.errors import EngineError
+from engine import snapshots
 from engine.log_manager import open_engine
 from workers.manager import Workers
 
@@ -30,6 +31,9 @@ def make_lifespan(settings: Settings, metrics: Metrics):
             async with open_engine(settings.engine_config()) as engine, anyio.create_task_group() as tg:
                 app.state.engine = engine
                 app.state.loop = asyncio.get_running_loop()
+                removed = await anyio.to_thread.run_sync(snapshots.remove_unfinished, settings.snapshot_root)
+                if removed:
+                    logger.info("removed unfinished snapshots: %s", ", ".join(removed))
                 workers = Workers(engine, settings.worker_settings())
                 app.state.workers = workers
                 metrics.attach(engine, workers)

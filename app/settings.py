@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     access_log: bool = Field(True, description="one JSON line per request on the eventlog.access logger")
     auth_file: Path | None = Field(None, description="JSON file of bearer tokens, roles and topic prefixes; unset: no auth")
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest request body accepted")
+    snapshot_dir: Path | None = Field(
+        None, description="where snapshots go [default: <data dir>/snapshots]; on the log dirs' filesystem, "
+        "snapshots hard-link segments, elsewhere they copy them"
+    )
     retention_check_interval_ms: int = Field(
         300_000, ge=100, description="log.retention.check.interval.ms: how often the retention deleter runs"
     )
@@ -75,6 +79,10 @@ class Settings(BaseSettings):
                 f"({config.max_message_bytes}); batches between the two sizes could never be stored"
             )
         return self
+
+    @property
+    def snapshot_root(self) -> Path:
+        return self.snapshot_dir or self.effective_log_dirs[0] / "snapshots"
 
     @property
     def effective_log_dirs(self) -> tuple[Path, ...]:

@@ -56,6 +56,12 @@ class PartitionNotFoundError(NotFoundError):
         self.partitions = partitions
 
 
+class SnapshotNotFoundError(NotFoundError):
+    def __init__(self, snapshot_id: str) -> None:
+        super().__init__(f"snapshot {snapshot_id!r} not found")
+        self.snapshot_id = snapshot_id
+
+
 class TopicExistsError(EngineError):
     """Raised when creating a topic whose name is taken."""
 

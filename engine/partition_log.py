@@ -206,6 +206,9 @@ class PartitionLog:
         self._failed: StorageError | None = None
         self._schedule_delete = schedule_delete or _delete_now
         self.stopped = anyio.Event()
+        # held while segment files are renamed away (retention, compaction) or linked into a
+        # snapshot, so a snapshot never links a file that is leaving; appends never take it
+        self.files_lock = anyio.Lock()
         self.view = LogView.build(self._segments, self._log_start_offset, self._next_offset, active.size)
 
     @property
@@ -516,7 +519,8 @@ class PartitionLog:
                 await log._on_log_start_change(log)
             return sum(s.size for s in doomed)
 
-        return await self.call_in_writer(do, after)
+        async with self.files_lock:
+            return await self.call_in_writer(do, after)
 
     async def replace_segments(self, new_segments: Sequence[LogSegment], old_segments: Sequence[LogSegment]) -> None:
         """Swap compacted segments in for the closed ones they were built from.
@@ -557,7 +561,8 @@ class PartitionLog:
         async def after(log: PartitionLog, _result: None) -> None:
             log._schedule_delete(log, list(old_segments))
 
-        await self.call_in_writer(do, after)
+        async with self.files_lock:
+            await self.call_in_writer(do, after)
 
     # -- reads (any task) ---------------------------------------------------------------------
 

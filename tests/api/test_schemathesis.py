@@ -41,6 +41,7 @@ OPERATIONS = [
     "listOffsets", "deleteRecords", "listSegments",
     "commitGroupOffsets", "fetchGroupOffsets", "deleteGroupOffsets", "listGroups",
     "runRetention", "runCompaction",
+    "createSnapshot", "listSnapshots", "describeSnapshot", "deleteSnapshot",
     "deleteTopic",
 ]
 # Not generated: streamRecords (server-sent events) never ends while the client listens, so no

@@ -55,6 +55,12 @@ OPERATIONS = {
         "deleteRecords": "delete_records",
         "listSegments": "list_segments",
     },
+    "snapshots": {
+        "createSnapshot": "create_snapshot",
+        "listSnapshots": "list_snapshots",
+        "describeSnapshot": "describe_snapshot",
+        "deleteSnapshot": "delete_snapshot",
+    },
     "admin": {
         "runRetention": "run_retention",
         "runCompaction": "run_compaction",

@@ -1,0 +1,86 @@
+"""`eventlog snapshot`: ask the running server for a snapshot, or take one of a stopped data dir."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import anyio
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from engine import snapshots
+from engine.errors import EngineError
+from engine.log_manager import open_engine
+from engine.metadata import INTERNAL_TOPICS
+
+from .settings import Settings
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def run_snapshot(settings: Settings, topics: list[str] | None, *, url: str | None, token: str | None) -> int:
+    """With `url`, POST /v1/snapshots to the server there; without, open the data dir (which
+    must not be in use by a server: the data dir's lock says so) and snapshot it directly."""
+    try:
+        if url is not None:
+            summary = _remote(url, topics, token)
+        else:
+            summary = anyio.run(_local, settings, topics)
+    except EngineError as exc:
+        err.print(f"[red]snapshot failed:[/red] {escape(str(exc))}")
+        return 1
+    except _RemoteError as exc:
+        err.print(f"[red]snapshot failed:[/red] {escape(str(exc))}")
+        return 1
+    table = Table("topic", "partition", "offsets", "segments", "bytes", title=f"snapshot {summary['id']}")
+    for p in summary["partitions"]:
+        table.add_row(
+            p["topic"], str(p["partition"]), f"{p['log_start_offset']}..{p['high_watermark']}",
+            str(p["segments"]), str(p["size_bytes"]),
+        )
+    out.print(table)
+    out.print(summary["path"])
+    return 0
+
+
+class _RemoteError(Exception):
+    pass
+
+
+def _remote(url: str, topics: list[str] | None, token: str | None) -> dict:
+    body = json.dumps({"topics": topics} if topics is not None else {}).encode()
+    request = urllib.request.Request(f"{url.rstrip('/')}/v1/snapshots", data=body, method="POST")
+    request.add_header("content-type", "application/json")
+    if token:
+        request.add_header("authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read()).get("detail", exc.reason)
+        except ValueError:
+            detail = exc.reason
+        raise _RemoteError(f"{exc.code}: {detail}") from None
+    except urllib.error.URLError as exc:
+        raise _RemoteError(f"cannot reach {url}: {exc.reason} (without --url, a stopped data dir is snapshotted)") from None
+
+
+async def _local(settings: Settings, topics: list[str] | None) -> dict:
+    root = settings.snapshot_root
+    async with open_engine(settings.engine_config()) as engine:
+        names = topics if topics is not None else sorted(n for n in engine.topics if n not in INTERNAL_TOPICS)
+        infos = []
+        for name in dict.fromkeys(names):
+            state = engine.topic(name)
+            infos.append(
+                snapshots.TopicInfo(
+                    name, state.meta.topic_id, state.meta.internal, state.config.to_kafka(), list(state.partitions)
+                )
+            )
+        manifest = await snapshots.take_snapshot(root, infos, engine.clock())
+    return snapshots.summary(manifest, root)

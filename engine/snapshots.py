@@ -1,0 +1,296 @@
+"""Point-in-time snapshots of partitions: hard links of closed segments, a copy of the active
+segment's durable prefix, and a manifest.json that says what the snapshot holds.
+
+    <root>/<id>/manifest.json
+    <root>/<id>/<topic>-<partition>/<base>.log, .index, .timeindex
+
+A snapshot of a partition is taken from one LogView (the published segment list, log start
+offset and high watermark), captured while the partition's files lock is held, so that no
+retention or compaction swap renames a segment between the capture and the links:
+
+1. Under PartitionLog.files_lock: capture the view; hard-link each closed segment's three files
+   (copy them if the snapshot root is on another filesystem); open the active segment.
+2. Outside the lock: copy the active segment's first `active_end` bytes (everything below the
+   high watermark, all of it durable) with copy_file_range, and build its indexes with the
+   same placement rule as the writer.
+3. fsync the files and directories, then write manifest.json (temp file, fsync, rename): a
+   snapshot directory without a manifest is an unfinished one, removed by `list_snapshots`'
+   caller or at the next start.
+
+Closed segments never change in place, so a link is as good as a copy: records compacted or
+deleted after the snapshot stay in it, records written after it never show. Cost grows with
+the number of segments (three links each), not with bytes, except for the active segment's
+prefix. Producers never wait: the lock is only the one retention and compaction take to swap
+segments, and appends do not take it.
+
+Manifest (format_version 1; analytics/ reads it):
+    {"format_version": 1, "snapshot_id", "created_at" (ISO 8601 UTC), "created_ms",
+     "topics": [{"name", "topic_id", "internal", "cleanup_policy", "configs": {kafka name: str},
+       "partitions": [{"partition", "dir", "log_start_offset", "high_watermark",
+         "segments": [{"file", "base_offset", "last_offset", "size_bytes", "index_file",
+                       "time_index_file", "copied"}]}]}]}
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import errno
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+
+from . import filenames
+from .errors import SnapshotNotFoundError
+from .fileutil import fsync_dir
+from .index_builder import IndexBuilder
+from .partition_log import PartitionLog
+from .scan import scan_headers
+from .segments import LogView
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_ID_RE = re.compile(r"^\d{8}T\d{9}Z-[0-9a-f]{6}$")
+
+
+def new_snapshot_id(now_ms: int) -> str:
+    stamp = dt.datetime.fromtimestamp(now_ms / 1000, dt.UTC)
+    return f"{stamp:%Y%m%dT%H%M%S}{now_ms % 1000:03d}Z-{secrets.token_hex(3)}"
+
+
+def iso_ms(now_ms: int) -> str:
+    stamp = dt.datetime.fromtimestamp(now_ms / 1000, dt.UTC)
+    return f"{stamp:%Y-%m-%dT%H:%M:%S}.{now_ms % 1000:03d}Z"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """What the manifest says of a topic (the caller reads it off the log manager)."""
+
+    name: str
+    topic_id: str
+    internal: bool
+    configs: dict[str, str]
+    partitions: Sequence[PartitionLog]
+
+
+async def take_snapshot(root: Path, topics: Sequence[TopicInfo], now_ms: int) -> dict[str, Any]:
+    """Snapshot `topics` under `root`; returns the manifest."""
+    snapshot_id = new_snapshot_id(now_ms)
+    target = root / snapshot_id
+    await anyio.to_thread.run_sync(_make_dirs, root, target)
+    try:
+        manifest_topics = []
+        for topic in topics:
+            parts = []
+            for log in topic.partitions:
+                parts.append(await _snapshot_partition(log, target))
+            configs = topic.configs
+            manifest_topics.append({
+                "name": topic.name,
+                "topic_id": topic.topic_id,
+                "internal": topic.internal,
+                "cleanup_policy": configs.get("cleanup.policy", "delete"),
+                "configs": configs,
+                "partitions": parts,
+            })
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "snapshot_id": snapshot_id,
+            "created_at": iso_ms(now_ms),
+            "created_ms": now_ms,
+            "topics": manifest_topics,
+        }
+        await anyio.to_thread.run_sync(_write_manifest, target, manifest)
+        return manifest
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(shutil.rmtree, target, True)
+        raise
+
+
+def _make_dirs(root: Path, target: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    target.mkdir()
+    fsync_dir(root)
+
+
+async def _snapshot_partition(log: PartitionLog, target: Path) -> dict[str, Any]:
+    directory = target / filenames.partition_dir_name(log.topic, log.partition)
+    async with log.files_lock:
+        view = log.view
+        closed = await anyio.to_thread.run_sync(_link_closed, view, directory)
+        active = view.active
+        handle = active.open_handle() if view.active_end else None
+    entries = closed
+    if handle is not None:
+        entry = await anyio.to_thread.run_sync(
+            _copy_active, handle, active.base_offset, view.active_end, directory, log.config
+        )
+        entries.append(entry)
+    await anyio.to_thread.run_sync(fsync_dir, directory)
+    return {
+        "partition": log.partition,
+        "dir": directory.name,
+        "log_start_offset": view.log_start_offset,
+        "high_watermark": view.high_watermark,
+        "segments": entries,
+    }
+
+
+def _segment_entry(base: int, last_offset: int, size: int, copied: bool) -> dict[str, Any]:
+    return {
+        "file": filenames.log_file(Path(), base).name,
+        "base_offset": base,
+        "last_offset": last_offset,
+        "size_bytes": size,
+        "index_file": filenames.index_file(Path(), base).name,
+        "time_index_file": filenames.time_index_file(Path(), base).name,
+        "copied": copied,
+    }
+
+
+def _link_or_copy(source: Path, dest: Path) -> bool:
+    """Hard-link; copy when the snapshot root is on another filesystem. True if copied."""
+    try:
+        os.link(source, dest)
+        return False
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise
+    shutil.copyfile(source, dest)
+    with open(dest, "rb") as f:
+        os.fsync(f.fileno())
+    return True
+
+
+def _link_closed(view: LogView, directory: Path) -> list[dict[str, Any]]:
+    directory.mkdir()
+    entries = []
+    for segment in view.segments[:-1]:
+        if segment.size == 0:
+            continue
+        # a closed segment's indexes are verified (and rebuilt if damaged) before linking
+        segment.offset_index  # noqa: B018
+        copied = False
+        for source in (segment.log_path, segment.offset_index.path, segment.time_index.path):
+            copied |= _link_or_copy(source, directory / source.name.removesuffix(segment.suffix))
+        entries.append(_segment_entry(segment.base_offset, segment.next_offset - 1, segment.size, copied))
+    return entries
+
+
+def _copy_active(handle, base: int, size: int, directory: Path, config) -> dict[str, Any]:
+    log_path, index_path, time_path = filenames.segment_files(directory, base)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        copied = 0
+        while copied < size:
+            n = os.copy_file_range(handle.fd, fd, size - copied, copied, copied)
+            if n == 0:
+                raise OSError(errno.EIO, f"short copy of the active segment at {copied} of {size} bytes")
+            copied += n
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    builder = IndexBuilder(base, config.index_interval_bytes, config.segment_index_bytes)
+    last_offset = base - 1
+    read_fd = os.open(log_path, os.O_RDONLY)
+    try:
+        for header in scan_headers(read_fd, 0, size):
+            builder.add(header.last_offset, header.position, header.size, header.max_timestamp)
+            last_offset = header.last_offset
+    finally:
+        os.close(read_fd)
+    offset_index, time_index = builder.write_closed(index_path, time_path, config.segment_index_bytes)
+    offset_index.release()
+    time_index.release()
+    return _segment_entry(base, last_offset, size, True)
+
+
+def _write_manifest(target: Path, manifest: dict[str, Any]) -> None:
+    tmp = target / (MANIFEST + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target / MANIFEST)
+    fsync_dir(target)
+
+
+# -- listing and deleting ---------------------------------------------------------------------
+
+
+def read_manifest(root: Path, snapshot_id: str) -> dict[str, Any]:
+    if not _ID_RE.match(snapshot_id):
+        raise SnapshotNotFoundError(snapshot_id)
+    try:
+        return orjson.loads((root / snapshot_id / MANIFEST).read_bytes())
+    except FileNotFoundError:
+        raise SnapshotNotFoundError(snapshot_id) from None
+
+
+def list_snapshots(root: Path) -> list[dict[str, Any]]:
+    """Manifests of finished snapshots, oldest first."""
+    if not root.is_dir():
+        return []
+    out = []
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.is_dir() and _ID_RE.match(entry.name):
+            try:
+                out.append(orjson.loads(Path(entry.path, MANIFEST).read_bytes()))
+            except FileNotFoundError:
+                continue  # being written, or left by a crash (remove_unfinished)
+    return out
+
+
+def delete_snapshot(root: Path, snapshot_id: str) -> None:
+    """Remove the snapshot's directory: its own links and copies; the live files keep theirs."""
+    read_manifest(root, snapshot_id)
+    target = root / snapshot_id
+    os.replace(target, root / f".{snapshot_id}.deleting")
+    fsync_dir(root)
+    shutil.rmtree(root / f".{snapshot_id}.deleting")
+
+
+def remove_unfinished(root: Path) -> list[str]:
+    """At start-up: snapshot dirs without a manifest, and half-deleted ones, go."""
+    removed = []
+    if not root.is_dir():
+        return removed
+    for entry in os.scandir(root):
+        if not entry.is_dir():
+            continue
+        unfinished = _ID_RE.match(entry.name) and not Path(entry.path, MANIFEST).exists()
+        if unfinished or entry.name.endswith(".deleting"):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.name)
+    return removed
+
+
+def summary(manifest: dict[str, Any], root: Path) -> dict[str, Any]:
+    """The API's view of a manifest: per-partition totals instead of segment lists."""
+    partitions = []
+    for topic in manifest["topics"]:
+        for part in topic["partitions"]:
+            partitions.append({
+                "topic": topic["name"],
+                "partition": part["partition"],
+                "log_start_offset": part["log_start_offset"],
+                "high_watermark": part["high_watermark"],
+                "segments": len(part["segments"]),
+                "size_bytes": sum(s["size_bytes"] for s in part["segments"]),
+            })
+    return {
+        "id": manifest["snapshot_id"],
+        "path": str(root / manifest["snapshot_id"]),
+        "created_at": manifest["created_at"],
+        "topics": [t["name"] for t in manifest["topics"]],
+        "partitions": partitions,
+    }
