@@ -54,6 +54,7 @@ ENGINE_ERRORS: dict[type[e.EngineError], tuple[int, str]] = {
     e.InvalidRequestError: (400, "invalid_request"),
     e.OffsetOutOfRangeError: (416, "offset_out_of_range"),
     e.LogClosedError: (503, "unavailable"),
+    e.CompactionFailedError: (500, "compaction_failed"),
     e.StorageError: (500, "storage_error"),
     e.DataDirError: (500, "storage_error"),
     e.EngineError: (500, "internal_error"),

@@ -56,6 +56,16 @@ class PartitionNotFoundError(NotFoundError):
         self.partitions = partitions
 
 
+class CompactionFailedError(EngineError):
+    """Raised when a compaction pass fails on the server's side (its worker process died, a
+    segment it read was corrupt); the pass's files are removed and the log is unchanged."""
+
+    def __init__(self, partition: str, reason: str) -> None:
+        super().__init__(f"compaction of {partition} failed: {reason}")
+        self.partition = partition
+        self.reason = reason
+
+
 class SnapshotNotFoundError(NotFoundError):
     def __init__(self, snapshot_id: str) -> None:
         super().__init__(f"snapshot {snapshot_id!r} not found")

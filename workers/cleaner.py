@@ -102,6 +102,7 @@ class CleanRequest:
     # recopy the clean segments even with nothing dirty, to drop tombstones whose horizon passed
     sweep: bool = False
     in_worker_process: bool = False  # run by the compactor in a process of its own
+    server_pid: int = 0  # that process's parent
 
 
 @dataclass(slots=True)
@@ -353,7 +354,7 @@ def clean(request: CleanRequest) -> CleanOutcome:
     directory; returns which old segments each replaces. On error, removes what it wrote."""
     started = time.perf_counter()
     if request.in_worker_process:
-        _die_with_parent()
+        _die_with_parent(request.server_pid)
     directory = Path(request.directory)
     segments = request.segments
     outcome = CleanOutcome(end_offset=request.first_dirty_offset)
@@ -614,13 +615,15 @@ def _note_horizon(outcome: CleanOutcome, horizon: int) -> None:
         outcome.next_horizon_ms = horizon
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(server_pid: int) -> None:
     """Ask Linux to SIGKILL this worker process when the server dies, so that a pass never
-    outlives the server and writes .cleaned files after the next start's recovery."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    outlives the server and writes .cleaned files after the next start's recovery. If the
+    server died before the request was made, exit at once."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if server_pid and os.getppid() != server_pid:
+        os._exit(1)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -28,6 +29,7 @@ import anyio.to_process
 
 from engine import filenames
 from engine.config import LONG_MAX
+from engine.errors import CompactionFailedError, EngineError
 from engine.format import NO_TIMESTAMP
 from engine.partition_log import PartitionLog
 from engine.segment import LogSegment
@@ -168,14 +170,16 @@ async def compact_partition(
     request = build_request(log, view, stats, now, map_budget_bytes, sweep=sweep)
     try:
         if run_in == "process":
-            request = dataclasses.replace(request, in_worker_process=True)
+            request = dataclasses.replace(request, in_worker_process=True, server_pid=os.getpid())
             outcome: CleanOutcome = await anyio.to_process.run_sync(clean, request, cancellable=True)
         else:
             outcome = await anyio.to_thread.run_sync(clean, request, abandon_on_cancel=False)
-    except BaseException:
+    except BaseException as exc:
         # a failed or cancelled pass (its process killed): remove what it wrote
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(_remove_all_cleaned, log)
+        if isinstance(exc, Exception) and not isinstance(exc, EngineError):
+            raise CompactionFailedError(log.name, f"{type(exc).__name__}: {exc}") from exc
         raise
     result.outcome = asdict(outcome)
     result.map_full = outcome.map_full
