@@ -182,6 +182,24 @@ def snapshot(
 
 
 @cli.command()
+def nightly(
+    snapshot: Path = typer.Option(
+        ..., "--snapshot", exists=True, file_okay=False,
+        help="a snapshot directory (with manifest.json), or a directory of snapshots: the newest is read",
+    ),
+    out: Path = typer.Option(..., "--out", help="output directory: Parquet tables and daily counts"),
+    topics: Optional[str] = typer.Option(None, "--topics", help="comma-separated topics (default: every user topic)"),
+    master: str = typer.Option("local[2]", "--master", help="Spark master for the local session"),
+    memory: str = typer.Option("1g", "--driver-memory", help="Spark driver memory"),
+) -> None:
+    """Run the nightly Spark job over a snapshot: table views of compacted topics, daily counts."""
+    from .nightly import run_nightly_cli
+
+    wanted = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
+    raise typer.Exit(run_nightly_cli(snapshot, out, wanted, master=master, memory=memory))
+
+
+@cli.command()
 def version() -> None:
     """Print the version."""
     from .main import __version__

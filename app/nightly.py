@@ -1,0 +1,52 @@
+"""`eventlog nightly`: the nightly Spark job on a local session, with a progress display."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def run_nightly_cli(snapshot: Path, target: Path, topics: list[str] | None, *, master: str, memory: str) -> int:
+    from analytics.nightly import resolve_snapshot, run_nightly, snapshot_topics
+    from analytics.session import local_session
+
+    try:
+        snapshot = resolve_snapshot(snapshot)
+    except FileNotFoundError as exc:
+        err.print(f"[red]{escape(str(exc))}[/red]")
+        return 2
+
+    try:
+        snapshot_topics(snapshot, topics)
+    except ValueError as exc:
+        err.print(f"[red]{escape(str(exc))}[/red]")
+        return 2
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=False) as progress:
+        current = progress.add_task("starting Spark", total=None)
+        spark = local_session("eventlog-nightly", master=master, memory=memory)
+
+        def step(description: str) -> None:
+            nonlocal current
+            progress.update(current, completed=1, total=1)
+            current = progress.add_task(description, total=None)
+
+        try:
+            result = run_nightly(spark, snapshot, target, topics=topics, step=step)
+        finally:
+            progress.update(current, completed=1, total=1)
+            spark.stop()
+    table = Table("topic", "compacted", "table rows", "output", title=f"nightly: snapshot {result.snapshot_id}")
+    for t in result.topics:
+        table.add_row(t.topic, "yes" if t.compacted else "no", "" if t.table_rows is None else str(t.table_rows), t.table_path or "")
+    out.print(table)
+    out.print(f"daily counts: {result.daily_rows} rows in {target / 'daily'}; {result.seconds} s")
+    out.print(json.dumps({"summary": str(target / "_SUMMARY.json")}))
+    return 0
