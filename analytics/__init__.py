@@ -1,4 +1,53 @@
-"""The PySpark data source over snapshots and the nightly job (coming with the snapshots issue).
+"""Reading eventlog snapshots with Spark: a vectorised Kafka v2 segment decoder and the
+`eventlog` PySpark data source.
 
-It may import engine/format.py and engine/filenames.py only (pure, no asyncio).
+What other code may use:
+
+    register(spark)                  spark.dataSource.register(EventlogDataSource)
+    EventlogDataSource               source.py: spark.read.format("eventlog").load(snapshot dir)
+    latest_per_key(df)               source.py: the compacted view in the DataFrame layer
+    decode_segment, ARROW_SCHEMA,    decoder.py: one segment file -> Arrow record batches
+    SPARK_DDL, SnapshotCorruptError
+
+decoder.py imports numpy, pyarrow and engine's pure modules (format, compression, errors), never
+pyspark; source.py needs pyspark (the `spark` extra). Names are imported lazily so that
+`import analytics.decoder` works without pyspark installed.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ARROW_SCHEMA": "decoder",
+    "SPARK_DDL": "decoder",
+    "SnapshotCorruptError": "decoder",
+    "decode_segment": "decoder",
+    "EventlogDataSource": "source",
+    "latest_per_key": "source",
+}
+
+__all__ = [
+    "ARROW_SCHEMA",
+    "SPARK_DDL",
+    "EventlogDataSource",
+    "SnapshotCorruptError",
+    "decode_segment",
+    "latest_per_key",
+    "register",
+]
+
+
+def register(spark) -> None:
+    """Make spark.read.format("eventlog") available in this session."""
+    from .source import EventlogDataSource
+
+    spark.dataSource.register(EventlogDataSource)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'analytics' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

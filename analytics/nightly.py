@@ -18,9 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from analytics import register
 
@@ -87,7 +88,10 @@ def run_nightly(
     result = NightlyResult(manifest["snapshot_id"], str(snapshot), str(out))
     step = step or (lambda _d: None)
     register(spark)
-    reader = spark.read.format("eventlog")
+
+    def reader():  # a fresh reader per load: options set on a DataFrameReader stay set
+        return spark.read.format("eventlog")
+
     for topic in chosen:
         name = topic["name"]
         compacted = "compact" in topic["cleanup_policy"].split(",")
@@ -95,7 +99,7 @@ def run_nightly(
             result.topics.append(TopicOutput(name, False, None, None))
             continue
         step(f"table view of {name}")
-        table = reader.option("topics", name).option("compacted", "true").load(str(snapshot))
+        table = reader().option("topics", name).option("compacted", "true").load(str(snapshot))
         path = out / "tables" / name
         table.drop("topic").write.mode("overwrite").parquet(str(path))
         rows = spark.read.parquet(str(path)).count()
@@ -103,7 +107,7 @@ def run_nightly(
     if chosen:
         step("daily counts and bytes")
         names = ",".join(t["name"] for t in chosen)
-        records = reader.option("topics", names).load(str(snapshot))
+        records = reader().option("topics", names).load(str(snapshot))
         header_bytes = F.aggregate(
             F.col("headers"), F.lit(0).cast("long"),
             lambda acc, h: acc + F.coalesce(F.length(h["value"]), F.lit(0)) + F.length(h["key"]),

@@ -5,9 +5,11 @@ Modules: harness (context, machine facts, dd, reports), data (pre-encoded batche
 module per benchmark: append, read, lookup, restart (the engine in-process); http_produce,
 http_raw, http_fetch (the HTTP API: `eventlog serve` as a subprocess, next to redis-server and
 nats-server, with servers.py starting and stopping them); compaction (workers.cleaner's pass in a
-fresh process, and produce latency of a real server while a pass runs).
+fresh process, and produce latency of a real server while a pass runs); snapshot (1,000 segments
+against cp -al and cp -r); spark (the eventlog PySpark data source against spark.read.parquet
+of the same rows).
 """
 
 BENCHMARKS = (
-    "append", "read", "lookup", "restart", "http_produce", "http_raw", "http_fetch", "compaction",
+    "append", "read", "lookup", "restart", "http_produce", "http_raw", "http_fetch", "compaction", "snapshot", "spark",
 )

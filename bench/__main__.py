@@ -50,6 +50,8 @@ SPACE_GB = {
     "http_raw": (4, 1.5),
     "http_fetch": (1, 0.5),
     "compaction": (2, 0.5),
+    "snapshot": (2.5, 0.6),
+    "spark": (1.5, 0.5),
 }
 
 
