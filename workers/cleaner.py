@@ -74,6 +74,7 @@ _HEADER_AFTER_CRC = struct.Struct(">hiqqqhii")
 _LAST_OFFSET_DELTA = struct.Struct(">i")
 _U32 = struct.Struct(">I")
 _VARINT = [varint_bytes(n) for n in range(16384)]
+_ZIGZAG1 = [(b >> 1) ^ -(b & 1) for b in range(128)]  # one-byte zigzag varints
 
 
 class CleanerError(Exception):
@@ -122,7 +123,7 @@ class CleanOutcome:
     records_kept: int = 0
     records_removed: int = 0
     tombstones_removed: int = 0
-    bytes_read: int = 0
+    bytes_read: int = 0  # bytes of the segments recopied (the map phase reads the dirty part again)
     bytes_written: int = 0
     batches_copied: int = 0
     batches_rebuilt: int = 0
@@ -161,30 +162,51 @@ def parse_batch(header: BatchHeader, raw: bytes, *, with_tails: bool) -> _Batch:
     base_ts = header.base_timestamp
     max_ts = header.max_timestamp
     rv = read_varint
+    zz = _ZIGZAG1
+    if not isinstance(data, bytes):
+        data = bytes(data)  # indexing bytes is cheaper than indexing a memoryview
     offsets, timestamps, keys, tombstones, tails = batch.offsets, batch.timestamps, batch.keys, batch.tombstones, batch.tails
     pos = 0
+    # one-byte varints (values -64..63, nearly all lengths and deltas here) are decoded inline
     for _ in range(header.records_count):
-        length, pos = rv(data, pos)
+        b = data[pos]
+        if b < 0x80:
+            length = zz[b]
+            pos += 1
+        else:
+            length, pos = rv(data, pos)
         end = pos + length
-        pos += 1  # attributes
-        ts_delta, pos = rv(data, pos)
-        offset_delta, pos = rv(data, pos)
+        b = data[pos + 1]  # after the attributes byte
+        if b < 0x80:
+            ts_delta = zz[b]
+            pos += 2
+        else:
+            ts_delta, pos = rv(data, pos + 1)
+        b = data[pos]
+        if b < 0x80:
+            offset_delta = zz[b]
+            pos += 1
+        else:
+            offset_delta, pos = rv(data, pos)
         tail_start = pos
-        klen, pos = rv(data, pos)
+        b = data[pos]
+        if b < 0x80:
+            klen = zz[b]
+            pos += 1
+        else:
+            klen, pos = rv(data, pos)
         if klen < 0:
             keys.append(None)
         else:
-            keys.append(bytes(data[pos : pos + klen]))
+            keys.append(data[pos : pos + klen])
             pos += klen
-        vlen, _ = rv(data, pos)
-        tombstones.append(vlen < 0)
+        b = data[pos]
+        tombstones.append(b == 1)  # zigzag(-1): a null value
         offsets.append(base_offset + offset_delta)
         timestamps.append(max_ts if log_append else base_ts + ts_delta)
         if with_tails:
-            tails.append(bytes(data[tail_start:end]))
+            tails.append(data[tail_start:end])
         pos = end
-    if isinstance(data, memoryview):
-        data.release()
     return batch
 
 
@@ -307,20 +329,20 @@ class _Rebuilder:
         else:
             base_ts = min(r[1] for r in records)
         max_ts = self.max_ts_override if self.max_ts_override is not None else max(r[1] for r in records)
-        body = bytearray()
         V = _VARINT
         small = len(V)
         vb = varint_bytes
+        parts: list[bytes] = []
+        append = parts.append
         for offset, ts, tail in records:
             td = ts - base_ts
             od = offset - base_offset
-            rec = bytearray(b"\x00")
-            rec += V[td] if 0 <= td < small else vb(td)
-            rec += V[od] if od < small else vb(od)
-            rec += tail
-            n = len(rec)
-            body += V[n] if n < small else vb(n)
-            body += rec
+            head = b"\x00" + (V[td] if 0 <= td < small else vb(td)) + (V[od] if od < small else vb(od))
+            n = len(head) + len(tail)
+            append(V[n] if n < small else vb(n))
+            append(head)
+            append(tail)
+        body = b"".join(parts)
         codec = attributes & COMPRESSION_MASK
         payload = compression.compress(codec, body) if codec else body
         last_offset = self.override_last if self.override_last is not None else records[-1][0]
@@ -375,7 +397,7 @@ def clean(request: CleanRequest) -> CleanOutcome:
     _recopy(directory, groups, request, offset_map, outcome, end_offset)
     crash_point("clean.after_cleaned")
     outcome.seconds = time.perf_counter() - started
-    outcome.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    outcome.peak_rss_bytes = _peak_rss_bytes()
     return outcome
 
 
@@ -419,7 +441,6 @@ def _build_map(directory: Path, request: CleanRequest, offset_map: OffsetMap, ou
                     continue
                 if header.base_offset >= request.end_limit:
                     break
-                outcome.bytes_read += header.size
                 if not header.attributes & CONTROL_BIT:
                     batch = parse_batch(header, bytes(data), with_tails=False)
                     for offset, key in zip(batch.offsets, batch.keys):
@@ -608,6 +629,19 @@ def _decide(chunk: list[_Batch], offset_map: OffsetMap, now_ms: int, rebuilder: 
             outcome.batches_copied += 1
         elif keep_idx:
             rebuilder.take(batch, keep_idx)
+
+
+def _peak_rss_bytes() -> int:
+    """This process's own peak resident size (VmHWM): ru_maxrss would carry over the peak of
+    the process that spawned a worker."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _note_horizon(outcome: CleanOutcome, horizon: int) -> None:
