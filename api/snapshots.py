@@ -56,16 +56,10 @@ async def create_snapshot(
         if principal.role != "admin":
             raise ApiError(403, "forbidden", "name the topics to snapshot: all topics need the admin role")
         names = sorted(n for n in engine.topics if n not in INTERNAL_TOPICS)
-    infos = []
-    for name in dict.fromkeys(names):
+    for name in names:
         if not principal.covers_topic(name):
             raise ApiError(403, "forbidden", f"{principal.name!r} has no access to topic {name!r}")
-        state = engine.topic(name)
-        infos.append(
-            snapshots.TopicInfo(
-                name, state.meta.topic_id, state.meta.internal, state.config.to_kafka(), list(state.partitions)
-            )
-        )
+    infos = snapshots.topic_infos(engine, names)
     root = _root(request)
     manifest = await snapshots.take_snapshot(root, infos, engine.clock())
     return Snapshot(**snapshots.summary(manifest, root))

@@ -74,13 +74,6 @@ async def _local(settings: Settings, topics: list[str] | None) -> dict:
     root = settings.snapshot_root
     async with open_engine(settings.engine_config()) as engine:
         names = topics if topics is not None else sorted(n for n in engine.topics if n not in INTERNAL_TOPICS)
-        infos = []
-        for name in dict.fromkeys(names):
-            state = engine.topic(name)
-            infos.append(
-                snapshots.TopicInfo(
-                    name, state.meta.topic_id, state.meta.internal, state.config.to_kafka(), list(state.partitions)
-                )
-            )
+        infos = snapshots.topic_infos(engine, names)
         manifest = await snapshots.take_snapshot(root, infos, engine.clock())
     return snapshots.summary(manifest, root)

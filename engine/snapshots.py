@@ -81,6 +81,17 @@ class TopicInfo:
     partitions: Sequence[PartitionLog]
 
 
+def topic_infos(engine: Any, names: Sequence[str]) -> list[TopicInfo]:
+    """TopicInfo of each named topic of a LogManager (TopicNotFoundError for an unknown one)."""
+    infos = []
+    for name in dict.fromkeys(names):
+        state = engine.topic(name)
+        infos.append(
+            TopicInfo(name, state.meta.topic_id, state.meta.internal, state.config.to_kafka(), list(state.partitions))
+        )
+    return infos
+
+
 async def take_snapshot(root: Path, topics: Sequence[TopicInfo], now_ms: int) -> dict[str, Any]:
     """Snapshot `topics` under `root`; returns the manifest."""
     snapshot_id = new_snapshot_id(now_ms)
