@@ -89,7 +89,7 @@ def machine_facts(work_dir: Path) -> dict[str, Any]:
         "filesystem": filesystem_of(work_dir),
         "disk_free_bytes": shutil.disk_usage(work_dir).free,
         "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
-        "packages": _package_versions("numpy", "anyio", "crc32c", "matplotlib"),
+        "packages": package_versions("numpy", "anyio", "crc32c", "matplotlib"),
     }
     return facts
 
@@ -147,7 +147,7 @@ def filesystem_of(path: Path) -> dict[str, str | None]:
     return best
 
 
-def _package_versions(*names: str) -> dict[str, str | None]:
+def package_versions(*names: str) -> dict[str, str | None]:
     from importlib.metadata import PackageNotFoundError, version
 
     out: dict[str, str | None] = {}

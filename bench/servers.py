@@ -37,11 +37,10 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from .harness import REPO, Context, git
+from .harness import REPO, Context, git, package_versions
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 START_TIMEOUT_S = 60.0
@@ -77,16 +76,6 @@ def tool_version(*cmd: str) -> str | None:
         return None
     text = (done.stdout or done.stderr).strip().splitlines()
     return text[0] if text else None
-
-
-def package_versions(*names: str) -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in names:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
 
 
 def _negative_cache_sniffio() -> bool:

@@ -140,7 +140,7 @@ class CleanOutcome:
 class _Batch:
     """One source batch read during recopying, with its records parsed."""
 
-    __slots__ = ("header", "keep", "keys", "offsets", "raw", "tails", "timestamps", "tombstones")
+    __slots__ = ("header", "keys", "offsets", "raw", "tails", "timestamps", "tombstones")
 
     def __init__(self, header: BatchHeader, raw: bytes) -> None:
         self.header = header
@@ -150,7 +150,6 @@ class _Batch:
         self.keys: list[bytes | None] = []
         self.tombstones: list[bool] = []
         self.tails: list[bytes] = []  # each record from its key length to its end
-        self.keep: list[bool] = []
 
 
 def parse_batch(header: BatchHeader, raw: bytes, *, with_tails: bool) -> _Batch:

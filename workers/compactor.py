@@ -191,7 +191,7 @@ async def compact_partition(
     try:
         await _swap_in(log, view, outcome)
     except Exception:
-        await anyio.to_thread.run_sync(_remove_cleaned, log, outcome)
+        await anyio.to_thread.run_sync(_remove_all_cleaned, log)
         raise
     result.cleaned = True
     result.end_offset = outcome.end_offset
@@ -213,7 +213,7 @@ class SegmentsChanged(Exception):
 
 async def _swap_in(log: PartitionLog, view: LogView, outcome: CleanOutcome) -> None:
     by_base = {s.base_offset: s for s in view.segments[:-1]}
-    for i, group in enumerate(outcome.groups):
+    for group in outcome.groups:
         old = [by_base[b] for b in group.old_bases]
         if group.new_base is None:
             await log.delete_segments(old, reason="compaction left no record")
@@ -222,9 +222,7 @@ async def _swap_in(log: PartitionLog, view: LogView, outcome: CleanOutcome) -> N
         try:
             await log.replace_segments([new], old)
         except ValueError as exc:
-            new.close()
-            # this group's and the later groups' files are still .cleaned: remove them
-            await anyio.to_thread.run_sync(_remove_cleaned_from, log, outcome, i)
+            new.close()  # its files and the later groups' are still .cleaned: the caller removes them
             raise SegmentsChanged(str(exc)) from None
 
 
@@ -234,17 +232,6 @@ def _open_cleaned(log: PartitionLog, base: int) -> LogSegment:
     )
     segment.index_interval_bytes = log.config.index_interval_bytes
     return segment
-
-
-def _remove_cleaned_from(log: PartitionLog, outcome: CleanOutcome, first_group: int) -> None:
-    for group in outcome.groups[first_group:]:
-        if group.new_base is not None:
-            for path in filenames.segment_files(log.directory, group.new_base, filenames.CLEANED_SUFFIX):
-                path.unlink(missing_ok=True)
-
-
-def _remove_cleaned(log: PartitionLog, outcome: CleanOutcome) -> None:
-    _remove_cleaned_from(log, outcome, 0)
 
 
 def _remove_all_cleaned(log: PartitionLog) -> None:

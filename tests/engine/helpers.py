@@ -34,6 +34,7 @@ async def running_log(
     clean_shutdown: bool = False,
     recovery_point: int = 0,
     log_start_offset: int = 0,
+    schedule_delete=None,
 ) -> AsyncIterator[PartitionLog]:
     """Load (recovering as asked) and run a partition log; close it cleanly on exit."""
     config = config or LogConfig()
@@ -44,7 +45,7 @@ async def running_log(
     )
     log = PartitionLog(
         "t", 0, directory, config, loaded.segments, log_start_offset=loaded.log_start_offset,
-        recovery_point=loaded.recovery_point, clock=clock,
+        recovery_point=loaded.recovery_point, clock=clock, schedule_delete=schedule_delete,
     )
     log.load_stats = loaded.stats  # type: ignore[attr-defined]
     async with anyio.create_task_group() as tg:

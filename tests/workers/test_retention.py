@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 
-import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,7 +19,6 @@ from engine.format import NO_TIMESTAMP
 from engine.log_manager import EngineConfig, open_engine
 from engine.partition_log import PartitionLog
 from engine.records import decode_batch
-from engine.recovery import load_log
 from engine.segment import LogSegment
 from workers.retention import (
     LOG_START_OFFSET,
@@ -374,21 +370,9 @@ class DelayedDeletes:
         self.pending.clear()
 
 
-@asynccontextmanager
-async def running_log_with(directory: Path, config: LogConfig, deletes: DelayedDeletes) -> AsyncIterator[PartitionLog]:
-    clock = FakeClock()
-    loaded = load_log(directory, config, clean_shutdown=False, recovery_point=0, log_start_offset=0, now_ms=clock())
-    log = PartitionLog(
-        "t", 0, directory, config, loaded.segments, log_start_offset=loaded.log_start_offset,
-        recovery_point=loaded.recovery_point, clock=clock, schedule_delete=deletes,
-    )
-    async with anyio.create_task_group() as tg:
-        await tg.start(log.run)
-        try:
-            yield log
-        finally:
-            await log.close()
-            await log.stopped.wait()
+def running_log_with(directory: Path, config: LogConfig, deletes: DelayedDeletes):
+    """A running log whose deleted segments wait for deletes.fire()."""
+    return running_log(directory, config, schedule_delete=deletes)
 
 
 async def test_a_reader_keeps_its_slice_through_the_deletion(tmp_path: Path) -> None:
