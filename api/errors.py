@@ -53,6 +53,10 @@ ENGINE_ERRORS: dict[type[e.EngineError], tuple[int, str]] = {
     e.RecordTooLargeError: (413, "record_too_large"),
     e.InvalidRequestError: (400, "invalid_request"),
     e.OffsetOutOfRangeError: (416, "offset_out_of_range"),
+    e.OffsetMismatchError: (409, "offset_mismatch"),
+    e.OutOfOrderSequenceError: (409, "out_of_order_sequence"),
+    e.ProducerFencedError: (409, "producer_fenced"),
+    e.StorageFullError: (507, "storage_full"),
     e.LogClosedError: (503, "unavailable"),
     e.CompactionFailedError: (500, "compaction_failed"),
     e.StorageError: (500, "storage_error"),
@@ -83,6 +87,14 @@ def engine_problem(exc: e.EngineError) -> Response:
     extra: dict[str, Any] = {}
     if isinstance(exc, e.OffsetOutOfRangeError):
         extra = {"log_start_offset": exc.log_start_offset, "high_watermark": exc.high_watermark}
+    elif isinstance(exc, e.OffsetMismatchError):
+        extra = {"expected_offset": exc.expected, "high_watermark": exc.high_watermark}
+    elif isinstance(exc, e.OutOfOrderSequenceError):
+        extra = {"producer_id": exc.producer_id, "producer_epoch": exc.epoch, "sequence": exc.first_seq}
+        if exc.last_seq is not None:
+            extra["last_sequence"] = exc.last_seq
+    elif isinstance(exc, e.ProducerFencedError):
+        extra = {"producer_id": exc.producer_id, "producer_epoch": exc.epoch, "current_epoch": exc.current_epoch}
     if status >= 500:
         logger.error("%s: %s", code, exc)
     return problem(status, code, str(exc), **extra)

@@ -9,8 +9,11 @@ the response lists offsets in request order once every append is durable.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import hashlib
 import itertools
+import re
 from typing import Any
 
 import anyio
@@ -19,13 +22,21 @@ from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response, StreamingResponse
 
 from engine import compression
-from engine.errors import KeyRequiredError, OffsetOutOfRangeError, PartitionNotFoundError, RecordTooLargeError
-from engine.partition_log import PartitionLog, PreparedBatch, prepare_batches, wall_clock_ms
+from engine.errors import (
+    KeyRequiredError,
+    OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
+    PartitionNotFoundError,
+    RecordTooLargeError,
+    StorageError,
+)
+from engine.format import NO_PRODUCER_ID, set_producer
+from engine.partition_log import AppendResult, PartitionLog, PreparedBatch, prepare_batches, wall_clock_ms
 from engine.partitioner import partition_for_key
 from engine.records import encode_batch
 
 from . import formats
-from .auth import Reader, Writer
+from .auth import Principal, Reader, Writer
 from .deps import Engine, refuse_internal
 from .errors import ApiError
 from .responses import FileRangeResponse
@@ -37,7 +48,14 @@ RECORD_BATCH_MEDIA_TYPE = "application/vnd.kafka.record-batch.v2"
 # validating a body walks its records (about 0.4 us each): bigger bodies go to a worker thread
 VALIDATE_IN_THREAD_BYTES = 128 * 1024
 _RECORD_KEYS = frozenset({"key", "value", "headers", "timestamp", "partition"})
+_BODY_KEYS = frozenset({"records", "key_format", "value_format", "expected_offset"})
 _spread = itertools.count()
+
+# Idempotency-Key: the key names a producer id of its own (top bits 01, out of the way of
+# the small ids Kafka hands out), whose batches are deduplicated like any idempotent producer's
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+IDEMPOTENT_PRODUCER_BASE = 1 << 62
+REPLAYED_HEADER = "Idempotent-Replayed"
 
 _auth_problems: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "unauthorized"},
@@ -47,11 +65,62 @@ _produce_problems: dict[int | str, dict[str, Any]] = {
     **_auth_problems,
     400: {"model": Problem, "description": "invalid_json, corrupt_batch, invalid_request (an internal topic)"},
     404: {"model": Problem, "description": "topic_not_found, partition_not_found"},
+    409: {"model": Problem, "description": "offset_mismatch (expected_offset / If-Match), out_of_order_sequence, producer_fenced"},
     413: {"model": Problem, "description": "record_too_large, request_too_large"},
     415: {"model": Problem, "description": "unsupported_media_type"},
-    422: {"model": Problem, "description": "validation_error"},
+    422: {"model": Problem, "description": "validation_error, key_required, idempotency_key_reused"},
     503: {"model": Problem, "description": "unavailable: the server is shutting down"},
+    507: {"model": Problem, "description": "storage_full: the disk is full; nothing was written"},
 }
+
+
+IDEMPOTENCY_KEY_DOC = (
+    "Makes the request safe to retry: a repeat with the same key (same token, within "
+    "EVENTLOG_PRODUCER_ID_EXPIRATION_MS) writes nothing and returns the first attempt's offsets "
+    "(header Idempotent-Replayed: true); 1-255 visible ASCII characters"
+)
+IF_MATCH_DOC = (
+    'Conditional append: `"<offset>"` — append only if the partition\'s next offset (high watermark) '
+    "is this, else 409 offset_mismatch; the same as the JSON field expected_offset"
+)
+
+
+def idempotent_producer_id(principal: Principal, request: Request) -> int:
+    """The producer id an Idempotency-Key header stands for; NO_PRODUCER_ID without one."""
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return NO_PRODUCER_ID
+    if not IDEMPOTENCY_KEY.fullmatch(key):
+        raise ApiError(422, "validation_error", "Idempotency-Key: 1 to 255 visible ASCII characters")
+    digest = hashlib.blake2b(f"{principal.name}\0{key}".encode(), digest_size=8).digest()
+    return IDEMPOTENT_PRODUCER_BASE | (int.from_bytes(digest, "big") & (IDEMPOTENT_PRODUCER_BASE - 1))
+
+
+def _expected_offset(request: Request, doc: dict[str, Any] | None) -> int | None:
+    """The conditional-append offset from If-Match (`"42"`, `42`, `*` = none) or the body's
+    expected_offset; both given must agree."""
+    from_body = doc.get("expected_offset") if doc is not None else None
+    if from_body is not None and (type(from_body) is not int or from_body < 0):
+        raise ApiError(422, "validation_error", "expected_offset: must be a non-negative integer")
+    header = request.headers.get("if-match")
+    from_header = None
+    if header is not None and header.strip() != "*":
+        text = header.strip()
+        if len(text) >= 2 and text[0] == text[-1] == '"':
+            text = text[1:-1]
+        if not text.isdigit() or not text.isascii():
+            raise ApiError(422, "validation_error", 'If-Match: must be an offset, e.g. "42" (or *)')
+        from_header = int(text)
+    if from_body is not None and from_header is not None and from_body != from_header:
+        raise ApiError(422, "validation_error", "If-Match and expected_offset disagree")
+    return from_body if from_body is not None else from_header
+
+
+def _idempotency_conflict() -> ApiError:
+    return ApiError(
+        422, "idempotency_key_reused",
+        "this Idempotency-Key was used for a different request (another number of records or partitions)",
+    )
 
 
 def _json_body(body: bytes) -> dict[str, Any]:
@@ -72,7 +141,7 @@ def _format(doc: dict[str, Any], name: str) -> str:
 
 
 def _parse_records(
-    doc: dict[str, Any], topic: str, partitions: int, *, fixed_partition: int | None, now: int
+    doc: dict[str, Any], topic: str, partitions: int, *, fixed_partition: int | None, now: int, spread: Any = _spread
 ) -> list[tuple[int, bytes | None, bytes | None, int, list[tuple[str, bytes | None]]]]:
     """(partition, key, value, timestamp, headers) for each record, in request order.
 
@@ -82,7 +151,7 @@ def _parse_records(
     records = doc.get("records")
     if not isinstance(records, list) or not records:
         raise ApiError(422, "validation_error", "records: must be a non-empty list")
-    unknown = set(doc) - {"records", "key_format", "value_format"}
+    unknown = set(doc) - _BODY_KEYS
     if unknown:
         raise ApiError(422, "validation_error", f"unknown field(s): {', '.join(sorted(unknown))}")
     key_format = _format(doc, "key_format")
@@ -125,7 +194,7 @@ def _parse_records(
                 raise ApiError(422, "validation_error", f"records[{i}].partition: this endpoint writes partition {fixed_partition}")
             partition = fixed_partition
         elif partition is None:
-            partition = partition_for_key(key, partitions) if key is not None else next(_spread) % partitions
+            partition = partition_for_key(key, partitions) if key is not None else next(spread) % partitions
         elif type(partition) is not int:
             raise ApiError(422, "validation_error", f"records[{i}].partition: must be an integer")
         elif not 0 <= partition < partitions:
@@ -134,57 +203,87 @@ def _parse_records(
     return out
 
 
-def _encode_batches(records: list[tuple], log: PartitionLog) -> list[PreparedBatch]:
-    """One batch per partition, split in halves until each fits max.message.bytes."""
+def _encode_batches(records: list[tuple], log: PartitionLog, producer_id: int = NO_PRODUCER_ID) -> list[PreparedBatch]:
+    """One batch per partition, split in halves until each fits max.message.bytes. With a
+    producer id, the batches carry it (epoch 0) with consecutive sequences from 0."""
     config = log.config
     codec = compression.CODECS.get(config.compression_type, compression.NONE)  # producer/uncompressed: none
     limit = config.max_batch_bytes
     if config.compact and any(r[1] is None for r in records):
         raise KeyRequiredError(log.topic)
+    epoch = 0 if producer_id >= 0 else -1
 
-    def build(chunk: list[tuple]) -> list[PreparedBatch]:
-        batch = encode_batch(0, [(k, v, ts, h) for _p, k, v, ts, h in chunk], compression_type=codec)
+    def build(chunk: list[tuple], sequence: int) -> list[PreparedBatch]:
+        batch = encode_batch(
+            0, [(k, v, ts, h) for _p, k, v, ts, h in chunk], compression_type=codec,
+            producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence if producer_id >= 0 else -1,
+        )
         if len(batch) > limit:
             if len(chunk) == 1:
                 raise RecordTooLargeError(len(batch), limit, "max.message.bytes" if limit == config.max_message_bytes else "segment.bytes")
             mid = len(chunk) // 2
-            return build(chunk[:mid]) + build(chunk[mid:])
+            return build(chunk[:mid], sequence) + build(chunk[mid:], sequence + mid)
         return prepare_batches(batch, config, check_records=False)
 
-    return build(records)
+    return build(records, 0)
 
 
-async def _append_all(groups: dict[int, tuple[PartitionLog, list[PreparedBatch]]]) -> dict[int, Any]:
-    results: dict[int, Any] = {}
+async def _append_all(
+    groups: dict[int, tuple[PartitionLog, list[PreparedBatch]]],
+    expected_offset: int | None = None,
+    producer_id: int = NO_PRODUCER_ID,
+) -> dict[int, AppendResult]:
+    results: dict[int, AppendResult] = {}
 
     async def one(p: int, log: PartitionLog, batches: list[PreparedBatch]) -> None:
-        results[p] = await log.append(batches)
+        try:
+            results[p] = await log.append(batches, expected_offset=expected_offset)
+        except OutOfOrderSequenceError:
+            if producer_id < 0:
+                raise
+            raise _idempotency_conflict() from None
 
     if len(groups) == 1:
         (p, (log, batches)), = groups.items()
         await one(p, log, batches)
         return results
-    async with anyio.create_task_group() as tg:
-        for p, (log, batches) in groups.items():
-            tg.start_soon(one, p, log, batches)
+    try:
+        async with anyio.create_task_group() as tg:
+            for p, (log, batches) in groups.items():
+                tg.start_soon(one, p, log, batches)
+    except ExceptionGroup as group:  # one partition's refusal is the answer (the first one)
+        first = group
+        while isinstance(first, ExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
     return results
 
 
-async def _produce_json(engine, topic: str, body: bytes, fixed_partition: int | None) -> list[dict[str, int]]:
+async def _produce_json(
+    engine, topic: str, body: bytes, fixed_partition: int | None, request: Request, principal: Principal
+) -> tuple[list[dict[str, int]], bool]:
+    """(offsets in request order, whether the whole request was a replay of an earlier one)."""
     refuse_internal(topic)
     state = engine.topic(topic)
     if fixed_partition is not None:
         engine.partition(topic, fixed_partition)
     now = wall_clock_ms()
-    records = _parse_records(_json_body(body), topic, len(state.partitions), fixed_partition=fixed_partition, now=now)
+    doc = _json_body(body)
+    expected_offset = _expected_offset(request, doc)
+    producer_id = idempotent_producer_id(principal, request)
+    # a retry must send unkeyed records to the same partitions as the first attempt
+    spread = itertools.count(producer_id) if producer_id >= 0 else _spread
+    records = _parse_records(doc, topic, len(state.partitions), fixed_partition=fixed_partition, now=now, spread=spread)
     by_partition: dict[int, list[tuple]] = {}
     for rec in records:
         by_partition.setdefault(rec[0], []).append(rec)
+    if expected_offset is not None and len(by_partition) > 1:
+        raise ApiError(422, "validation_error", "expected_offset: the records go to several partitions; a conditional append writes one")
     groups = {}
     for p, recs in by_partition.items():
         log = engine.partition(topic, p)
-        groups[p] = (log, _encode_batches(recs, log))
-    results = await _append_all(groups)
+        groups[p] = (log, _encode_batches(recs, log, producer_id))
+    results = await _append_all(groups, expected_offset, producer_id)
     # offsets in request order: the i-th record of partition p is result.base_offset + i
     # (the batches of one append get consecutive offsets)
     seen: dict[int, int] = {}
@@ -193,12 +292,15 @@ async def _produce_json(engine, topic: str, body: bytes, fixed_partition: int | 
         i = seen.get(p, 0)
         seen[p] = i + 1
         result = results[p]
+        offset = result.base_offset + i
+        if result.duplicate and ts == now:  # the first attempt stamped its own time
+            ts = result.batch_max_timestamps[bisect.bisect_right(result.batch_base_offsets, offset) - 1]
         out.append({
             "partition": p,
-            "offset": result.base_offset + i,
+            "offset": offset,
             "timestamp": result.log_append_time if result.log_append_time >= 0 else ts,
         })
-    return out
+    return out, all(r.duplicate for r in results.values())
 
 
 async def _read_body(request: Request) -> bytearray:
@@ -225,6 +327,8 @@ async def _read_body(request: Request) -> bytearray:
 
 
 def _stream_error(exc: Exception, position: int) -> dict[str, Any]:
+    if isinstance(exc, StorageError):
+        return {"code": "storage_error", "detail": str(exc), "offset": position}
     if isinstance(exc, OffsetOutOfRangeError):
         return {"code": "offset_out_of_range", "detail": str(exc), "offset": position, "log_start_offset": exc.log_start_offset}
     assert isinstance(exc, ApiError)
@@ -257,9 +361,16 @@ def _records_json(records: list, kf: str, vf: str) -> list[dict[str, Any]]:
     },
     summary="Produce records (JSON); partitions chosen by murmur2(key) unless given",
 )
-async def produce(topic: str, request: Request, engine: Engine, _principal: Writer) -> Response:
-    offsets = await _produce_json(engine, topic, await request.body(), None)
-    return Response(orjson.dumps({"offsets": offsets}), media_type="application/json")
+async def produce(
+    topic: str,
+    request: Request,
+    engine: Engine,
+    principal: Writer,
+    idempotency_key: str | None = Header(None, alias="Idempotency-Key", description=IDEMPOTENCY_KEY_DOC),
+) -> Response:
+    offsets, replayed = await _produce_json(engine, topic, await request.body(), None, request, principal)
+    headers = {REPLAYED_HEADER: "true"} if replayed else None
+    return Response(orjson.dumps({"offsets": offsets}), media_type="application/json", headers=headers)
 
 
 @router.post(
@@ -279,24 +390,45 @@ async def produce(topic: str, request: Request, engine: Engine, _principal: Writ
     summary="Produce to one partition: JSON records, or raw Kafka v2 record batches",
 )
 async def produce_to_partition(
-    topic: str, partition: int, request: Request, engine: Engine, _principal: Writer
+    topic: str,
+    partition: int,
+    request: Request,
+    engine: Engine,
+    principal: Writer,
+    idempotency_key: str | None = Header(None, alias="Idempotency-Key", description=IDEMPOTENCY_KEY_DOC),
+    if_match: str | None = Header(None, alias="If-Match", description=IF_MATCH_DOC),
 ) -> Response:
     refuse_internal(topic)
     log = engine.partition(topic, partition)
     content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     body = await _read_body(request) if content_type == RECORD_BATCH_MEDIA_TYPE else await request.body()
     if content_type == RECORD_BATCH_MEDIA_TYPE:
+        expected_offset = _expected_offset(request, None)
+        producer_id = idempotent_producer_id(principal, request)
         if len(body) > VALIDATE_IN_THREAD_BYTES:
             batches = await anyio.to_thread.run_sync(
                 functools.partial(prepare_batches, body, log.config, topic=log.topic)
             )
         else:
             batches = prepare_batches(body, log.config, topic=log.topic)
-        result = await log.append(batches)
-        timestamp = result.log_append_time if result.log_append_time >= 0 else max(b.header.max_timestamp for b in batches)
+        if producer_id >= 0:
+            batches = _stamp_producer(batches, producer_id)
+        try:
+            result = await log.append(batches, expected_offset=expected_offset)
+        except OutOfOrderSequenceError:
+            if producer_id < 0:
+                raise
+            raise _idempotency_conflict() from None
+        if result.log_append_time >= 0:
+            timestamp = result.log_append_time
+        elif result.duplicate:
+            timestamp = max(result.batch_max_timestamps)
+        else:
+            timestamp = max(b.header.max_timestamp for b in batches)
         payload = {"partition": partition, "base_offset": result.base_offset, "last_offset": result.last_offset, "timestamp": timestamp}
+        replayed = result.duplicate
     elif content_type in ("application/json", ""):
-        offsets = await _produce_json(engine, topic, body, partition)
+        offsets, replayed = await _produce_json(engine, topic, body, partition, request, principal)
         payload = {
             "partition": partition,
             "base_offset": offsets[0]["offset"],
@@ -305,7 +437,24 @@ async def produce_to_partition(
         }
     else:
         raise ApiError(415, "unsupported_media_type", f"use application/json or {RECORD_BATCH_MEDIA_TYPE}")
-    return Response(orjson.dumps(payload), media_type="application/json")
+    # the offset a follow-up conditional append expects (If-Match)
+    headers = {"ETag": f'"{payload["last_offset"] + 1}"'}
+    if replayed:
+        headers[REPLAYED_HEADER] = "true"
+    return Response(orjson.dumps(payload), media_type="application/json", headers=headers)
+
+
+def _stamp_producer(batches: list[PreparedBatch], producer_id: int) -> list[PreparedBatch]:
+    """Give raw batches without a producer id the Idempotency-Key's, sequences from 0."""
+    if any(b.header.producer_id != NO_PRODUCER_ID for b in batches):
+        raise ApiError(422, "validation_error", "Idempotency-Key: these batches carry their own producer id (Kafka's idempotent producer)")
+    out = []
+    sequence = 0
+    for b in batches:
+        set_producer(b.data, 0, b.header.size, producer_id, 0, sequence)
+        out.append(PreparedBatch(b.data, b.header._replace(producer_id=producer_id, producer_epoch=0, base_sequence=sequence)))
+        sequence += b.header.last_offset_delta + 1
+    return out
 
 
 @router.get(
@@ -419,7 +568,7 @@ async def stream(
             try:
                 result = await log.read_records(position, 500, 1024 * 1024)
                 records = _records_json(result.records, kf, vf)
-            except (ApiError, OffsetOutOfRangeError) as exc:  # retention passed us, or bytes the format cannot show
+            except (ApiError, OffsetOutOfRangeError, StorageError) as exc:  # retention passed us, bytes the format cannot show, a failed read
                 yield b"event: error\ndata: " + orjson.dumps(_stream_error(exc, position)) + b"\n\n"
                 return
             chunk = [

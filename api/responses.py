@@ -36,11 +36,13 @@ class FileRangeResponse(Response):
         self.headers["content-length"] = str(count)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         if self.count and ZEROCOPY in scope.get("extensions", {}):
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await send({"type": ZEROCOPY, "file": self.file, "offset": self.offset, "count": self.count, "more_body": False})
             return
+        # read before the status goes out, so a failed read is still a clean error response
         body = await self._read() if self.count else b""
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     @property

@@ -12,10 +12,15 @@
     │   ├── RecordTooLargeError
     │   └── InvalidPartitionsError
     ├── OffsetOutOfRangeError
+    ├── ConflictError
+    │   ├── OffsetMismatchError
+    │   ├── OutOfOrderSequenceError
+    │   └── ProducerFencedError
     ├── LogClosedError
     ├── DataDirError
     │   └── DataDirLockedError
     └── StorageError
+        ├── StorageFullError
         ├── CorruptIndexError
         └── CorruptSegmentError
 
@@ -160,6 +165,42 @@ class OffsetOutOfRangeError(EngineError):
         self.high_watermark = high_watermark
 
 
+class ConflictError(EngineError):
+    """Raised when an append's precondition does not hold; nothing was written."""
+
+
+class OffsetMismatchError(ConflictError):
+    """Raised when a conditional append's expected offset is not the partition's next offset."""
+
+    def __init__(self, expected: int, high_watermark: int) -> None:
+        super().__init__(f"expected the next offset to be {expected}, but it is {high_watermark}")
+        self.expected = expected
+        self.high_watermark = high_watermark
+
+
+class OutOfOrderSequenceError(ConflictError):
+    """Raised when an idempotent producer's batch does not follow its previous one (Kafka's
+    OUT_OF_ORDER_SEQUENCE_NUMBER): a batch was lost in between, or a retry changed."""
+
+    def __init__(self, producer_id: int, epoch: int, first_seq: int, last_seq: int | None) -> None:
+        after = "a new epoch must start at sequence 0" if last_seq is None else f"the last sequence written is {last_seq}"
+        super().__init__(f"producer {producer_id} (epoch {epoch}): sequence {first_seq} is out of order; {after}")
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+
+
+class ProducerFencedError(ConflictError):
+    """Raised when a batch carries an older epoch than its producer id has used (a zombie)."""
+
+    def __init__(self, producer_id: int, epoch: int, current_epoch: int) -> None:
+        super().__init__(f"producer {producer_id}: epoch {epoch} is older than the current epoch {current_epoch}")
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
 class LogClosedError(EngineError):
     """Raised when a request reaches a partition log that is shutting down or was deleted."""
 
@@ -188,6 +229,11 @@ class StorageError(EngineError):
         super().__init__(f"{path}: {reason}")
         self.path = Path(path)
         self.reason = reason
+
+
+class StorageFullError(StorageError):
+    """Raised when the disk is full (ENOSPC) during an append: the append was undone and the
+    partition keeps serving reads; appends succeed again once space returns."""
 
 
 class CorruptIndexError(StorageError):

@@ -1,4 +1,6 @@
-"""Named crash points, for crash tests: the process kills itself at a chosen step.
+"""Fault injection for tests: named crash points, and I/O errors or delays in the file layer.
+
+Crash points
 
 `EVENTLOG_CRASH_AT=<point>[,<point>...]` (read once, at import) makes `crash_point(name)` send
 SIGKILL to its own process when it reaches a listed point; `<point>@<n>` waits for the n-th
@@ -15,8 +17,13 @@ Points:
 
 from __future__ import annotations
 
+import errno as errno_module
 import os
 import signal
+import threading
+import time
+
+import orjson
 
 _TARGETS: dict[str, int] = {}
 for _item in filter(None, (os.environ.get("EVENTLOG_CRASH_AT") or "").split(",")):
@@ -31,3 +38,75 @@ def crash_point(name: str) -> None:
     _SEEN[name] = _SEEN.get(name, 0) + 1
     if _SEEN[name] >= _TARGETS[name]:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------------------------------
+# I/O faults
+#
+# `EVENTLOG_FAULTS_FILE=<path>` (read at import) names a JSON file of rules that the engine's
+# file layer (engine/fileutil.py: write, fsync and read of segment data) consults before each
+# call. The file is re-read whenever it changes, so a test can inject and lift faults in a
+# running server by rewriting it. Unset (always, outside tests), a check is one truth test.
+#
+#     {"rules": [{"op": "write" | "fsync" | "read",
+#                 "path": "orders-0/",          substring of the file's path ("" = any)
+#                 "errno": "ENOSPC" | "EIO" | ..., or
+#                 "delay_ms": 200,              sleep first (a slow disk), then do the call
+#                 "times": 3}]}                 fire this often, then stop (default: always)
+
+FAULTS_FILE = os.environ.get("EVENTLOG_FAULTS_FILE") or None
+IO_OPS = ("write", "fsync", "read")
+_rules: list[dict] = []
+_rules_version: int | None = None
+_rules_lock = threading.Lock()
+
+
+def _load_rules() -> list[dict]:
+    global _rules, _rules_version
+    assert FAULTS_FILE is not None
+    try:
+        version = os.stat(FAULTS_FILE).st_mtime_ns
+    except FileNotFoundError:
+        version = None
+    if version == _rules_version:
+        return _rules
+    with _rules_lock:
+        rules: list[dict] = []
+        if version is not None:
+            try:
+                with open(FAULTS_FILE, "rb") as f:
+                    doc = orjson.loads(f.read() or b"{}")
+                rules = [dict(r) for r in doc.get("rules", [])]
+            except (OSError, orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+                return _rules  # being rewritten: keep the old rules until it parses
+        _rules, _rules_version = rules, version
+        return rules
+
+
+def io_fault(op: str, fd: int) -> None:
+    """Called by the file layer before `op` on `fd`: sleeps and/or raises OSError as the rules
+    say. A no-op unless EVENTLOG_FAULTS_FILE is set."""
+    if FAULTS_FILE is None:
+        return
+    rules = _load_rules()
+    if not rules:
+        return
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        path = ""
+    for rule in rules:
+        if rule.get("op") != op or rule.get("path", "") not in path:
+            continue
+        with _rules_lock:
+            times = rule.get("times", -1)
+            if times == 0:
+                continue
+            if times > 0:
+                rule["times"] = times - 1
+        if rule.get("delay_ms"):
+            time.sleep(rule["delay_ms"] / 1000)
+        name = rule.get("errno")
+        if name:
+            code = getattr(errno_module, name, errno_module.EIO)
+            raise OSError(code, f"{os.strerror(code)} (injected)", path)

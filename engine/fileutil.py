@@ -6,6 +6,8 @@ import errno
 import os
 from pathlib import Path
 
+from .faults import io_fault
+
 
 def fsync_dir(directory: Path) -> None:
     """Make renames and new files in `directory` durable."""
@@ -16,8 +18,27 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def fdatasync(fd: int) -> None:
+    """os.fdatasync through the fault-injection seam."""
+    io_fault("fsync", fd)
+    os.fdatasync(fd)
+
+
+def pread(fd: int, size: int, position: int) -> bytes:
+    """os.pread through the fault-injection seam."""
+    io_fault("read", fd)
+    return os.pread(fd, size, position)
+
+
+def preadv(fd: int, buffers: list, position: int) -> int:
+    """os.preadv through the fault-injection seam."""
+    io_fault("read", fd)
+    return os.preadv(fd, buffers, position)
+
+
 def pread_exact(fd: int, size: int, position: int) -> bytes:
     """Read `size` bytes at `position`, or fewer only at end of file."""
+    io_fault("read", fd)
     data = os.pread(fd, size, position)
     if len(data) == size or not data:
         return data
@@ -46,6 +67,7 @@ def read_if_cached(fd: int, size: int, position: int) -> memoryview | bytes | No
     global _nowait_supported
     if not _nowait_supported or size <= 0:
         return b"" if size == 0 else None
+    io_fault("read", fd)
     buf = bytearray(size)
     try:
         n = os.preadv(fd, [buf], position, _NOWAIT)
@@ -63,6 +85,7 @@ def read_if_cached(fd: int, size: int, position: int) -> memoryview | bytes | No
 
 def pwrite_all(fd: int, buffers: list, position: int) -> int:
     """Write every buffer at `position` with as few syscalls as possible; returns bytes written."""
+    io_fault("write", fd)
     views = [memoryview(b) for b in buffers if len(b)]
     written = 0
     while views:

@@ -246,6 +246,15 @@ def set_log_append_time(buf: bytearray | memoryview, position: int, size: int, t
     _U32.pack_into(buf, position + 17, compute_crc(buf, position, size))
 
 
+def set_producer(buf: bytearray | memoryview, position: int, size: int, producer_id: int, epoch: int, base_sequence: int) -> None:
+    """Stamp producerId, producerEpoch and baseSequence (an idempotent write), then recompute
+    the CRC."""
+    _I64.pack_into(buf, position + 43, producer_id)
+    _I16.pack_into(buf, position + 51, epoch)
+    _I32.pack_into(buf, position + 53, base_sequence)
+    _U32.pack_into(buf, position + 17, compute_crc(buf, position, size))
+
+
 def describe_attributes(attributes: int) -> str:
     parts = [CODEC_NAMES.get(attributes & COMPRESSION_MASK, f"codec{attributes & COMPRESSION_MASK}")]
     parts.append("LogAppendTime" if attributes & TIMESTAMP_TYPE_BIT else "CreateTime")

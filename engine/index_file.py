@@ -210,6 +210,12 @@ class IndexFile:
 
     # -- writing ------------------------------------------------------------------------------
 
+    def truncate_entries(self, count: int) -> None:
+        """Forget the entries from `count` on (an undone append); the mapping stays. Readers
+        only use entries that point below the published end, which these never did."""
+        assert self._appendable and 0 <= count <= self._entries
+        self._entries = count
+
     def _append_raw(self, packed: bytes) -> None:
         mm = self._mm
         assert self._appendable and mm is not None

@@ -61,6 +61,7 @@ from .metadata import (
 from .partition_log import PartitionLog, prepare_batches, wall_clock_ms
 from .reader import read_records
 from .records import encode_batch
+from .producer_state import DEFAULT_EXPIRATION_MS, ProducerStateManager, rebuild as rebuild_producer_state
 from .recovery import LoadStats, load_log
 from .segment import LogSegment
 
@@ -84,6 +85,9 @@ class EngineConfig:
     default_partitions: int = 1
     # partitions of user topics on this server: each costs three open descriptors while active
     max_partitions: int = 4096
+    # idempotent producers (and Idempotency-Key requests) are remembered this long after
+    # their last batch's timestamp (Kafka's producer.id.expiration.ms)
+    producer_id_expiration_ms: int = DEFAULT_EXPIRATION_MS
 
 
 @dataclass
@@ -238,9 +242,11 @@ class LogManager:
                 _write_partition_metadata(directory, topic_id)
             if not existed:
                 fsync_dir(directory.parent)
-            return loaded
+            producers = ProducerStateManager(directory, self.config.producer_id_expiration_ms)
+            rebuild_producer_state(producers, loaded.segments, loaded.next_offset, self.clock())
+            return loaded, producers
 
-        loaded = await anyio.to_thread.run_sync(load, limiter=self._recovery_limiter)
+        loaded, producers = await anyio.to_thread.run_sync(load, limiter=self._recovery_limiter)
         self.load_stats[f"{topic}-{partition}"] = loaded.stats
         log = PartitionLog(
             topic,
@@ -255,6 +261,7 @@ class LogManager:
             on_commit=self._on_commit,
             schedule_delete=self._schedule_delete,
             on_fsync=self._on_fsync,
+            producer_state=producers,
         )
         self._partition_dir[log] = log_dir
         return log

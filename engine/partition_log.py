@@ -23,6 +23,7 @@ whatever a crash interrupted.
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from dataclasses import dataclass, field
@@ -39,9 +40,12 @@ from .errors import (
     EngineError,
     KeyRequiredError,
     LogClosedError,
+    OffsetMismatchError,
     OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
     RecordTooLargeError,
     StorageError,
+    StorageFullError,
 )
 from .faults import crash_point
 from .fileutil import fsync_dir
@@ -52,6 +56,7 @@ from .format import (
     set_base_offset,
     set_log_append_time,
 )
+from .producer_state import DEFAULT_EXPIRATION_MS, ProducerEntry, ProducerStateManager
 from .records import check_records_framing, decode_records
 from .segment import AppendBatch, LogSegment
 from . import reader
@@ -65,6 +70,8 @@ Clock = Callable[[], int]
 QUEUE_DEPTH = 1024
 MAX_GROUP_BYTES = 32 * 1024 * 1024
 LARGE_READ_BYTES = 64 * 1024
+# errors of a full disk: the append is undone and refused; the partition stays writable
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def wall_clock_ms() -> int:
@@ -132,6 +139,10 @@ class AppendResult:
     last_offset: int
     log_append_time: int  # -1 unless the topic uses LogAppendTime
     batch_base_offsets: tuple[int, ...]
+    # a retry of batches already in the log (idempotent producer): nothing was written, and
+    # these are the first write's offsets; batch_max_timestamps are the stored batches' own
+    duplicate: bool = False
+    batch_max_timestamps: tuple[int, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,6 +166,7 @@ class _Op:
 class _Append(_Op):
     batches: Sequence[PreparedBatch] = ()
     size: int = 0
+    expected_offset: int | None = None
 
 
 @dataclass(eq=False)
@@ -181,6 +193,7 @@ class PartitionLog:
         on_commit: Callable[[PartitionLog, int, int, int], None] | None = None,
         schedule_delete: Callable[[PartitionLog, list[LogSegment]], None] | None = None,
         on_fsync: Callable[[PartitionLog, float], None] | None = None,
+        producer_state: ProducerStateManager | None = None,
     ) -> None:
         assert segments, "a log always has an active segment"
         self.topic = topic
@@ -205,6 +218,7 @@ class PartitionLog:
         self._running = False
         self._failed: StorageError | None = None
         self._schedule_delete = schedule_delete or _delete_now
+        self.producer_state = producer_state if producer_state is not None else ProducerStateManager(directory, DEFAULT_EXPIRATION_MS)
         self.stopped = anyio.Event()
         # held while segment files are renamed away (retention, compaction) or linked into a
         # snapshot, so a snapshot never links a file that is leaving; appends never take it
@@ -295,11 +309,12 @@ class PartitionLog:
             await anyio.to_thread.run_sync(self._commit_sync, group)
         except BaseException as exc:  # noqa: BLE001 -- every producer must hear about it
             error = exc if isinstance(exc, EngineError) else StorageError(self.directory, f"append failed: {exc!r}")
-            if isinstance(error, StorageError):
+            if isinstance(error, StorageError) and not isinstance(error, StorageFullError):
                 self._failed = error
                 logger.error("partition %s failed, refusing writes until restart: %s", self.name, error)
             for op in group:
-                op.error = error
+                if op.error is None:
+                    op.error = error
                 op.done.set()
             if not isinstance(exc, Exception):
                 raise
@@ -331,13 +346,41 @@ class PartitionLog:
     # -- group commit (worker thread) ---------------------------------------------------------
 
     def _commit_sync(self, group: list[_Append]) -> None:
+        """One group commit. Each request is checked first (expected offset, idempotent
+        producer sequences) in queue order against the state the requests before it leave: a
+        refused request gets its own error and takes no offsets, a retry of batches already in
+        the log gets their offsets back and writes nothing. The rest are written together. If
+        the disk is full, everything this commit wrote is undone and every request in it fails
+        with StorageFullError."""
         config = self.config
         now = self.clock()
         append_time = now if config.log_append_time else -1
         next_offset = self._next_offset
+        producers = self.producer_state
+        pending: dict[int, ProducerEntry] = {}
         prepared: list[AppendBatch] = []
         messages = 0
         for op in group:
+            try:
+                duplicates = [producers.check(b.header, now, pending) for b in op.batches]
+            except EngineError as exc:
+                op.error = exc
+                continue
+            # a retry of a conditional append that was written: its offsets, not a mismatch
+            if op.expected_offset is not None and op.expected_offset != next_offset and not all(duplicates):
+                op.error = OffsetMismatchError(op.expected_offset, next_offset)
+                continue
+            if any(d is not None for d in duplicates):
+                if not all(duplicates):  # part of a retried request changed: not a retry
+                    first = next(b.header for b, d in zip(op.batches, duplicates) if d is None)
+                    op.error = OutOfOrderSequenceError(first.producer_id, first.producer_epoch, first.base_sequence, None)
+                    continue
+                op.result = AppendResult(
+                    duplicates[0].first_offset, duplicates[-1].last_offset, -1,
+                    tuple(d.first_offset for d in duplicates), duplicate=True,
+                    batch_max_timestamps=tuple(d.max_timestamp for d in duplicates),
+                )
+                continue
             first = next_offset
             bases = []
             for batch in op.batches:
@@ -347,29 +390,63 @@ class PartitionLog:
                 if append_time >= 0:
                     set_log_append_time(batch.data, 0, header.size, append_time)
                     max_ts = append_time
+                producers.updated_entry(header, next_offset, max_ts, pending, now)
                 bases.append(next_offset)
                 last = next_offset + header.last_offset_delta
                 prepared.append(AppendBatch(batch.data, next_offset, last, max_ts, header.size))
                 messages += header.records_count
                 next_offset = last + 1
             op.result = AppendResult(first, next_offset - 1, append_time, tuple(bases))
+        if not prepared:
+            return
 
-        segment = self._segments[-1]
-        for batch in prepared:
-            if self._should_roll(segment, batch, now):
-                segment.write_staged()
-                segment = self._roll_sync(batch.base_offset, now)
-            segment.stage(batch, config.index_interval_bytes)
-        segment.write_staged()
-        self._next_offset = next_offset
-        self._unflushed_messages += messages
-        if (
-            self._unflushed_messages >= config.flush_messages
-            or now - self._last_flush_ms >= config.flush_ms
-        ):
-            self._flush_sync()
+        segments_before = self._segments
+        state_before = segments_before[-1].append_state()
+        recovery_point_before = self.recovery_point
+        next_offset_before = self._next_offset
+        try:
+            segment = self._segments[-1]
+            rolled = False
+            for batch in prepared:
+                if self._should_roll(segment, batch, now):
+                    segment.write_staged()
+                    segment = self._roll_sync(batch.base_offset, now)
+                    rolled = True
+                segment.stage(batch, config.index_interval_bytes)
+            segment.write_staged()
+            self._next_offset = next_offset
+            unflushed = self._unflushed_messages + messages
+            if unflushed >= config.flush_messages or now - self._last_flush_ms >= config.flush_ms:
+                self._flush_sync()
+            else:
+                self._unflushed_messages = unflushed
+        except StorageError as exc:
+            cause = exc.__cause__
+            if not (isinstance(cause, OSError) and cause.errno in DISK_FULL_ERRNOS):
+                raise
+            self._next_offset = next_offset_before
+            self._undo_commit(segments_before, state_before, recovery_point_before)
+            raise StorageFullError(exc.path, f"disk full, append refused: {cause.strerror}") from exc
+        producers.commit(pending)
+        if rolled:
+            # the state after every batch below the new end, beside the segment it starts
+            producers.write_snapshot(next_offset, now)
         if self._on_commit is not None:
             self._on_commit(self, len(group), messages, sum(b.size for b in prepared))
+
+    def _undo_commit(self, segments_before: tuple[LogSegment, ...], state_before: tuple, recovery_point: int) -> None:
+        """Remove what a failed commit wrote: segments it rolled to, and its bytes and index
+        entries in the segment that was active. Nothing of it was published. If even this
+        fails, the caller's StorageError marks the partition failed."""
+        for segment in self._segments[len(segments_before):]:
+            segment.close()
+            segment.delete_files()
+        if len(self._segments) > len(segments_before):
+            self._segments = segments_before
+            fsync_dir(self.directory)
+        segments_before[-1].rollback(state_before)
+        self.recovery_point = recovery_point
+        logger.warning("%s: disk full; an append of the group commit was undone", self.name)
 
     def _flush_sync(self) -> None:
         started = time.perf_counter()
@@ -422,15 +499,21 @@ class PartitionLog:
             raise LogClosedError(self.name) from None
         return await op.wait()
 
-    async def append(self, batches: Sequence[PreparedBatch]) -> AppendResult:
+    async def append(self, batches: Sequence[PreparedBatch], *, expected_offset: int | None = None) -> AppendResult:
         """Append validated batches (see prepare_batches) as one unit; returns once durable.
 
         The batches of one call get consecutive offsets and are never interleaved with other
-        producers' batches.
+        producers' batches. With `expected_offset`, they are appended only if the log's next
+        offset equals it (OffsetMismatchError otherwise, nothing written). Batches carrying a
+        producer id are checked as Kafka's idempotent producer: a retry of batches already
+        written returns their offsets (result.duplicate); a sequence gap or an old epoch raises.
+        A full disk raises StorageFullError and leaves the log as it was.
         """
         if not batches:
             raise CorruptBatchError("nothing to append")
-        return await self._submit(_Append(batches=batches, size=sum(b.header.size for b in batches)))
+        return await self._submit(
+            _Append(batches=batches, size=sum(b.header.size for b in batches), expected_offset=expected_offset)
+        )
 
     async def call_in_writer(
         self,
@@ -570,33 +653,53 @@ class PartitionLog:
         return reader.check_offset(view or self.view, offset)
 
     def fetch_slice(self, offset: int, max_bytes: int) -> FetchSlice | None:
-        return reader.fetch_slice(self.view, offset, max_bytes)
+        try:
+            return reader.fetch_slice(self.view, offset, max_bytes)
+        except OSError as exc:
+            raise self._read_error(exc) from exc
 
     async def read_slice(self, slice_: FetchSlice) -> bytes | memoryview:
         """The bytes of a slice: on the event loop when small or already in the page cache,
         otherwise in a worker thread, so a read that must wait for the disk never blocks it."""
-        if slice_.size <= LARGE_READ_BYTES:
-            return slice_.read()
-        data = slice_.read_if_cached()
-        if data is not None:
-            return data
-        return await anyio.to_thread.run_sync(slice_.read)
+        try:
+            if slice_.size <= LARGE_READ_BYTES:
+                return slice_.read()
+            data = slice_.read_if_cached()
+            if data is not None:
+                return data
+            return await anyio.to_thread.run_sync(slice_.read)
+        except OSError as exc:
+            raise self._read_error(exc) from exc
 
     async def read_records(self, offset: int, max_records: int, max_bytes: int) -> reader.RecordsResult:
         """Decoded records from `offset` on (at most `max_records`, about `max_bytes` of batches):
         on the event loop when the page cache holds the data, else in a worker thread."""
         view = self.view
         try:
-            return reader.read_records(view, offset, max_records, max_bytes, cached_only=True)
-        except reader.NotCached:
-            return await anyio.to_thread.run_sync(reader.read_records, view, offset, max_records, max_bytes)
+            try:
+                return reader.read_records(view, offset, max_records, max_bytes, cached_only=True)
+            except reader.NotCached:
+                return await anyio.to_thread.run_sync(reader.read_records, view, offset, max_records, max_bytes)
+        except OSError as exc:
+            raise self._read_error(exc) from exc
+
+    def _read_error(self, exc: OSError) -> StorageError:
+        """A failed read (EIO: a bad sector) fails that request only; the log stays usable."""
+        logger.error("%s: read failed: %s", self.name, exc)
+        return StorageError(exc.filename or self.directory, f"read failed: {exc.strerror or exc}")
 
     async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """Kafka's ListOffsets by time (a few index searches and small reads: inline)."""
-        return reader.offset_for_timestamp(self.view, timestamp)
+        try:
+            return reader.offset_for_timestamp(self.view, timestamp)
+        except OSError as exc:
+            raise self._read_error(exc) from exc
 
     async def max_timestamp_offset(self) -> tuple[int, int] | None:
-        return reader.max_timestamp_offset(self.view)
+        try:
+            return reader.max_timestamp_offset(self.view)
+        except OSError as exc:
+            raise self._read_error(exc) from exc
 
     async def wait_for_data(self, offset: int, timeout_s: float) -> bool:
         """Wait until the high watermark passes `offset` or `timeout_s` elapses (woken by the
@@ -647,6 +750,8 @@ class PartitionLog:
         active.close_for_append()
         self._unflushed_messages = 0
         self.recovery_point = self._next_offset
+        if self.producer_state.producers or self.producer_state.snapshot_offset >= 0:
+            self.producer_state.write_snapshot(self._next_offset, self.clock())
 
     @property
     def closed(self) -> bool:

@@ -15,6 +15,7 @@ import os
 from typing import Iterator
 
 from .errors import CorruptBatchError
+from .fileutil import pread, preadv
 from .format import HEADER_SIZE, LOG_OVERHEAD, MAGIC_V2, BatchHeader, parse_header, read_prefix, validate_batch
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
@@ -99,7 +100,7 @@ class BatchScanner:
         view = memoryview(self._buffer)
         got = 0
         while got < size:
-            n = os.preadv(self.fd, [view[got:size]], position + got)
+            n = preadv(self.fd, [view[got:size]], position + got)
             if n <= 0:
                 break
             got += n
@@ -123,7 +124,7 @@ def scan_headers(fd: int, start: int, end: int, chunk_bytes: int = HEADER_CHUNK_
     while position < end:
         rel = position - buf_start
         if rel + HEADER_SIZE > len(buf):
-            buf = os.pread(fd, min(chunk_bytes, end - position), position)
+            buf = pread(fd, min(chunk_bytes, end - position), position)
             buf_start, rel = position, 0
             if len(buf) < HEADER_SIZE:
                 raise CorruptBatchError(f"{len(buf)} bytes left, a batch header needs {HEADER_SIZE}", position)

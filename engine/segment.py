@@ -23,6 +23,7 @@ published high watermark's position.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -32,7 +33,7 @@ from typing import Iterator
 
 from . import filenames
 from .errors import CorruptBatchError, CorruptIndexError, CorruptSegmentError, StorageError
-from .fileutil import FileHandle, pread_exact, pwrite_all
+from .fileutil import FileHandle, fdatasync, pread_exact, pwrite_all
 from .format import HEADER_SIZE, NO_TIMESTAMP, BatchHeader, parse_header
 from .index_builder import IndexBuilder
 from .offset_index import OffsetIndex
@@ -315,6 +316,46 @@ class LogSegment:
         self._staged = []
         self._staged_bytes = 0
 
+    def append_state(self) -> tuple:
+        """What rollback() needs to undo appends made after this call (active segment only)."""
+        return (
+            self.size, self.max_timestamp, self.offset_of_max_timestamp, self._first_timestamp,
+            self.next_offset, self._bytes_since_last_index_entry,
+            self._offset_index.entries, self._time_index.entries,
+        )
+
+    def rollback(self, state: tuple) -> None:
+        """Undo everything appended since append_state() returned `state`: drop staged batches,
+        truncate the .log, forget later index entries. For an append that failed (a full disk):
+        none of it was published or acknowledged. The segment may have been closed for append
+        by a roll in between; it is made active again."""
+        (size, max_ts, offset_of_max_ts, first_ts, next_offset, since_entry, offset_entries, time_entries) = state
+        self._staged = []
+        self._staged_bytes = 0
+        if not self._fd_writable:
+            self.open_for_append()
+        assert self._file is not None
+        try:
+            os.ftruncate(self._file.fd, size)
+        except OSError as exc:
+            raise StorageError(self.log_path, f"cannot undo a failed append: {exc}") from exc
+        try:
+            fdatasync(self._file.fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise StorageError(self.log_path, f"cannot undo a failed append: {exc}") from exc
+            # still full: the next append's fdatasync makes the shorter size durable before
+            # anything is acknowledged
+            logger.warning("%s: fsync after undoing an append failed: %s", self.log_path, exc)
+        self._offset_index.truncate_entries(offset_entries)
+        self._time_index.truncate_entries(time_entries)
+        self.size = size
+        self._max_timestamp = max_ts
+        self._offset_of_max_timestamp = offset_of_max_ts
+        self._first_timestamp = first_ts
+        self._next_offset = next_offset
+        self._bytes_since_last_index_entry = since_entry
+
     def append(self, batches: list[AppendBatch], index_interval_bytes: int) -> None:
         """stage() each batch, then write them all."""
         for batch in batches:
@@ -325,7 +366,7 @@ class LogSegment:
         """fdatasync the .log (indexes are rebuilt by recovery, so they are synced on close)."""
         if self._file is not None and self._fd_writable:
             try:
-                os.fdatasync(self._file.fd)
+                fdatasync(self._file.fd)
             except OSError as exc:
                 raise StorageError(self.log_path, f"fsync failed: {exc}") from exc
 

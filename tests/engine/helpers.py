@@ -13,6 +13,7 @@ from crc32c import crc32c
 
 from engine.config import LogConfig
 from engine.partition_log import PartitionLog, prepare_batches
+from engine.producer_state import DEFAULT_EXPIRATION_MS, ProducerStateManager, rebuild
 from engine.records import Record, encode_batch
 from engine.recovery import load_log
 
@@ -35,17 +36,22 @@ async def running_log(
     recovery_point: int = 0,
     log_start_offset: int = 0,
     schedule_delete=None,
+    producer_id_expiration_ms: int = DEFAULT_EXPIRATION_MS,
 ) -> AsyncIterator[PartitionLog]:
-    """Load (recovering as asked) and run a partition log; close it cleanly on exit."""
+    """Load (recovering as asked, producer state included, as the log manager does) and run a
+    partition log; close it cleanly on exit."""
     config = config or LogConfig()
     clock = clock or FakeClock()
     loaded = load_log(
         directory, config, clean_shutdown=clean_shutdown, recovery_point=recovery_point,
         log_start_offset=log_start_offset, now_ms=clock(),
     )
+    producers = ProducerStateManager(directory, producer_id_expiration_ms)
+    rebuild(producers, loaded.segments, loaded.next_offset, clock())
     log = PartitionLog(
         "t", 0, directory, config, loaded.segments, log_start_offset=loaded.log_start_offset,
         recovery_point=loaded.recovery_point, clock=clock, schedule_delete=schedule_delete,
+        producer_state=producers,
     )
     log.load_stats = loaded.stats  # type: ignore[attr-defined]
     async with anyio.create_task_group() as tg:

@@ -1,0 +1,336 @@
+"""Idempotent producers: per-partition producer state, duplicate detection, and its snapshots.
+
+Kafka's rules (ProducerStateManager), for batches whose producerId is set (>= 0):
+
+- The partition remembers, per producer id, its epoch and the metadata of its last
+  MAX_BATCHES_PER_PRODUCER batches: first and last sequence, first and last offset, max
+  timestamp.
+- A batch whose epoch and sequence range equal a remembered batch is a duplicate (a retry of
+  something already written): nothing is appended and the first write's offsets are returned.
+- An epoch below the remembered one is fenced (ProducerFencedError).
+- A new epoch must start at sequence 0 (unless the producer was unknown); within an epoch,
+  the first sequence must follow the last one (int32 wrap-around included), otherwise
+  OutOfOrderSequenceError. A producer the partition does not know may start anywhere (its
+  state may have expired or been deleted with old segments).
+- A producer expires producer_id_expiration_ms after its last append (wall clock; Kafka uses
+  the batch's timestamp, which producers set and may set in the past).
+
+Durability: the state is a function of the log, so recovery can always rebuild it by reading
+the batch headers again. To bound that work the writer saves a snapshot at every segment roll
+and at clean shutdown: `<20-digit offset>.snapshot` in the partition directory holds the state
+after every batch below that offset. Loading takes the newest readable snapshot at or below
+the log end, then replays the headers from there on. Snapshot file format (big-endian):
+
+    version    int16   1
+    crc        uint32  CRC-32C of everything after this field
+    count      int32   producers
+    count x:   producer_id int64, epoch int16, last_append_ms int64, batches int8,
+               batches x (first_seq int32, last_seq int32, first_offset int64,
+                          last_offset int64, max_timestamp int64)
+
+Written to "<name>.tmp", fsynced, renamed, directory fsynced; the two newest are kept.
+Mutations happen on the partition's writer thread only; nothing here is used by readers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import crc32c
+
+from .errors import OutOfOrderSequenceError, ProducerFencedError, StorageError
+from .fileutil import fsync_dir
+from .format import BatchHeader
+
+logger = logging.getLogger("eventlog.engine")
+
+SNAPSHOT_SUFFIX = ".snapshot"
+MAX_BATCHES_PER_PRODUCER = 5
+INT32_MAX = 2**31 - 1
+NO_PRODUCER_ID = -1
+KEEP_SNAPSHOTS = 2
+DEFAULT_EXPIRATION_MS = 86_400_000  # Kafka's producer.id.expiration.ms
+
+_VERSION = 1
+_HEAD = struct.Struct(">hI")
+_COUNT = struct.Struct(">i")
+_PRODUCER = struct.Struct(">qhqb")
+_BATCH = struct.Struct(">iiqqq")
+
+
+def last_sequence(base_sequence: int, last_offset_delta: int) -> int:
+    """The sequence of a batch's last record (sequences wrap from INT32_MAX to 0)."""
+    if base_sequence > INT32_MAX - last_offset_delta:
+        return last_offset_delta - (INT32_MAX - base_sequence) - 1
+    return base_sequence + last_offset_delta
+
+
+def _in_sequence(last_seq: int, next_first: int) -> bool:
+    return next_first == last_seq + 1 or (last_seq == INT32_MAX and next_first == 0)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMetadata:
+    first_seq: int
+    last_seq: int
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+
+
+@dataclass(slots=True)
+class ProducerEntry:
+    epoch: int
+    last_timestamp: int
+    batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=MAX_BATCHES_PER_PRODUCER))
+
+    def find(self, epoch: int, first_seq: int, last_seq: int) -> BatchMetadata | None:
+        if epoch != self.epoch:
+            return None
+        for b in self.batches:
+            if b.first_seq == first_seq and b.last_seq == last_seq:
+                return b
+        return None
+
+    @property
+    def last_seq(self) -> int | None:
+        return self.batches[-1].last_seq if self.batches else None
+
+
+def snapshot_name(offset: int) -> str:
+    return f"{offset:020d}{SNAPSHOT_SUFFIX}"
+
+
+def parse_snapshot_name(name: str) -> int | None:
+    if len(name) == 20 + len(SNAPSHOT_SUFFIX) and name.endswith(SNAPSHOT_SUFFIX) and name[:20].isdigit():
+        return int(name[:20])
+    return None
+
+
+class ProducerStateManager:
+    """The producer state of one partition (writer thread only)."""
+
+    def __init__(self, directory: Path, expiration_ms: int) -> None:
+        self.directory = directory
+        self.expiration_ms = expiration_ms
+        self.producers: dict[int, ProducerEntry] = {}
+        self.snapshot_offset = -1  # offset of the newest snapshot written or loaded
+
+    def __len__(self) -> int:
+        return len(self.producers)
+
+    # -- checks and updates -------------------------------------------------------------------
+
+    def _live_entry(self, producer_id: int, now_ms: int) -> ProducerEntry | None:
+        entry = self.producers.get(producer_id)
+        if entry is not None and now_ms - entry.last_timestamp >= self.expiration_ms:
+            del self.producers[producer_id]
+            return None
+        return entry
+
+    def check(
+        self, header: BatchHeader, now_ms: int, pending: dict[int, ProducerEntry] | None = None
+    ) -> BatchMetadata | None:
+        """The remembered batch this one duplicates, or None if it may be appended.
+
+        Raises ProducerFencedError or OutOfOrderSequenceError. `pending` holds the entries a
+        group commit has already updated (checked first), so several batches of one producer in
+        one commit are checked against each other.
+        """
+        pid = header.producer_id
+        if pid < 0:
+            return None
+        entry = pending.get(pid) if pending else None
+        if entry is None:
+            entry = self._live_entry(pid, now_ms)
+        if entry is None:
+            return None
+        epoch = header.producer_epoch
+        first = header.base_sequence
+        last = last_sequence(first, header.last_offset_delta)
+        duplicate = entry.find(epoch, first, last)
+        if duplicate is not None:
+            return duplicate
+        if epoch < entry.epoch:
+            raise ProducerFencedError(pid, epoch, entry.epoch)
+        if epoch > entry.epoch:
+            if first != 0:
+                raise OutOfOrderSequenceError(pid, epoch, first, None)
+            return None
+        last_seq = entry.last_seq
+        if last_seq is not None and not _in_sequence(last_seq, first):
+            raise OutOfOrderSequenceError(pid, epoch, first, last_seq)
+        return None
+
+    def updated_entry(
+        self, header: BatchHeader, first_offset: int, max_timestamp: int, pending: dict[int, ProducerEntry], now_ms: int
+    ) -> None:
+        """Record an appended batch into `pending` (a copy of the entry, applied by commit()).
+
+        The expiration clock runs from the append's wall-clock time, not the batch's own
+        timestamps (which producers choose, and which may be old)."""
+        pid = header.producer_id
+        if pid < 0:
+            return
+        entry = pending.get(pid)
+        if entry is None:
+            current = self.producers.get(pid)
+            entry = ProducerEntry(header.producer_epoch, now_ms)
+            if current is not None and current.epoch == header.producer_epoch:
+                entry.batches.extend(current.batches)
+            pending[pid] = entry
+        elif entry.epoch != header.producer_epoch:
+            entry.epoch = header.producer_epoch
+            entry.batches.clear()
+        first = header.base_sequence
+        entry.batches.append(BatchMetadata(
+            first, last_sequence(first, header.last_offset_delta),
+            first_offset, first_offset + header.last_offset_delta, max_timestamp,
+        ))
+        entry.last_timestamp = max(entry.last_timestamp, now_ms)
+
+    def commit(self, pending: dict[int, ProducerEntry]) -> None:
+        self.producers.update(pending)
+
+    def replay(self, headers: Iterable[BatchHeader], now_ms: int) -> int:
+        """Apply batches read back from the log (recovery). Their append times are not in the
+        log, so replayed producers count as active at `now_ms`. Returns how many batches had a
+        producer."""
+        applied = 0
+        for header in headers:
+            if header.producer_id < 0:
+                continue
+            pending: dict[int, ProducerEntry] = {}
+            self.updated_entry(header, header.base_offset, header.max_timestamp, pending, now_ms)
+            self.producers.update(pending)
+            applied += 1
+        return applied
+
+    def remove_expired(self, now_ms: int) -> int:
+        expired = [pid for pid, e in self.producers.items() if now_ms - e.last_timestamp >= self.expiration_ms]
+        for pid in expired:
+            del self.producers[pid]
+        return len(expired)
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    def snapshot_offsets(self) -> list[int]:
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        return sorted(o for n in names if (o := parse_snapshot_name(n)) is not None)
+
+    def encode(self) -> bytes:
+        parts = [_COUNT.pack(len(self.producers))]
+        for pid, e in self.producers.items():
+            parts.append(_PRODUCER.pack(pid, e.epoch, e.last_timestamp, len(e.batches)))
+            for b in e.batches:
+                parts.append(_BATCH.pack(b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.max_timestamp))
+        body = b"".join(parts)
+        return _HEAD.pack(_VERSION, crc32c.crc32c(body)) + body
+
+    @staticmethod
+    def decode(data: bytes, path: Path | str = "?") -> dict[int, ProducerEntry]:
+        """Parse a snapshot file's bytes; StorageError if it is not a whole, valid snapshot."""
+        if len(data) < _HEAD.size + _COUNT.size:
+            raise StorageError(path, "producer snapshot is too short")
+        version, crc = _HEAD.unpack_from(data, 0)
+        if version != _VERSION:
+            raise StorageError(path, f"unsupported producer snapshot version {version}")
+        body = memoryview(data)[_HEAD.size :]
+        if crc32c.crc32c(body) != crc:
+            raise StorageError(path, "producer snapshot CRC mismatch")
+        (count,) = _COUNT.unpack_from(body, 0)
+        pos = _COUNT.size
+        producers: dict[int, ProducerEntry] = {}
+        try:
+            for _ in range(count):
+                pid, epoch, last_ts, n = _PRODUCER.unpack_from(body, pos)
+                pos += _PRODUCER.size
+                if n < 0 or n > MAX_BATCHES_PER_PRODUCER:
+                    raise StorageError(path, f"producer {pid} has {n} batches")
+                entry = ProducerEntry(epoch, last_ts)
+                for _ in range(n):
+                    entry.batches.append(BatchMetadata(*_BATCH.unpack_from(body, pos)))
+                    pos += _BATCH.size
+                producers[pid] = entry
+        except struct.error as exc:
+            raise StorageError(path, f"producer snapshot is truncated: {exc}") from None
+        if pos != len(body):
+            raise StorageError(path, f"producer snapshot has {len(body) - pos} trailing bytes")
+        return producers
+
+    def write_snapshot(self, offset: int, now_ms: int) -> None:
+        """Save the state (covering every batch below `offset`); keep the two newest files."""
+        self.remove_expired(now_ms)
+        path = self.directory / snapshot_name(offset)
+        tmp = path.with_name(path.name + ".tmp")
+        data = self.encode()
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            for old in self.snapshot_offsets()[:-KEEP_SNAPSHOTS]:
+                (self.directory / snapshot_name(old)).unlink(missing_ok=True)
+            fsync_dir(self.directory)
+        except OSError as exc:
+            raise StorageError(path, f"cannot write producer snapshot: {exc}") from exc
+        self.snapshot_offset = offset
+
+    def load(self, log_end_offset: int, now_ms: int) -> int:
+        """Load the newest valid snapshot at or below `log_end_offset`; returns its offset, or
+        -1 if there is none. Snapshots above the log end (a crash lost their data) and
+        unreadable ones are deleted."""
+        self.producers = {}
+        self.snapshot_offset = -1
+        for name in os.listdir(self.directory):
+            if name.endswith(SNAPSHOT_SUFFIX + ".tmp"):
+                (self.directory / name).unlink(missing_ok=True)
+        for offset in reversed(self.snapshot_offsets()):
+            path = self.directory / snapshot_name(offset)
+            if offset > log_end_offset:
+                logger.warning("%s: deleting %s, which is past the log end %d", self.directory.name, path.name, log_end_offset)
+                path.unlink(missing_ok=True)
+                continue
+            try:
+                self.producers = self.decode(path.read_bytes(), path)
+            except (StorageError, OSError) as exc:
+                logger.warning("%s: ignoring unreadable producer snapshot %s: %s", self.directory.name, path.name, exc)
+                path.unlink(missing_ok=True)
+                continue
+            self.snapshot_offset = offset
+            break
+        self.remove_expired(now_ms)
+        return self.snapshot_offset
+
+
+def rebuild(state: ProducerStateManager, segments: Sequence, log_end_offset: int, now_ms: int) -> int:
+    """Recovery: load the newest snapshot, then replay the batch headers after it (all of the
+    last two segments when there is no snapshot). Returns the batches replayed. Blocking."""
+    start = state.load(log_end_offset, now_ms)
+    if start < 0:
+        start = segments[-2].base_offset if len(segments) > 1 else segments[0].base_offset
+    replayed = 0
+    for segment in segments:
+        if segment.size == 0 or segment.next_offset <= start:
+            continue
+        position = 0
+        if segment.base_offset < start:
+            header = segment.find_batch(start, segment.size)
+            if header is None:
+                continue
+            position = header.position
+        replayed += state.replay(segment.headers(position, segment.size), now_ms)
+    state.remove_expired(now_ms)
+    return replayed

@@ -1,0 +1,165 @@
+"""Injected I/O faults (engine/faults.py's seam in the file layer): a full disk refuses appends
+and leaves no trace, a failed read fails one request, a slow fsync only slows things down."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+from engine import faults, reader
+from engine.config import LogConfig
+from engine.errors import StorageError, StorageFullError
+from engine.partition_log import prepare_batches
+from engine.records import encode_batch
+
+from .helpers import running_log
+from .test_partition_log import check_files
+
+T0 = 1_700_000_000_000
+
+
+@pytest.fixture
+def inject(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """inject(rule, ...) replaces the rules; inject() lifts every fault."""
+    path = tmp_path / "faults.json"
+    monkeypatch.setattr(faults, "FAULTS_FILE", str(path))
+    monkeypatch.setattr(faults, "_rules_version", None)
+    version = [0]
+
+    def set_rules(*rules: dict) -> None:
+        version[0] += 1
+        path.write_text(json.dumps({"rules": list(rules)}))
+        os.utime(path, ns=(version[0] * 10**9, version[0] * 10**9))  # a new mtime every time
+
+    set_rules()
+    return set_rules
+
+
+def records(tag: str, n: int = 5, size: int = 40) -> bytes:
+    return encode_batch(0, [(b"k", f"{tag}-{i}-".encode() + b"x" * size, T0, []) for i in range(n)])
+
+
+async def put(log, tag: str, n: int = 5, size: int = 40):
+    return await log.append(prepare_batches(records(tag, n, size), log.config))
+
+
+def values(log) -> list[bytes]:
+    return [r.value for r in reader.read_records(log.view, log.log_start_offset, 10**6, 10**9).records]
+
+
+@pytest.mark.parametrize("op", ["write", "fsync"])
+async def test_a_full_disk_refuses_appends_and_leaves_nothing(tmp_path: Path, inject, op: str) -> None:
+    data = tmp_path / "log"
+    async with running_log(data, LogConfig(segment_bytes=2000, index_interval_bytes=100)) as log:
+        for i in range(6):
+            await put(log, f"a{i}")
+        before = (log.high_watermark, sorted(p.name for p in data.iterdir()), values(log))
+        sizes = {p.name: p.stat().st_size for p in data.glob("*.log")}
+
+        inject({"op": op, "path": str(data), "errno": "ENOSPC"})
+        for i in range(4):  # some of these would roll a new segment
+            with pytest.raises(StorageFullError):
+                await put(log, f"refused{i}", n=8)
+        assert (log.high_watermark, sorted(p.name for p in data.iterdir()), values(log)) == before
+        assert {p.name: p.stat().st_size for p in data.glob("*.log")} == sizes, "no partial batch on disk"
+        assert log.failed is None, "a full disk does not take the partition offline"
+
+        inject()  # space returns
+        result = await put(log, "after")
+        assert result.base_offset == before[0]
+        for i in range(10):
+            await put(log, f"more{i}", n=8)
+        got = values(log)
+        assert got[: len(before[2])] == before[2]
+        assert not any(v.startswith(b"refused") for v in got)
+    check_files(data)
+    async with running_log(data, LogConfig(segment_bytes=2000, index_interval_bytes=100), clean_shutdown=False) as log:
+        assert values(log) == got
+
+
+async def test_a_full_disk_in_the_middle_of_a_group_commit(tmp_path: Path, inject) -> None:
+    """Many producers queued together: every one of them is refused, none half-written."""
+    data = tmp_path / "log"
+    async with running_log(data, LogConfig(segment_bytes=4000)) as log:
+        await put(log, "first")
+        inject({"op": "write", "path": str(data), "errno": "ENOSPC", "times": 1})
+        outcomes: list[str] = []
+
+        async def producer(i: int) -> None:
+            try:
+                await put(log, f"p{i}", n=3)
+                outcomes.append("ok")
+            except StorageFullError:
+                outcomes.append("full")
+
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(producer, i)
+        assert "full" in outcomes
+        assert log.high_watermark == 5 + 3 * outcomes.count("ok")
+        assert len(values(log)) == log.high_watermark
+    check_files(data)
+
+
+async def test_eio_on_fsync_takes_the_partition_offline_for_writes_only(tmp_path: Path, inject) -> None:
+    data = tmp_path / "log"
+    async with running_log(data) as log:
+        await put(log, "kept")
+        inject({"op": "fsync", "path": str(data), "errno": "EIO"})
+        with pytest.raises(StorageError) as exc:
+            await put(log, "lost")
+        assert not isinstance(exc.value, StorageFullError)
+        assert log.failed is not None
+        inject()
+        with pytest.raises(StorageError):  # until a restart recovers the log
+            await put(log, "again")
+        assert len(values(log)) == 5, "reads go on"
+    async with running_log(data, clean_shutdown=False) as log:
+        assert values(log)[:5] == [f"kept-{i}-".encode() + b"x" * 40 for i in range(5)]
+        await put(log, "after-restart")
+
+
+async def test_eio_on_read_fails_that_read_only(tmp_path: Path, inject) -> None:
+    data = tmp_path / "log"
+    async with running_log(data) as log:
+        for i in range(3):
+            await put(log, f"r{i}", size=30_000)  # large enough to be read in a thread
+        inject({"op": "read", "path": str(data), "errno": "EIO", "times": 2})
+        with pytest.raises(StorageError):
+            await log.read_records(0, 100, 10**6)
+        with pytest.raises(StorageError):
+            log.fetch_slice(0, 10**6)
+        slice_ = log.fetch_slice(0, 10**6)
+        inject({"op": "read", "path": str(data), "errno": "EIO", "times": 1})
+        with pytest.raises(StorageError):
+            await log.read_slice(slice_)
+        assert len((await log.read_records(0, 100, 10**6)).records) == 15
+        await put(log, "writes-unaffected")
+
+
+async def test_a_slow_fsync_loses_and_reorders_nothing(tmp_path: Path, inject) -> None:
+    data = tmp_path / "log"
+    inject({"op": "fsync", "path": str(data), "delay_ms": 30})
+    async with running_log(data) as log:
+        acked: list[tuple[int, str]] = []
+
+        async def producer(p: int) -> None:
+            for i in range(8):
+                result = await put(log, f"p{p}.{i}", n=2)
+                acked.append((result.base_offset, f"p{p}.{i}"))
+
+        async with anyio.create_task_group() as tg:
+            for p in range(6):
+                tg.start_soon(producer, p)
+        got = values(log)
+        assert len(got) == 96
+        for base, tag in acked:
+            assert got[base].startswith(f"{tag}-0-".encode()) and got[base + 1].startswith(f"{tag}-1-".encode())
+        for p in range(6):  # each producer's appends in its order
+            mine = sorted(base for base, tag in acked if tag.startswith(f"p{p}."))
+            assert [tag for base, tag in sorted(acked) if tag.startswith(f"p{p}.")] == [f"p{p}.{i}" for i in range(8)]
+            assert len(mine) == 8
