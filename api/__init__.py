@@ -11,6 +11,8 @@ from . import admin, groups, health, offsets, records, snapshots, topics
 from .errors import PROBLEM_JSON, install_error_handlers
 from .schemas import ProduceRequest
 
+# operations under a produce or fetch quota (quotas.py)
+_QUOTA_OPERATIONS = frozenset({"produceRecords", "produceToPartition", "fetchRecords", "streamRecords"})
 # models referenced only from openapi_extra (bodies parsed by hand) must still be published
 _EXTRA_SCHEMAS = (ProduceRequest,)
 
@@ -46,13 +48,29 @@ def install_routes(app: FastAPI) -> None:
 def _document_problems(schema: dict[str, Any]) -> None:
     """Every error is application/problem+json (errors.py), not the application/json FastAPI
     documents for `responses={...: {"model": Problem}}`; request validation answers a Problem
-    with code validation_error, not FastAPI's own HTTPValidationError; and any request body may
-    meet the middleware's size limit (observability.py)."""
+    with code validation_error, not FastAPI's own HTTPValidationError; any request body may
+    meet the middleware's size and time limits (observability.py, limits.py), any GET its answer
+    time limit, and produce and fetch their quotas (quotas.py)."""
     problem = {"schema": {"$ref": "#/components/schemas/Problem"}}
     for path_item in schema.get("paths", {}).values():
-        for operation in path_item.values():
+        for method, operation in path_item.items():
+            responses = operation["responses"]
             if "requestBody" in operation:
-                operation["responses"].setdefault("413", {"description": "request_too_large", "content": {PROBLEM_JSON: problem}})
+                responses.setdefault("413", {"description": "request_too_large", "content": {PROBLEM_JSON: problem}})
+                # limits.py: a body that does not arrive within EVENTLOG_REQUEST_TIMEOUT_MS
+                responses.setdefault("408", {"description": "request_timeout", "content": {PROBLEM_JSON: problem}})
+            if method == "get" and operation.get("operationId") != "streamRecords":
+                # limits.py: a GET that has not started its answer within EVENTLOG_REQUEST_TIMEOUT_MS
+                if "503" in responses:
+                    responses["503"]["description"] += "; request_timeout: no answer in time"
+                else:
+                    responses["503"] = {"description": "request_timeout", "content": {PROBLEM_JSON: problem}}
+            if operation.get("operationId") in _QUOTA_OPERATIONS:
+                responses.setdefault("429", {
+                    "description": "quota_exceeded: the token is over its produce or fetch byte rate",
+                    "headers": {"Retry-After": {"description": "whole seconds to wait", "schema": {"type": "integer"}}},
+                    "content": {PROBLEM_JSON: problem},
+                })
             for status, response in operation.get("responses", {}).items():
                 content = response.get("content", {})
                 if not status.startswith(("4", "5")) or "application/json" not in content:

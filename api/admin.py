@@ -103,7 +103,8 @@ async def run_compaction(
             end_offset=r.end_offset, dirty_ratio=round(r.dirty_ratio, 6), segments_before=r.segments_before,
             segments_after=r.segments_after, bytes_reclaimed=r.bytes_reclaimed, records_read=r.records_read,
             records_kept=r.records_kept, records_removed=r.records_removed,
-            tombstones_removed=r.tombstones_removed, map_full=r.map_full, seconds=round(r.seconds, 6), note=r.note,
+            tombstones_removed=r.tombstones_removed, map_full=r.map_full, seconds=round(r.seconds, 6),
+            throttled_seconds=round(r.throttled_seconds, 6), note=r.note,
         )
         for r in results
     ]

@@ -10,7 +10,9 @@ The auth file (EVENTLOG_AUTH_FILE) is JSON:
     ]}
 
 A token is given in clear ("token") or as the hex SHA-256 of it ("token_sha256", so the file
-need not hold secrets). `topics` and `groups` are name prefixes; omitted means all.
+need not hold secrets). `topics` and `groups` are name prefixes; omitted means all. An
+optional "quota": {"produce_bytes_per_sec": int, "fetch_bytes_per_sec": int} overrides the
+server's default quotas for that token (api/quotas.py).
 
     role       may
     admin      everything
@@ -51,6 +53,9 @@ class Principal:
     role: str
     topics: tuple[str, ...] = ("",)
     groups: tuple[str, ...] = ("",)
+    # the token's own quotas (bytes/s); None: the server's default (api/quotas.py)
+    produce_bytes_per_sec: int | None = None
+    fetch_bytes_per_sec: int | None = None
 
     def may(self, action: str) -> bool:
         return action in ROLES[self.role]
@@ -107,7 +112,8 @@ class Authenticator:
             groups = _prefixes(entry.get("groups"), where, "groups")
             if digest in principals:
                 raise AuthConfigError(f"{where}: the same token appears twice")
-            principals[digest] = Principal(str(entry.get("name", f"token-{i}")), role, topics, groups)
+            quota = _quota(entry.get("quota"), where)
+            principals[digest] = Principal(str(entry.get("name", f"token-{i}")), role, topics, groups, **quota)
         return cls(principals)
 
     def authenticate(self, authorization: str | None) -> Principal:
@@ -132,6 +138,18 @@ def _prefixes(value: Any, where: str, what: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _quota(value: Any, where: str) -> dict[str, int | None]:
+    if value is None:
+        return {}
+    names = ("produce_bytes_per_sec", "fetch_bytes_per_sec")
+    if not isinstance(value, dict) or not set(value) <= set(names):
+        raise AuthConfigError(f"{where}: quota must be an object with {' and/or '.join(names)}")
+    for name, rate in value.items():
+        if rate is not None and (type(rate) is not int or rate < 1):
+            raise AuthConfigError(f"{where}: quota.{name} must be a positive integer (bytes per second)")
+    return {name: value.get(name) for name in names}
+
+
 def _unauthorized(detail: str) -> ApiError:
     return ApiError(401, "unauthorized", detail, headers={"WWW-Authenticate": 'Bearer realm="eventlog"'})
 
@@ -154,9 +172,10 @@ def require(action: str) -> Callable[..., Principal]:
         principal = principal_of(request)
         if not principal.may(action):
             raise ApiError(403, "forbidden", f"role {principal.role!r} may not {action}")
-        topic = request.path_params.get("topic")
-        if topic is not None and not principal.covers_topic(topic):
-            raise ApiError(403, "forbidden", f"{principal.name!r} has no access to topic {topic!r}")
+        # the path's topic, or the one a query names (?topic= filters group offsets)
+        for topic in (request.path_params.get("topic"), request.query_params.get("topic")):
+            if topic is not None and not principal.covers_topic(topic):
+                raise ApiError(403, "forbidden", f"{principal.name!r} has no access to topic {topic!r}")
         group = request.path_params.get("group")
         if group is not None and not principal.covers_group(group):
             raise ApiError(403, "forbidden", f"{principal.name!r} has no access to group {group!r}")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
-from .auth import Monitor
+from .auth import Monitor, Principal
 from .errors import problem
 from .schemas import Problem, Status
 
@@ -45,5 +47,22 @@ async def readyz(request: Request, _principal: Monitor) -> Status | Response:
     },
     summary="Prometheus metrics: requests, produce/fetch, group commits, fsync latency, partitions",
 )
-async def metrics(request: Request, _principal: Monitor) -> Response:
-    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+async def metrics(request: Request, principal: Monitor) -> Response:
+    text = generate_latest(request.app.state.metrics.registry)
+    if principal.role != "admin":
+        text = _only_covered_topics(text, principal)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+
+_TOPIC_LABEL = re.compile(rb'[{,]topic="([^"]*)"')
+
+
+def _only_covered_topics(text: bytes, principal: Principal) -> bytes:
+    """Samples labelled with a topic the principal's prefixes do not cover are left out: a
+    token limited to `billing.` does not learn other topics' names, sizes or traffic."""
+    kept = []
+    for line in text.split(b"\n"):
+        found = _TOPIC_LABEL.search(line) if not line.startswith(b"#") else None
+        if found is None or principal.covers_topic(found.group(1).decode()):
+            kept.append(line)
+    return b"\n".join(kept)

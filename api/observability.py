@@ -3,7 +3,8 @@
 One pure ASGI layer (no BaseHTTPMiddleware, which would buffer streaming responses):
 
 1. A declared Content-Length above max_request_bytes: 413 `request_too_large` at once; a
-   chunked body is counted as it is read and refused the same way when it passes the limit.
+   chunked body is counted as it is read and refused the same way when it passes the limit
+   (limits.RequestRefused, so FastAPI's own body parsing does not turn it into a 400).
 2. With an auth file, every path but /healthz needs a valid bearer token (401 otherwise); the
    principal goes to request.state for the routes' authorization checks.
 3. Afterwards: eventlog_http_requests_total and _request_duration_seconds by route template,
@@ -27,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .auth import Authenticator
 from .errors import ApiError, problem
+from .limits import RequestRefused
 
 access_logger = logging.getLogger("eventlog.access")
 
@@ -55,6 +57,12 @@ class Metrics:
         self.commit_records = Histogram(
             "eventlog_group_commit_records", "records per group commit", buckets=RECORD_BUCKETS, registry=r
         )
+        self.throttled = Counter(
+            "eventlog_quota_throttled_requests", "requests refused (or stream chunks delayed) over a quota", ["kind"],
+            registry=r,
+        )
+        for kind in ("produce", "fetch"):
+            self.throttled.labels(kind)
         self.fsync = Histogram("eventlog_fsync_seconds", "fdatasync latency of group commits", buckets=FSYNC_BUCKETS, registry=r)
         self._engine: Any = None
         self._workers: Any = None
@@ -210,7 +218,7 @@ class ObservabilityMiddleware:
                 return problem(
                     413, "request_too_large",
                     f"request body of {declared} bytes exceeds the limit of {self.max_request_bytes}",
-                    limit=self.max_request_bytes,
+                    headers={"Connection": "close"}, limit=self.max_request_bytes,
                 )
         return None
 
@@ -224,7 +232,10 @@ class ObservabilityMiddleware:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise ApiError(413, "request_too_large", f"request body exceeds the limit of {limit} bytes", limit=limit)
+                    raise RequestRefused(
+                        413, "request_too_large", f"request body exceeds the limit of {limit} bytes",
+                        headers={"Connection": "close"}, limit=limit,
+                    )
             return message
 
         return limited

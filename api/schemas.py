@@ -240,6 +240,9 @@ class CompactionPartition(BaseModel):
     tombstones_removed: int
     map_full: bool = Field(description="the offset map filled up: the dirty range was cleaned in part")
     seconds: float
+    throttled_seconds: float = Field(
+        0.0, description="of `seconds`, slept to keep to EVENTLOG_CLEANER_IO_MAX_BYTES_PER_SEC"
+    )
     note: str = ""
 
 

@@ -91,13 +91,36 @@ def serve(
     host: Optional[str] = typer.Option(None, "--host", help="listen address [env EVENTLOG_HOST; default 127.0.0.1]"),
     port: Optional[int] = typer.Option(None, "--port", help="listen port [env EVENTLOG_PORT; default 8080]"),
     log_level: Optional[str] = typer.Option(None, "--log-level", help="critical|error|warning|info|debug"),
+    ssl_certfile: Optional[Path] = typer.Option(None, "--ssl-certfile", help="PEM certificate: serve https [env EVENTLOG_SSL_CERTFILE]"),
+    ssl_keyfile: Optional[Path] = typer.Option(None, "--ssl-keyfile", help="PEM private key [env EVENTLOG_SSL_KEYFILE]"),
+    limit_concurrency: Optional[int] = typer.Option(
+        None, "--limit-concurrency", help="connections + requests at once, 503 beyond [env EVENTLOG_LIMIT_CONCURRENCY]"
+    ),
+    timeout_keep_alive_ms: Optional[int] = typer.Option(
+        None, "--timeout-keep-alive-ms", help="close idle keep-alive connections after this [env EVENTLOG_TIMEOUT_KEEP_ALIVE_MS; 5000]"
+    ),
+    backlog: Optional[int] = typer.Option(None, "--backlog", help="listen queue length [env EVENTLOG_BACKLOG; 2048]"),
+    max_header_bytes: Optional[int] = typer.Option(
+        None, "--max-header-bytes", help="largest request line + headers [env EVENTLOG_MAX_HEADER_BYTES; 65536]"
+    ),
+    header_timeout_ms: Optional[int] = typer.Option(
+        None, "--header-timeout-ms", help="time for a request's headers to arrive [env EVENTLOG_HEADER_TIMEOUT_MS; 10000]"
+    ),
+    request_timeout_ms: Optional[int] = typer.Option(
+        None, "--request-timeout-ms", help="time for a body to arrive, a GET to answer [env EVENTLOG_REQUEST_TIMEOUT_MS; 30000]"
+    ),
 ) -> None:
     """Run the HTTP service until SIGTERM or SIGINT, then shut down cleanly."""
     from api.auth import AuthConfigError
 
     from .main import begin_shutdown, create_app
+    from .server import uvicorn_config
 
-    settings = _settings(data_dir=data_dir, host=host, port=port, log_level=log_level)
+    settings = _settings(
+        data_dir=data_dir, host=host, port=port, log_level=log_level, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
+        limit_concurrency=limit_concurrency, timeout_keep_alive_ms=timeout_keep_alive_ms, backlog=backlog,
+        max_header_bytes=max_header_bytes, header_timeout_ms=header_timeout_ms, request_timeout_ms=request_timeout_ms,
+    )
     _configure_logging(settings.log_level)
     log = logging.getLogger("eventlog.app")
     if settings.listens_beyond_loopback and settings.auth_file is None:
@@ -105,23 +128,15 @@ def serve(
             "listening on %s without EVENTLOG_AUTH_FILE: anyone who can reach this address can read, "
             "write and delete every topic", settings.host,
         )
+    elif settings.listens_beyond_loopback and settings.ssl_certfile is None:
+        log.warning("listening on %s without TLS (EVENTLOG_SSL_CERTFILE): bearer tokens cross the network in clear", settings.host)
     try:
         app = create_app(settings)
     except AuthConfigError as exc:
         err.print(f"[red]eventlog: cannot start:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     logging.getLogger("uvicorn.error").addFilter(_HideStartupTraceback(app))
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        lifespan="on",
-        log_config=None,
-        log_level=settings.log_level,
-        access_log=False,  # our middleware writes structured access lines (eventlog.access)
-        timeout_graceful_shutdown=30,
-    )
-    server = _Server(config)
+    server = _Server(uvicorn_config(app, settings))
     server.on_exit = lambda: begin_shutdown(app)
     try:
         server.run()  # on uvloop when installed (uvicorn picks the loop)

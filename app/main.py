@@ -8,7 +8,9 @@ from fastapi import FastAPI
 
 from api import install_routes
 from api.auth import Authenticator
+from api.limits import LimitsMiddleware
 from api.observability import Metrics, ObservabilityMiddleware
+from api.quotas import QuotaManager, QuotaMiddleware
 
 from .lifespan import make_lifespan
 from .settings import Settings
@@ -40,6 +42,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.shutting_down = False
     app.state.loop = None
     install_routes(app)
+    # the last added runs first: body limit and authentication, then time limits, then quotas
+    app.add_middleware(QuotaMiddleware, quotas=QuotaManager(settings.quota_config()), metrics=metrics)
+    app.add_middleware(LimitsMiddleware, request_timeout_ms=settings.request_timeout_ms)
     app.add_middleware(
         ObservabilityMiddleware,
         metrics=metrics,

@@ -7,12 +7,14 @@ plain EngineConfig that engine_config() derives.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from api.quotas import QuotaConfig
 from engine.config import LogConfig
 from engine.errors import InvalidConfigError
 from engine.log_manager import EngineConfig
@@ -39,11 +41,41 @@ class Settings(BaseSettings):
         description='JSON object of topic config defaults, e.g. {"segment.bytes": 104857600}',
     )
     recovery_threads: int = Field(2, ge=1, le=64)
+    producer_id_expiration_ms: int = Field(
+        86_400_000, ge=1000, description="producer.id.expiration.ms: how long after its last append an idempotent "
+        "producer (and an Idempotency-Key) is remembered",
+    )
     checkpoint_interval_ms: int = Field(60_000, ge=100)
     log_level: str = Field("info", pattern="^(critical|error|warning|info|debug)$")
     access_log: bool = Field(True, description="one JSON line per request on the eventlog.access logger")
     auth_file: Path | None = Field(None, description="JSON file of bearer tokens, roles and topic prefixes; unset: no auth")
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest request body accepted")
+    # -- limits and quotas (api/limits.py, api/quotas.py, app/server.py) --
+    request_timeout_ms: int = Field(
+        30_000, ge=100, description="time to receive a request's body; for GETs also to start the answer "
+        "(long-polls: plus max_wait_ms; event streams exempt); a response the client does not read for this long is dropped",
+    )
+    header_timeout_ms: int = Field(10_000, ge=100, description="time for a request line and headers to arrive")
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024, le=16 * 1024 * 1024,
+        description="largest request line + headers (431 above it); uvicorn's h11_max_incomplete_event_size",
+    )
+    limit_concurrency: int | None = Field(
+        None, ge=1, description="uvicorn's limit_concurrency: connections + requests at once, 503 beyond [default: no limit]"
+    )
+    timeout_keep_alive_ms: int = Field(5_000, ge=100, description="uvicorn's timeout_keep_alive: idle keep-alive connections close after it")
+    backlog: int = Field(2048, ge=1, description="uvicorn's backlog: the listen socket's queue of connections not yet accepted")
+    ssl_certfile: Path | None = Field(None, description="PEM certificate (chain) file: serve https")
+    ssl_keyfile: Path | None = Field(None, description="PEM private key of ssl_certfile")
+    ssl_keyfile_password: str | None = Field(None, description="password of an encrypted ssl_keyfile")
+    quota_produce_bytes_per_sec: int | None = Field(
+        None, ge=1, description="default produce quota per principal: request body bytes/s [default: unlimited]"
+    )
+    quota_fetch_bytes_per_sec: int | None = Field(
+        None, ge=1, description="default fetch quota per principal: response body bytes/s [default: unlimited]"
+    )
+    quota_window_num: int = Field(11, ge=2, le=1000, description="quota.window.num: samples in a quota's window")
+    quota_window_size_ms: int = Field(1000, ge=10, description="quota.window.size.seconds, in ms: one sample's length")
     snapshot_dir: Path | None = Field(
         None, description="where snapshots go [default: <data dir>/snapshots]; on the log dirs' filesystem, "
         "snapshots hard-link segments, elsewhere they copy them"
@@ -58,6 +90,10 @@ class Settings(BaseSettings):
     )
     cleaner_run_in: Literal["process", "thread"] = Field(
         "process", description="where a compaction pass's CPU work runs: a worker process (default) or a thread"
+    )
+    cleaner_io_max_bytes_per_sec: float = Field(
+        math.inf, gt=0, description="log.cleaner.io.max.bytes.per.second: a compaction pass's bytes read + written "
+        "per second, at most [default: unlimited]",
     )
 
     @field_validator("log_dirs", mode="before")
@@ -80,6 +116,24 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_tls(self) -> Settings:
+        if self.ssl_keyfile is not None and self.ssl_certfile is None:
+            raise ValueError("ssl_keyfile needs ssl_certfile")
+        for name in ("ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name}: {path} is not a readable file")
+        return self
+
+    def quota_config(self) -> QuotaConfig:
+        return QuotaConfig(
+            produce_bytes_per_sec=self.quota_produce_bytes_per_sec,
+            fetch_bytes_per_sec=self.quota_fetch_bytes_per_sec,
+            window_num=self.quota_window_num,
+            window_size_ms=self.quota_window_size_ms,
+        )
+
     @property
     def snapshot_root(self) -> Path:
         return self.snapshot_dir or self.effective_log_dirs[0] / "snapshots"
@@ -95,6 +149,7 @@ class Settings(BaseSettings):
             cleaner_backoff_ms=self.cleaner_backoff_ms,
             dedupe_buffer_bytes=self.cleaner_dedupe_buffer_size,
             cleaner_run_in=self.cleaner_run_in,
+            cleaner_io_max_bytes_per_s=self.cleaner_io_max_bytes_per_sec,
         )
 
     def engine_config(self) -> EngineConfig:
@@ -106,6 +161,7 @@ class Settings(BaseSettings):
             checkpoint_interval_ms=self.checkpoint_interval_ms,
             default_partitions=self.default_partitions,
             max_partitions=self.max_partitions,
+            producer_id_expiration_ms=self.producer_id_expiration_ms,
         )
 
     @property

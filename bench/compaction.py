@@ -38,6 +38,11 @@ What is measured.
    worker process (a warm-up pass on a small topic first starts that process). Requests
    scheduled during a pass are the "pass" samples, the others the "idle" ones; goal: p99(pass)
    <= 1.2 x p99(idle).
+
+3. The same produce-latency run on a fresh server with the cleaner's I/O limit
+   (EVENTLOG_CLEANER_IO_MAX_BYTES_PER_SEC, Kafka's log.cleaner.io.max.bytes.per.second) set to
+   a fraction of dd's write rate measured just before, and to a fraction of the I/O rate the
+   unlimited passes of part 2 reached (IO_LIMITS); idle and pass windows only. Same goal.
 """
 
 from __future__ import annotations
@@ -81,6 +86,9 @@ SEGMENT_BYTES = 64 * MiB
 MAP_BUDGET = 128 * MiB  # the server's default log.cleaner.dedupe.buffer.size
 GOAL_MB_S = 100.0  # of 1 KiB records
 GOAL_P99_RATIO = 1.2
+# EVENTLOG_CLEANER_IO_MAX_BYTES_PER_SEC for the limited runs: a fraction of dd's MB/s, or of the
+# I/O rate of the unlimited passes (read twice + written: ~2 x the topic + the live part)
+IO_LIMITS = (("dd", 0.5), ("pass", 0.5))
 T0_MS = 1_700_000_000_000
 
 # the produce-latency part
@@ -161,6 +169,12 @@ def params(quick: bool) -> dict[str, Any]:
                 "EVENTLOG_CLEANER_ENABLED": "false",
                 "EVENTLOG_CLEANER_DEDUPE_BUFFER_SIZE": str(MAP_BUDGET),
             },
+            # the same run again on a server with EVENTLOG_CLEANER_IO_MAX_BYTES_PER_SEC set to
+            # a fraction of dd's write rate (measured just before), and to a fraction of the I/O
+            # rate the unlimited passes reached (idle and pass windows only)
+            "io_limits": [{"of": of, "fraction": f} for of, f in IO_LIMITS],
+            "dd_mib": 128 if quick else 256,
+            "dd_repeats": 3,
         },
         "goal_p99_ratio": GOAL_P99_RATIO,
     }
@@ -179,6 +193,7 @@ def run(ctx: Context) -> dict[str, Any]:
         ]
         sweep = _budget_sweep(ctx, work, p)
         produce = _produce_latency(ctx, work / "server", p)
+        limited = _produce_limited(ctx, work, p, produce)
     finally:
         remove_tree(work)
     results = {
@@ -186,6 +201,7 @@ def run(ctx: Context) -> dict[str, Any]:
         "cells": cells,
         "budget_sweep": sweep,
         "produce": produce,
+        "produce_io_limited": limited,
         "goal_mb_per_s_1kib": GOAL_MB_S,
         "goal_p99_ratio": GOAL_P99_RATIO,
     }
@@ -510,21 +526,88 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _produce_latency(ctx: Context, directory: Path, p: dict[str, Any]) -> dict[str, Any]:
+def _produce_latency(
+    ctx: Context, directory: Path, p: dict[str, Any], io_limit_bytes_per_s: float | None = None
+) -> dict[str, Any]:
+    """The produce-latency run on a fresh server; with an I/O limit, the cleaner is throttled
+    and the busy-loop windows are left out (they do not depend on the limit)."""
     q = p["produce"]
     server = EventlogServer(ctx, directory)
     assert server.env is not None
     server.env.update(q["server_env"])
+    limit = ""
+    if io_limit_bytes_per_s is not None:
+        server.env["EVENTLOG_CLEANER_IO_MAX_BYTES_PER_SEC"] = str(round(io_limit_bytes_per_s))
+        limit = f", EVENTLOG_CLEANER_IO_MAX_BYTES_PER_SEC={round(io_limit_bytes_per_s)}"
     with running(server):
-        ctx.log(f"eventlog :{server.port} (cleaner loop off, map budget {MAP_BUDGET // MiB} MiB)")
-        result = run_async(_produce_run, ctx, server, q)
+        ctx.log(f"eventlog :{server.port} (cleaner loop off, map budget {MAP_BUDGET // MiB} MiB{limit})")
+        result = run_async(_produce_run, ctx, server, q, io_limit_bytes_per_s is None)
     if server.exit_status != 0:
         raise RuntimeError(f"eventlog exited with {server.exit_status}")
     result["server"] = server.facts()
     return result
 
 
-async def _produce_run(ctx: Context, server: EventlogServer, q: dict[str, Any]) -> dict[str, Any]:
+def _pass_io_rate(produce: dict[str, Any]) -> float:
+    """Bytes/s of I/O the unlimited passes did, as the throttler counts it: the map and the
+    recopy each read the topic's closed segments, the recopy writes the live part (an estimate
+    from the replies: topic bytes x 2 + topic bytes - bytes reclaimed, over the pass's seconds;
+    somewhat high, as the topic's active segment, which a pass does not read, is counted)."""
+    rates = []
+    for w in produce["windows"]:
+        if w["kind"] != "pass" or not w["reply"]["partitions"]:
+            continue
+        part = w["reply"]["partitions"][0]
+        topic = produce["big_topic_bytes"]
+        rates.append((3 * topic - part["bytes_reclaimed"]) / part["seconds"])
+    return median(rates)
+
+
+def _produce_limited(ctx: Context, work: Path, p: dict[str, Any], produce: dict[str, Any]) -> list[dict[str, Any]]:
+    """dd's write rate in the scratch dir (median of a few runs), then the produce-latency run
+    once per limit: EVENTLOG_CLEANER_IO_MAX_BYTES_PER_SEC = fraction x dd's rate, or fraction x
+    the I/O rate of the unlimited passes."""
+    from .harness import dd_write
+
+    q = p["produce"]
+    dd = [dd_write(work, q["dd_mib"]) for _ in range(q["dd_repeats"])]
+    dd_mb_s = median(d["mb_per_s"] for d in dd)
+    pass_rate = _pass_io_rate(produce)
+    ctx.log(
+        f"dd conv=fdatasync in the scratch dir: {dd_mb_s:.0f} MB/s (median of {len(dd)}); "
+        f"the unlimited passes did ~{pass_rate / MB:.0f} MB/s of I/O"
+    )
+    out = []
+    for item in q["io_limits"]:
+        of, fraction = item["of"], item["fraction"]
+        limit = fraction * (dd_mb_s * MB if of == "dd" else pass_rate)
+        label = f"{fraction} x {'dd' if of == 'dd' else 'the unlimited pass'}"
+        result = _produce_latency(ctx, work / f"server-limit-{of}-{fraction}", p, limit)
+        passes = [w for w in result["windows"] if w["kind"] == "pass"]
+        throttled = [w["reply"]["partitions"][0].get("throttled_seconds", 0.0) for w in passes if w["reply"]["partitions"]]
+        result.update(
+            io_limit_of=of,
+            io_limit_fraction=fraction,
+            io_limit_label=label,
+            io_limit_bytes_per_s=round(limit),
+            dd_mb_per_s=dd_mb_s,
+            dd_runs=dd,
+            unlimited_pass_io_bytes_per_s=round(pass_rate),
+            pass_seconds=[w["seconds"] for w in passes],
+            throttled_seconds=throttled,
+        )
+        ctx.log(
+            f"  with the limit at {label} ({limit / MB:.0f} MB/s): passes of "
+            f"{', '.join(f'{x:.2f}' for x in result['pass_seconds'])} s, throttled "
+            f"{', '.join(f'{x:.2f}' for x in throttled)} s"
+        )
+        out.append(result)
+    return out
+
+
+async def _produce_run(
+    ctx: Context, server: EventlogServer, q: dict[str, Any], with_cpu_hog: bool = True
+) -> dict[str, Any]:
     passes = q["passes"]
     async with http_client(server.url, 4) as client:
         # the big compacted topics, one per pass, filled with the same raw batches
@@ -547,6 +630,7 @@ async def _produce_run(ctx: Context, server: EventlogServer, q: dict[str, Any]) 
                 for c in range(4):
                     tg.start_soon(send, batches[c::4])
         fill_s = time.perf_counter() - fill_begin
+        big_topic_bytes = sum(map(len, batches))
         ctx.log(
             f"filled {passes} compacted topics with {records:,} records of 1 KiB over {keys:,} keys "
             f"({sum(map(len, batches)) * passes / MB:.0f} MB, {fill_s:.1f} s)"
@@ -655,6 +739,8 @@ async def _produce_run(ctx: Context, server: EventlogServer, q: dict[str, Any]) 
                 )
                 # the peer: any one-core job for as long as the pass took (a Python busy loop)
                 pass_seconds = end - start
+                if not with_cpu_hog:
+                    continue
                 await idle()
                 counters = await eventlog_counters(client)
                 cpu0 = process_cpu_seconds(server.pid)
@@ -714,8 +800,11 @@ async def _produce_run(ctx: Context, server: EventlogServer, q: dict[str, Any]) 
         "fill_seconds": round(fill_s, 2),
         "big_topic_records": records,
         "big_topic_keys": keys,
+        "big_topic_bytes": big_topic_bytes,
     }
     for kind, inside in by_kind.items():
+        if not inside:
+            continue
         out[kind] = {
             "requests": len(inside),
             "round_trip_us": percentiles_us([round((s[2] - s[1]) * 1e9) for s in inside]),
@@ -734,9 +823,10 @@ async def _produce_run(ctx: Context, server: EventlogServer, q: dict[str, Any]) 
                 out["pass"][key][f"{q_}_us"] / out["idle"][key][f"{q_}_us"], 3
             )
     out["p99_ratio"] = out["round_trip_p99_ratio"]  # the goal's figure
-    out["cpu_hog_round_trip_p99_ratio"] = round(
-        out["cpu_hog"]["round_trip_us"]["p99_us"] / out["idle"]["round_trip_us"]["p99_us"], 3
-    )
+    if "cpu_hog" in out:
+        out["cpu_hog_round_trip_p99_ratio"] = round(
+            out["cpu_hog"]["round_trip_us"]["p99_us"] / out["idle"]["round_trip_us"]["p99_us"], 3
+        )
     # every request: ms since the first window, round trip us, us from its scheduled send
     out["samples"] = [
         [round((s[0] - begin) * 1000, 1), round((s[2] - s[1]) * 1e6), round((s[2] - s[0]) * 1e6)]
@@ -749,9 +839,13 @@ async def _produce_run(ctx: Context, server: EventlogServer, q: dict[str, Any]) 
         f"{idl['round_trip_us']['p99_us'] / 1000:.2f} ms idle -> {out['p99_ratio']:.2f} x "
         f"(p50 {pas['round_trip_us']['p50_us'] / 1000:.2f} vs {idl['round_trip_us']['p50_us'] / 1000:.2f} ms; "
         f"from the schedule p99 {pas['from_schedule_us']['p99_us'] / 1000:.1f} vs "
-        f"{idl['from_schedule_us']['p99_us'] / 1000:.1f} ms; fdatasync {pas['mean_fsync_ms']} vs {idl['mean_fsync_ms']} ms); "
-        f"with a busy loop instead of the pass: p99 {out['cpu_hog']['round_trip_us']['p99_us'] / 1000:.2f} ms "
-        f"({out['cpu_hog_round_trip_p99_ratio']:.2f} x), fdatasync {out['cpu_hog']['mean_fsync_ms']} ms"
+        f"{idl['from_schedule_us']['p99_us'] / 1000:.1f} ms; fdatasync {pas['mean_fsync_ms']} vs {idl['mean_fsync_ms']} ms)"
+        + (
+            f"; with a busy loop instead of the pass: p99 {out['cpu_hog']['round_trip_us']['p99_us'] / 1000:.2f} ms "
+            f"({out['cpu_hog_round_trip_p99_ratio']:.2f} x), fdatasync {out['cpu_hog']['mean_fsync_ms']} ms"
+            if "cpu_hog" in out
+            else ""
+        )
     )
     return out
 
@@ -827,6 +921,22 @@ def _summary(results: dict[str, Any]) -> list[dict[str, Any]]:
             prod["p99_ratio"] <= GOAL_P99_RATIO,
         )
     )
+    for lim in results.get("produce_io_limited", []):
+        lpas, lidl = lim["pass"], lim["idle"]
+        rows.append(
+            summary_row(
+                f"JSON produce round trip p99 (p50) during passes with EVENTLOG_CLEANER_IO_MAX_BYTES_PER_SEC = "
+                f"{lim['io_limit_label']} ({lim['io_limit_bytes_per_s'] / MB:.0f} MB/s), {rate}, "
+                f"{lpas['requests']} requests",
+                f"{lpas['round_trip_us']['p99_us'] / 1000:.2f} ms ({lpas['round_trip_us']['p50_us'] / 1000:.2f} ms)",
+                f"idle windows {lidl['round_trip_us']['p99_us'] / 1000:.2f} ms ({lidl['round_trip_us']['p50_us'] / 1000:.2f} ms); "
+                f"passes {median(lim['pass_seconds']):.2f} s (median), {median(lim['throttled_seconds']):.2f} s of it throttled; "
+                f"fdatasync {lpas['mean_fsync_ms']} vs {lidl['mean_fsync_ms']} ms",
+                lim["p99_ratio"],
+                f"<= {GOAL_P99_RATIO}",
+                lim["p99_ratio"] <= GOAL_P99_RATIO,
+            )
+        )
     hog = prod["cpu_hog"]
     rows.append(
         summary_row(
@@ -859,7 +969,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
     r = report["results"]
     cells = r["cells"]
-    fig, axes = plt.subplots(2, 2, figsize=(16, 11))
+    limited = r.get("produce_io_limited", [])
+    fig, axes = plt.subplots(3 if limited else 2, 2, figsize=(16, 16.5 if limited else 11))
     width = 0.38
     labels = [f"{_label(c['record_bytes'])}\n{c['live_fraction']:.0%} live" for c in cells]
     xs = list(range(len(cells)))
@@ -1035,7 +1146,52 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
 
+    if limited:
+        _plot_limited(axes[2], r, limited)
+
     fig.suptitle(f"compaction, {report['mode']} run, {report['date']}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _plot_limited(axes: Any, r: dict[str, Any], limited: list[dict[str, Any]]) -> None:
+    """Produce latency over time with the cleaner's I/O limit, and the p99 ratios side by side."""
+    lim = limited[-1]
+    ax = axes[0]
+    samples = lim["samples"]
+    ax.scatter([x[0] / 1000 for x in samples], [x[1] / 1000 for x in samples], s=2, color="tab:blue", label="round trip")
+    for w in lim["windows"]:
+        if w["kind"] == "pass":
+            ax.axvspan(w["start_s"], w["start_s"] + w["seconds"], alpha=0.25, color="tab:orange")
+    idle99 = lim["idle"]["round_trip_us"]["p99_us"] / 1000
+    pass99 = lim["pass"]["round_trip_us"]["p99_us"] / 1000
+    ax.axhline(idle99, color="black", linestyle=":", label=f"round trip p99, idle windows {idle99:.1f} ms")
+    ax.axhline(pass99, color="tab:orange", linestyle="--", label=f"p99 during passes {pass99:.1f} ms ({lim['p99_ratio']:.2f} x)")
+    ax.axhline(idle99 * r["goal_p99_ratio"], color="red", linestyle="--", alpha=0.6, label=f"goal {r['goal_p99_ratio']} x idle p99")
+    ax.set_yscale("log")
+    ax.set_xlabel("s; orange: a throttled compaction pass")
+    ax.set_ylabel("produce latency, ms")
+    ax.set_title(
+        f"the same with EVENTLOG_CLEANER_IO_MAX_BYTES_PER_SEC = {lim['io_limit_label']} "
+        f"({lim['io_limit_bytes_per_s'] / MB:.0f} MB/s)"
+    )
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+
+    ax = axes[1]
+    prod = r["produce"]
+    bars = [("unlimited pass", prod["p99_ratio"], "tab:orange")]
+    bars += [(f"pass, limit {x['io_limit_label']}", x["p99_ratio"], "tab:purple") for x in limited]
+    bars.append(("busy loop (peer)", prod["cpu_hog_round_trip_p99_ratio"], "tab:green"))
+    xs = list(range(len(bars)))
+    ax.bar(xs, [b[1] for b in bars], 0.6, color=[b[2] for b in bars])
+    for x, b in zip(xs, bars):
+        ax.annotate(f"{b[1]:.2f} x", (x, b[1]), ha="center", va="bottom", fontsize=9)
+    ax.axhline(r["goal_p99_ratio"], color="red", linestyle="--", label=f"goal {r['goal_p99_ratio']} x")
+    ax.axhline(1.0, color="black", linestyle=":", alpha=0.6)
+    ax.set_xticks(xs, [b[0] for b in bars], fontsize=8)
+    ax.set_ylabel("produce round trip p99 / idle p99 (same server)")
+    ax.set_title("p99 during a pass over idle p99")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)

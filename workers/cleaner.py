@@ -28,11 +28,16 @@ The pass, after Kafka's LogCleaner:
 
 Records without a key (only possible in logs written before the topic became compacted) are
 kept. Control batches are copied as they are.
+
+I/O rate limit (Kafka's log.cleaner.io.max.bytes.per.second, `request.io_max_bytes_per_s`):
+every batch read by the map and by the recopy, and every batch written, is reported to one
+Throttler (throttler.py), which sleeps when their sum runs faster than the limit.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import resource
 import signal
@@ -63,6 +68,7 @@ from engine.scan import BatchScanner
 from engine.segment import AppendBatch, LogSegment
 
 from .offset_map import OffsetMap, key_digests
+from .throttler import Throttler
 
 INT32_MAX = 2**31 - 1
 REBUILT_BATCH_BYTES = 1024 * 1024  # target size of a batch re-formed from survivors
@@ -104,6 +110,8 @@ class CleanRequest:
     sweep: bool = False
     in_worker_process: bool = False  # run by the compactor in a process of its own
     server_pid: int = 0  # that process's parent
+    # log.cleaner.io.max.bytes.per.second: bytes read (both phases) + written per second
+    io_max_bytes_per_s: float = math.inf
 
 
 @dataclass(slots=True)
@@ -124,7 +132,10 @@ class CleanOutcome:
     records_removed: int = 0
     tombstones_removed: int = 0
     bytes_read: int = 0  # bytes of the segments recopied (the map phase reads the dirty part again)
+    map_bytes_read: int = 0  # bytes the map phase read
     bytes_written: int = 0
+    io_bytes: int = 0  # what the I/O rate limit counted: map_bytes_read + bytes_read + bytes_written
+    throttled_seconds: float = 0.0  # time slept to keep to io_max_bytes_per_s
     batches_copied: int = 0
     batches_rebuilt: int = 0
     seconds: float = 0.0
@@ -217,9 +228,10 @@ class _SegmentWriter:
     """Appends batches to one `.cleaned` segment. The last batch is held back so that, once the
     group's end is known, its lastOffsetDelta can be raised to cover the group's offsets."""
 
-    def __init__(self, directory: Path, base_offset: int, request: CleanRequest) -> None:
+    def __init__(self, directory: Path, base_offset: int, request: CleanRequest, throttler: Throttler) -> None:
         self.base_offset = base_offset
         self.request = request
+        self.throttler = throttler
         self.segment = LogSegment.create(
             directory, base_offset, max_index_bytes=request.max_index_bytes, now_ms=request.now_ms,
             suffix=filenames.CLEANED_SUFFIX,
@@ -240,6 +252,7 @@ class _SegmentWriter:
             AppendBatch(data, base, base + last_delta, max_ts, len(data)), self.request.index_interval_bytes
         )
         self.bytes_written += len(data)
+        self.throttler.maybe_throttle(len(data))
         if self.segment._staged_bytes >= 4 * 1024 * 1024:
             self.segment.write_staged()
             crash_point("clean.mid_recopy")
@@ -384,27 +397,40 @@ def clean(request: CleanRequest) -> CleanOutcome:
     budget = max(request.map_budget_bytes, MIN_MAP_BYTES)
     offset_map = OffsetMap(budget, request.map_load_factor)
     outcome.map_budget_bytes = offset_map.budget_bytes
-    end_offset = _build_map(directory, request, offset_map, outcome)
+    throttler = Throttler(request.io_max_bytes_per_s)
+    _clean(directory, request, offset_map, outcome, throttler, started)
+    outcome.io_bytes = throttler.total_bytes
+    outcome.throttled_seconds = throttler.slept_s
+    outcome.seconds = time.perf_counter() - started
+    outcome.peak_rss_bytes = _peak_rss_bytes()
+    return outcome
+
+
+def _clean(
+    directory: Path, request: CleanRequest, offset_map: OffsetMap, outcome: CleanOutcome, throttler: Throttler,
+    started: float,
+) -> None:
+    segments = request.segments
+    end_offset = _build_map(directory, request, offset_map, outcome, throttler)
     outcome.map_seconds = time.perf_counter() - started
     outcome.end_offset = end_offset
     outcome.map_entries = offset_map.size
     if end_offset <= request.first_dirty_offset and not request.sweep:
-        return outcome
+        return
     groups = _group_segments(segments, end_offset, request)
     if not groups:
-        return outcome
-    _recopy(directory, groups, request, offset_map, outcome, end_offset)
+        return
+    _recopy(directory, groups, request, offset_map, outcome, end_offset, throttler)
     crash_point("clean.after_cleaned")
-    outcome.seconds = time.perf_counter() - started
-    outcome.peak_rss_bytes = _peak_rss_bytes()
-    return outcome
 
 
 def _next_base(segments: tuple[SegmentRef, ...], i: int, end_limit: int) -> int:
     return segments[i + 1].base_offset if i + 1 < len(segments) else end_limit
 
 
-def _build_map(directory: Path, request: CleanRequest, offset_map: OffsetMap, outcome: CleanOutcome) -> int:
+def _build_map(
+    directory: Path, request: CleanRequest, offset_map: OffsetMap, outcome: CleanOutcome, throttler: Throttler
+) -> int:
     """Put the dirty range's keys in the map; returns the offset the map covers up to."""
     segments = request.segments
     first_dirty = request.first_dirty_offset
@@ -436,6 +462,8 @@ def _build_map(directory: Path, request: CleanRequest, offset_map: OffsetMap, ou
         try:
             scanner = BatchScanner(fd, 0, ref.size, with_data=True, check_crc=True)
             for header, data in scanner:
+                outcome.map_bytes_read += header.size
+                throttler.maybe_throttle(header.size)
                 if header.next_offset <= first_dirty:
                     continue
                 if header.base_offset >= request.end_limit:
@@ -492,7 +520,7 @@ def _group_segments(segments: tuple[SegmentRef, ...], end_offset: int, request: 
 
 def _recopy(
     directory: Path, groups: list[list[int]], request: CleanRequest, offset_map: OffsetMap, outcome: CleanOutcome,
-    end_offset: int,
+    end_offset: int, throttler: Throttler,
 ) -> None:
     segments = request.segments
     now = request.now_ms
@@ -512,13 +540,15 @@ def _recopy(
             def add(batch: bytes | bytearray, first_base: int = first_base) -> None:
                 nonlocal new_writer
                 if new_writer is None:
-                    new_writer = _SegmentWriter(directory, first_base, request)
+                    new_writer = _SegmentWriter(directory, first_base, request, throttler)
                     written.append(new_writer)
                 new_writer.add(batch)
 
             rebuilder = _Rebuilder(add, now, request.delete_retention_ms, outcome)
             for i in group:
-                _recopy_segment(directory, segments[i], request, offset_map, rebuilder, add, outcome, end_offset)
+                _recopy_segment(
+                    directory, segments[i], request, offset_map, rebuilder, add, outcome, end_offset, throttler
+                )
             rebuilder.flush()
             if new_writer is None:
                 if writer is not None and writer_group is not None:
@@ -557,6 +587,7 @@ def _recopy_segment(
     add,
     outcome: CleanOutcome,
     end_offset: int,
+    throttler: Throttler,
 ) -> None:
     """Recopy one old segment. Batches at or past `end_offset` (the part of the last segment the
     map did not reach) are copied as they are: the next pass cleans them."""
@@ -568,6 +599,7 @@ def _recopy_segment(
         chunk_records = 0
         for header, data in scanner:
             outcome.bytes_read += header.size
+            throttler.maybe_throttle(header.size)
             raw = bytes(data)
             if header.attributes & CONTROL_BIT or header.base_offset >= end_offset:
                 _decide(chunk, offset_map, request.now_ms, rebuilder, add, outcome)

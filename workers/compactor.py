@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -78,6 +79,7 @@ class CompactionResult:
     map_full: bool = False
     next_horizon_ms: int | None = None
     seconds: float = 0.0
+    throttled_seconds: float = 0.0  # of `seconds`, slept to keep to the I/O rate limit
     note: str = ""
     outcome: dict[str, Any] = field(default_factory=dict)
 
@@ -119,7 +121,14 @@ def dirty_stats(view: LogView, config, cleaner_checkpoint: int | None, now_ms: i
 
 
 def build_request(
-    log: PartitionLog, view: LogView, stats: DirtyStats, now_ms: int, map_budget_bytes: int, *, sweep: bool = False
+    log: PartitionLog,
+    view: LogView,
+    stats: DirtyStats,
+    now_ms: int,
+    map_budget_bytes: int,
+    *,
+    sweep: bool = False,
+    io_max_bytes_per_s: float = math.inf,
 ) -> CleanRequest:
     segments = view.segments
     refs = tuple(
@@ -138,6 +147,7 @@ def build_request(
         index_interval_bytes=config.index_interval_bytes,
         map_budget_bytes=map_budget_bytes,
         sweep=sweep,
+        io_max_bytes_per_s=io_max_bytes_per_s,
     )
 
 
@@ -150,10 +160,12 @@ async def compact_partition(
     run_in: RunIn = "process",
     stats: DirtyStats | None = None,
     sweep: bool = False,
+    io_max_bytes_per_s: float = math.inf,
 ) -> CompactionResult:
     """One pass over `log` (whatever its dirty ratio). With `sweep`, the clean segments are
     recopied even when nothing is dirty, which drops tombstones whose delete horizon passed.
-    See the module docstring."""
+    `io_max_bytes_per_s` limits the pass's bytes read + written per second (the throttler
+    sleeps in the pass). See the module docstring."""
     started = time.perf_counter()
     now = log.clock() if now_ms is None else now_ms
     view = log.view
@@ -167,7 +179,7 @@ async def compact_partition(
     if stats.dirty_bytes == 0 and not (sweep and stats.clean_bytes):
         result.note = "nothing to clean"
         return result
-    request = build_request(log, view, stats, now, map_budget_bytes, sweep=sweep)
+    request = build_request(log, view, stats, now, map_budget_bytes, sweep=sweep, io_max_bytes_per_s=io_max_bytes_per_s)
     try:
         if run_in == "process":
             request = dataclasses.replace(request, in_worker_process=True, server_pid=os.getpid())
@@ -188,6 +200,7 @@ async def compact_partition(
     result.records_removed = outcome.records_removed
     result.tombstones_removed = outcome.tombstones_removed
     result.next_horizon_ms = outcome.next_horizon_ms
+    result.throttled_seconds = outcome.throttled_seconds
     try:
         await _swap_in(log, view, outcome)
     except Exception:

@@ -18,6 +18,7 @@ Figures for /metrics are kept here as plain numbers (api/observability.py export
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,7 @@ class WorkerSettings:
     cleaner_backoff_ms: int = 15_000
     dedupe_buffer_bytes: int = 128 * 1024 * 1024
     cleaner_run_in: RunIn = "process"
+    cleaner_io_max_bytes_per_s: float = math.inf  # log.cleaner.io.max.bytes.per.second
 
 
 @dataclass
@@ -195,6 +197,7 @@ class Workers:
                     run_in=self.settings.cleaner_run_in,
                     stats=stats,
                     sweep=sweep,
+                    io_max_bytes_per_s=self.settings.cleaner_io_max_bytes_per_s,
                 )
             except SegmentsChanged as exc:
                 logger.info("%s: compaction pass abandoned, the log changed under it: %s", log.name, exc)

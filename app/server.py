@@ -1,0 +1,218 @@
+"""uvicorn's configuration from the settings: listen limits, slow-client guards, TLS.
+
+uvicorn closes idle keep-alive connections (timeout_keep_alive) and can refuse work beyond a
+number of connections + requests (limit_concurrency, 503), but it waits for ever for a request
+line and headers, and with httptools (its choice when installed) it takes headers of any size.
+The protocol classes made here add both limits, for httptools and h11 alike:
+
+    head timeout   a connection must deliver a whole request head (request line + headers)
+                   within header_timeout_ms of opening, or of the first byte of its next
+                   request: otherwise 408 `request_timeout` (or, if nothing came, just the
+                   close) and the connection ends.
+    head size      more than max_header_bytes before the head is complete: 431
+                   `headers_too_large` and the connection ends (h11 also gets the same limit
+                   as its h11_max_incomplete_event_size).
+    stalled reader a response the client takes nothing of for request_timeout_ms (the
+                   transport's write buffer above its high-water mark and not shrinking) ends
+                   the connection at once (abort: the buffered bytes are dropped). Without it a
+                   client that stops reading would hold its response's bytes in memory and its
+                   connection open for ever: uvicorn hands a whole body to the transport and
+                   the request is done as far as the application can tell.
+
+The body and the answer have their limits in api/limits.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import orjson
+import uvicorn
+
+from .settings import Settings
+
+logger = logging.getLogger("eventlog.app")
+
+
+def _problem_bytes(status: int, reason: str, code: str, detail: str) -> bytes:
+    body = orjson.dumps({
+        "type": f"urn:eventlog:problem:{code}", "title": reason, "status": status, "detail": detail, "code": code,
+    })
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/problem+json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+class _HeadGuard:
+    """Mixed into a uvicorn HTTP protocol class (before it in the bases)."""
+
+    header_timeout_s: float = 10.0
+    max_header_bytes: int = 64 * 1024
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+
+    _head_timer: asyncio.TimerHandle | None = None
+    _head_bytes = 0
+
+    def _arm_head(self) -> None:
+        if self._head_timer is None:
+            self._head_bytes = 0
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
+
+    def _head_done(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _count_head(self, n: int) -> None:
+        """After bytes were parsed and the head is still incomplete."""
+        if self._head_timer is None:
+            return
+        self._head_bytes += n
+        if self._head_bytes > self.max_header_bytes:
+            self._head_done()
+            self._refuse(431, "Request Header Fields Too Large", "headers_too_large",
+                         f"request line and headers exceed {self.max_header_bytes} bytes")
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._head_bytes:
+            ms = round(self.header_timeout_s * 1000)
+            self._refuse(408, "Request Timeout", "request_timeout", f"request headers did not arrive within {ms} ms")
+        elif not self.transport.is_closing():
+            self.transport.close()
+
+    def _refuse(self, status: int, reason: str, code: str, detail: str) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(_problem_bytes(status, reason, code, detail))
+            self.transport.close()
+
+    # -- a client that stops reading ---------------------------------------------------------
+
+    send_timeout_s: float = 30.0
+    _write_timer: asyncio.TimerHandle | None = None
+    _write_buffered = 0
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]
+        if self._write_timer is None:
+            self._write_buffered = self.transport.get_write_buffer_size()
+            self._write_timer = self.loop.call_later(self.send_timeout_s, self._check_writing)
+
+    def resume_writing(self) -> None:
+        self._stop_write_watch()
+        super().resume_writing()  # type: ignore[misc]
+
+    def _stop_write_watch(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _check_writing(self) -> None:
+        self._write_timer = None
+        if self.transport.is_closing() and self.transport.get_write_buffer_size() == 0:
+            return
+        buffered = self.transport.get_write_buffer_size()
+        if buffered < self._write_buffered:  # the client took some: watch on
+            self._write_buffered = buffered
+            self._write_timer = self.loop.call_later(self.send_timeout_s, self._check_writing)
+            return
+        logger.warning(
+            "%s: the client took no response bytes for %d ms (%d bytes waiting); connection dropped",
+            _peer(self.transport), round(self.send_timeout_s * 1000), buffered,
+        )
+        self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_done()
+        self._stop_write_watch()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+def _peer(transport: asyncio.Transport) -> str:
+    peer = transport.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "client"
+
+
+def _httptools_guarded() -> type:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class GuardedHttpTools(_HeadGuard, HttpToolsProtocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_head()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._count_head(len(data))
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm_head()
+
+        def on_headers_complete(self) -> None:
+            self._head_done()
+            super().on_headers_complete()
+
+    return GuardedHttpTools
+
+
+def _h11_guarded() -> type:
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11(_HeadGuard, H11Protocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_head()
+
+        def data_received(self, data: bytes) -> None:
+            if self.conn.their_state is h11.IDLE:
+                self._arm_head()
+            super().data_received(data)
+            if self.conn.their_state is h11.IDLE:
+                self._count_head(len(data))
+            else:
+                self._head_done()
+
+    return GuardedH11
+
+
+def protocol_class(settings: Settings) -> type:
+    """uvicorn's own choice (httptools when installed, else h11), with the head limits."""
+    try:
+        import httptools  # noqa: F401
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings httptools
+        base = _h11_guarded()
+    else:
+        base = _httptools_guarded()
+    return type(base.__name__, (base,), {
+        "header_timeout_s": settings.header_timeout_ms / 1000,
+        "max_header_bytes": settings.max_header_bytes,
+        "send_timeout_s": settings.request_timeout_ms / 1000,
+    })
+
+
+def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        http=protocol_class(settings),
+        lifespan="on",
+        log_config=None,
+        log_level=settings.log_level,
+        access_log=False,  # our middleware writes structured access lines (eventlog.access)
+        timeout_graceful_shutdown=30,
+        limit_concurrency=settings.limit_concurrency,
+        timeout_keep_alive=settings.timeout_keep_alive_ms / 1000,  # type: ignore[arg-type] # call_later takes floats
+        backlog=settings.backlog,
+        h11_max_incomplete_event_size=settings.max_header_bytes,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
+        ssl_keyfile_password=settings.ssl_keyfile_password,
+    )
