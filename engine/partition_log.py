@@ -313,7 +313,9 @@ class PartitionLog:
                 self._failed = error
                 logger.error("partition %s failed, refusing writes until restart: %s", self.name, error)
             for op in group:
-                if op.error is None:
+                # a refused request keeps its own error; a retry answered from the producer
+                # state wrote nothing, so it stands
+                if op.error is None and not (isinstance(op.result, AppendResult) and op.result.duplicate):
                     op.error = error
                 op.done.set()
             if not isinstance(exc, Exception):
@@ -429,10 +431,21 @@ class PartitionLog:
             raise StorageFullError(exc.path, f"disk full, append refused: {cause.strerror}") from exc
         producers.commit(pending)
         if rolled:
-            # the state after every batch below the new end, beside the segment it starts
-            producers.write_snapshot(next_offset, now)
+            self._snapshot_producers(next_offset, now)
         if self._on_commit is not None:
             self._on_commit(self, len(group), messages, sum(b.size for b in prepared))
+
+    def _snapshot_producers(self, offset: int, now: int) -> None:
+        """Save the producer state after every batch below `offset` (on roll and close), if
+        there is any. Only an optimisation of recovery, which can always replay the log: a
+        failure is logged, and the data already written stands."""
+        state = self.producer_state
+        if not state.producers and state.snapshot_offset < 0:
+            return
+        try:
+            state.write_snapshot(offset, now)
+        except StorageError as exc:
+            logger.warning("%s: producer snapshot not written: %s", self.name, exc)
 
     def _undo_commit(self, segments_before: tuple[LogSegment, ...], state_before: tuple, recovery_point: int) -> None:
         """Remove what a failed commit wrote: segments it rolled to, and its bytes and index
@@ -750,8 +763,7 @@ class PartitionLog:
         active.close_for_append()
         self._unflushed_messages = 0
         self.recovery_point = self._next_offset
-        if self.producer_state.producers or self.producer_state.snapshot_offset >= 0:
-            self.producer_state.write_snapshot(self._next_offset, self.clock())
+        self._snapshot_producers(self._next_offset, self.clock())
 
     @property
     def closed(self) -> bool:

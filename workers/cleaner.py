@@ -389,6 +389,7 @@ def clean(request: CleanRequest) -> CleanOutcome:
     started = time.perf_counter()
     if request.in_worker_process:
         _die_with_parent(request.server_pid)
+        _yield_the_cpu()
     directory = Path(request.directory)
     segments = request.segments
     outcome = CleanOutcome(end_offset=request.first_dirty_offset)
@@ -678,6 +679,19 @@ def _peak_rss_bytes() -> int:
 def _note_horizon(outcome: CleanOutcome, horizon: int) -> None:
     if outcome.next_horizon_ms is None or horizon < outcome.next_horizon_ms:
         outcome.next_horizon_ms = horizon
+
+
+WORKER_NICENESS = 19
+
+
+def _yield_the_cpu() -> None:
+    """Run the pass at the lowest CPU priority (nice 19): on a machine with few cores a pass
+    competes with the server's event loop for a core, and producers' latency is what matters;
+    the pass still gets every idle cycle."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, WORKER_NICENESS)
+    except (OSError, AttributeError):
+        pass
 
 
 def _die_with_parent(server_pid: int) -> None:
