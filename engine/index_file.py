@@ -126,6 +126,11 @@ class IndexFile:
         self._set_mapping(None)
         self._loaded = False
 
+    def pin(self) -> None:
+        """Map the file now (a read-only index maps lazily), so that lookups no longer need
+        its name: the file is about to be renamed or deleted."""
+        self._mapped_columns()
+
     def rename(self, path: Path) -> None:
         os.replace(self.path, path)
         self.path = path

@@ -184,6 +184,10 @@ class LogSegment:
         max_bytes = self._offset_index.max_entries * OffsetIndex.ENTRY_SIZE
         builder = IndexBuilder(self.base_offset, self.index_interval_bytes, max_bytes)
         for header in self.headers(0, self.size):
+            if header.base_offset < self.base_offset or not self.can_hold(header.last_offset):
+                raise CorruptSegmentError(
+                    self.log_path, f"at byte {header.position}: offset {header.last_offset} does not fit the segment"
+                )
             builder.add(header.last_offset, header.position, header.size, header.max_timestamp)
         self._offset_index, self._time_index = builder.write_closed(
             self._offset_index.path, self._time_index.path, max_bytes
@@ -570,8 +574,14 @@ class LogSegment:
     # -- files --------------------------------------------------------------------------------
 
     def change_suffix(self, old: str, new: str) -> None:
-        """Rename the three files from suffix `old` to `new` (e.g. '.cleaned' -> '.swap')."""
+        """Rename the three files from suffix `old` to `new` (e.g. '.cleaned' -> '.swap').
+
+        A live segment leaving the log (-> '.deleted') is pinned first: its .log descriptor
+        opened and its indexes mapped, so readers still holding a view that lists it never
+        open a file by a name that has just gone away (rename now, unlink later)."""
         assert self.suffix == old
+        if new == filenames.DELETED_SUFFIX:
+            self._pin_files()
         for kind in (filenames.log_file, filenames.index_file, filenames.time_index_file):
             src = kind(self.directory, self.base_offset, old)
             if src.exists():
@@ -580,8 +590,22 @@ class LogSegment:
         self._offset_index.path = filenames.index_file(self.directory, self.base_offset, new)
         self._time_index.path = filenames.time_index_file(self.directory, self.base_offset, new)
 
+    def _pin_files(self) -> None:
+        try:  # best effort: a damaged index must not stop its segment's deletion
+            self.open_handle()
+            self._offset_index.pin()
+            self._time_index.pin()
+        except StorageError as exc:
+            logger.warning("%s/%s: not pinned before deletion: %s", self.directory.name, self.name, exc)
+
     def close(self) -> None:
-        """Release descriptors and mappings (readers holding them keep working until GC)."""
+        """Release descriptors and mappings (readers holding them keep working until GC). A
+        deleted segment keeps them instead, for views that still list it: they go with the
+        last reference to this object."""
+        if self.suffix == filenames.DELETED_SUFFIX:
+            self._fd_writable = False
+            self.closed = True
+            return
         self._offset_index.release()
         self._time_index.release()
         with self._fd_lock:

@@ -291,3 +291,22 @@ def test_compacted_topics_refuse_keyless_records() -> None:
         prepare_batches(encode_batch(0, [(b"k", b"v", 1, ()), (None, b"v", 1, ())], compression_type=3), config)
     prepare_batches(encode_batch(0, [(b"k", None, 1, ())]), config)  # a keyed tombstone is fine
     prepare_batches(encode_batch(0, [(None, b"v", 1, ())]), LogConfig())  # delete policy: fine
+
+
+async def test_a_reader_holding_the_replaced_segments_still_reads_them(tmp_path: Path) -> None:
+    """Closed segments map their indexes lazily, by name; the swap renames the old segments to
+    .deleted (and here unlinks them at once). A view taken before the swap must still read:
+    the soak found a 500 from exactly this window."""
+    config = LogConfig(cleanup_policy="compact", segment_bytes=1024, min_cleanable_dirty_ratio=0.01)
+    async with running_log(tmp_path, config) as log:
+        for i in range(60):
+            await append_records(log, [(b"k%d" % (i % 5), b"v%d" % i, 1_700_000_000_000 + i, [])])
+    async with running_log(tmp_path, config, clean_shutdown=True) as log:  # indexes not mapped yet
+        old = log.view
+        before = len(old.segments)
+        await compact_partition(log, cleaner_checkpoint=None, map_budget_bytes=1 << 20, run_in="thread")
+        assert len(log.view.segments) < before
+        assert not any(p.name.endswith(".deleted") for p in tmp_path.iterdir()), "deleted at once here"
+        records = reader.read_records(old, old.log_start_offset, 100, 1 << 20).records
+        assert [r.value for r in records] == [b"v%d" % i for i in range(len(records))]
+        assert reader.offset_for_timestamp(old, 1_700_000_000_030) is not None
