@@ -1,0 +1,462 @@
+"""The soak's mixed load: asyncio tasks on one event loop, each a loop of HTTP requests that
+survives the server's deaths (a failed request is classified, counted, retried after a pause).
+
+Writers (paused while the runner verifies, so the log holds still):
+* JSON producers to the plain and the retained topic (keyed, unkeyed, some with an explicit
+  partition); raw producers (Kafka v2 batches from engine.records.encode_batch, every codec);
+  JSON producers to the compacted topic (a small key space, ~15 % tombstones);
+* the admin task: POST /v1/admin/retention/run and /v1/admin/compaction/run in turn;
+* the snapshot task: POST /v1/snapshots, check the manifest against the model, delete it.
+
+Readers (never paused; they see kills as broken connections and resume where they were):
+* fetchers reading every partition from offset 0 to the end, then again from 0 (JSON; and one
+  asking for raw batches, decoded with kafka-python);
+* long-pollers at the end of a partition (max_wait_ms);
+* SSE tailers following a partition's event stream from its start.
+
+Every record a reader gets goes to Model.observe; its offsets must increase, without gaps in
+the topics that cannot have them, and a jump forward is allowed only past the log start offset
+(retention or compaction removed the records). A reader whose position is above the high
+watermark after a restart saw records that are gone: a failure.
+
+Produce outcomes: 2xx acknowledges (Model.ack); a connection refused means nothing was sent;
+any other transport error, or a 5xx, puts the request's records in doubt (Model.doubt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from engine.compression import CODECS
+from engine.records import encode_batch
+from tests.kafka_oracle import decode_all
+
+from .model import EXPIRES, GAPS, PLAIN, RETAINED, TABLE, Model, content, id_header, record_id
+from .verify import check_snapshot
+
+RAW = "application/vnd.kafka.record-batch.v2"
+JSON = {"content-type": "application/json"}
+REFUSED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+RETRY_PAUSE_S = 0.2
+
+
+class Gate:
+    """Lets writers run, or holds them while the runner verifies; counts requests in flight."""
+
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
+        self._open.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._in_flight = 0
+        self.stopping = False
+
+    async def enter(self) -> None:
+        await self._open.wait()
+        self._in_flight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+
+    async def close(self) -> None:
+        """Hold new writes and wait for those in flight to finish."""
+        self._open.clear()
+        await self._idle.wait()
+
+    def open(self) -> None:
+        self._open.set()
+
+
+class Stats:
+    """Completed operations per kind, per second of the run, for the report and the plot."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.ops: Counter = Counter()
+        self.timeline: dict[int, Counter] = defaultdict(Counter)
+        self.errors: Counter = Counter()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def op(self, kind: str, n: int = 1) -> None:
+        self.ops[kind] += n
+        self.timeline[int(self.now())][kind] += n
+
+
+class Load:
+    def __init__(self, client: httpx.AsyncClient, model: Model, stats: Stats, gate: Gate,
+                 partitions: dict[str, int], seed: int):
+        self.client = client
+        self.model = model
+        self.stats = stats
+        self.gate = gate
+        self.partitions = partitions
+        self.rng = random.Random(seed)
+        self._writers = 0
+
+    def tasks(self) -> list[Any]:
+        """The coroutines of the whole load; each runs until gate.stopping."""
+        out = [
+            self._json_producer(PLAIN), self._json_producer(PLAIN), self._json_producer(RETAINED),
+            self._raw_producer(PLAIN), self._raw_producer(RETAINED),
+            self._json_producer(TABLE), self._json_producer(TABLE),
+            self._admin(), self._snapshots(),
+        ]
+        for topic in (PLAIN, RETAINED, TABLE):
+            out.append(self._fetcher(topic))
+        out.append(self._raw_fetcher(PLAIN))
+        out.append(self._long_poller(PLAIN, 0))
+        out.append(self._long_poller(TABLE, 1 % self.partitions[TABLE]))
+        out.append(self._sse_tailer(PLAIN, 1 % self.partitions[PLAIN]))
+        out.append(self._sse_tailer(RETAINED, 0))
+        return out
+
+    # -- writers ----------------------------------------------------------------------------
+
+    def _writer_number(self) -> int:
+        self._writers += 1
+        return self._writers
+
+    async def _request(self, kind: str, method: str, url: str, *, gated: bool = True,
+                       **kwargs: Any) -> httpx.Response | str:
+        """One request (gated: held while the runner verifies): the response, or "refused" /
+        "in_doubt" after a transport error."""
+        if gated:
+            await self.gate.enter()
+        try:
+            return await self.client.request(method, url, **kwargs)
+        except REFUSED:
+            self.stats.errors[f"{kind}_refused"] += 1
+            return "refused"
+        except httpx.TransportError:
+            self.stats.errors[f"{kind}_connection_lost"] += 1
+            return "in_doubt"
+        finally:
+            if gated:
+                self.gate.leave()
+
+    def _produced(self, kind: str, topic: str, outcome: httpx.Response | str, ids: list[int]) -> dict | None:
+        """The JSON answer of a successful produce; otherwise the ids' fate is noted."""
+        if isinstance(outcome, str):
+            if outcome == "in_doubt":
+                self.model.doubt(topic, ids)
+            return None
+        if outcome.status_code >= 500:
+            self.stats.errors[f"{kind}_{outcome.status_code}"] += 1
+            self.model.doubt(topic, ids)
+            return None
+        if outcome.status_code != 200:
+            self.model.fail("unexpected_status", f"{kind}: {outcome.status_code} {outcome.text[:300]}")
+            return None
+        return outcome.json()
+
+    async def _json_producer(self, topic: str) -> None:
+        writer = self._writer_number()
+        rng = random.Random(self.rng.random())
+        seq = 0
+        kind = "produce_table" if topic == TABLE else "produce_json"
+        while not self.gate.stopping:
+            n = rng.randint(1, 12)
+            ids = [record_id(writer, seq + i) for i in range(n)]
+            seq += n
+            records = []
+            for rid in ids:
+                key, value = content(topic, rid)
+                record: dict[str, Any] = {
+                    "key": None if key is None else key.decode(),
+                    "value": None if value is None else value.decode(),
+                    "headers": [{"key": "id", "value": str(rid)}],
+                }
+                if key is None and rng.random() < 0.3:
+                    record["partition"] = rng.randrange(self.partitions[topic])
+                records.append(record)
+            body = orjson.dumps({"records": records})
+            outcome = await self._request(kind, "POST", f"/v1/topics/{topic}/records", content=body, headers=JSON)
+            answer = self._produced(kind, topic, outcome, ids)
+            if answer is None:
+                await asyncio.sleep(RETRY_PAUSE_S)
+                continue
+            for rid, placed in zip(ids, answer["offsets"], strict=True):
+                self.model.ack(topic, placed["partition"], placed["offset"], rid)
+            self.stats.op(kind)
+            self.stats.op("records_acked", n)
+
+    async def _raw_producer(self, topic: str) -> None:
+        writer = self._writer_number()
+        rng = random.Random(self.rng.random())
+        codecs = list(CODECS.values())
+        seq = 0
+        while not self.gate.stopping:
+            partition = rng.randrange(self.partitions[topic])
+            payload = bytearray()
+            ids: list[int] = []
+            for _ in range(rng.randint(1, 3)):
+                n = rng.randint(1, 20)
+                batch_ids = [record_id(writer, seq + i) for i in range(n)]
+                seq += n
+                now_ms = int(time.time() * 1000)
+                records = [(*content(topic, rid), now_ms, [id_header(rid)]) for rid in batch_ids]
+                payload += encode_batch(0, records, compression_type=rng.choice(codecs))
+                ids += batch_ids
+            outcome = await self._request(
+                "produce_raw", "POST", f"/v1/topics/{topic}/partitions/{partition}/records",
+                content=bytes(payload), headers={"content-type": RAW},
+            )
+            answer = self._produced("produce_raw", topic, outcome, ids)
+            if answer is None:
+                await asyncio.sleep(RETRY_PAUSE_S)
+                continue
+            base, last = answer["base_offset"], answer["last_offset"]
+            if last - base + 1 != len(ids) or answer["partition"] != partition:
+                self.model.fail("bad_answer", f"raw produce of {len(ids)} records to {topic}/{partition}: {answer}")
+                continue
+            for i, rid in enumerate(ids):
+                self.model.ack(topic, partition, base + i, rid)
+            self.stats.op("produce_raw")
+            self.stats.op("records_acked", len(ids))
+
+    async def _admin(self) -> None:
+        rng = random.Random(self.rng.random())
+        turn = 0
+        while not self.gate.stopping:
+            await asyncio.sleep(rng.uniform(0.5, 2.0))
+            kind = ("retention_run", "compaction_run")[turn % 2]
+            turn += 1
+            path = "/v1/admin/retention/run" if kind == "retention_run" else "/v1/admin/compaction/run"
+            outcome = await self._request(kind, "POST", path)
+            if isinstance(outcome, str):
+                continue
+            if outcome.status_code != 200:
+                self.model.fail("unexpected_status", f"{kind}: {outcome.status_code} {outcome.text[:300]}")
+                continue
+            answer = outcome.json()
+            self.stats.op(kind)
+            if kind == "compaction_run":
+                self.stats.op("compaction_records_removed", answer["records_removed"])
+            else:
+                self.stats.op("retention_segments_deleted", answer["segments_deleted"])
+
+    async def _snapshots(self) -> None:
+        rng = random.Random(self.rng.random())
+        while not self.gate.stopping:
+            await asyncio.sleep(rng.uniform(2.0, 5.0))
+            # one gated unit: the runner's clean-up after a restart must not delete it midway
+            await self.gate.enter()
+            try:
+                await self._snapshot_once()
+            finally:
+                self.gate.leave()
+
+    async def _snapshot_once(self) -> None:
+        """Take a snapshot, check its manifest and files against the model, delete it."""
+        topics = sorted(self.partitions)
+        # everything acknowledged before the request must be in the snapshot
+        floor = {
+            (t, p): max(self.model.acked.get((t, p), ()), default=-1) + 1
+            for t in topics for p in range(self.partitions[t])
+        }
+        outcome = await self._request("snapshot", "POST", "/v1/snapshots", gated=False, json={"topics": topics})
+        if isinstance(outcome, str):
+            return
+        if outcome.status_code != 201:
+            self.model.fail("unexpected_status", f"snapshot: {outcome.status_code} {outcome.text[:300]}")
+            return
+        answer = outcome.json()
+        check_snapshot(Path(answer["path"]), topics, self.partitions, floor, self.model)
+        outcome = await self._request("snapshot", "DELETE", f"/v1/snapshots/{answer['id']}", gated=False)
+        if isinstance(outcome, str):
+            return  # the runner deletes leftovers after the restart
+        if outcome.status_code != 204:
+            self.model.fail("snapshot", f"delete {answer['id']}: {outcome.status_code} {outcome.text[:300]}")
+        elif Path(answer["path"]).exists():
+            self.model.fail("snapshot", f"delete {answer['id']}: 204, but {answer['path']} is still there")
+        else:
+            self.stats.op("snapshot")
+
+    # -- readers ----------------------------------------------------------------------------
+
+    def _take(self, reader: str, topic: str, partition: int, position: int,
+              records: list[dict], log_start: int) -> int:
+        """Check and observe a run of records read from `position`; return the next position."""
+        for record in records:
+            offset = record["offset"]
+            if offset < position:
+                self.model.fail("out_of_order", f"{reader} at {topic}/{partition} {position}: got offset {offset}")
+                continue
+            if offset > position and not GAPS[topic] and not (EXPIRES[topic] and log_start >= offset):
+                self.model.fail("gap", f"{reader}: {topic}/{partition} jumped from {position} to {offset}")
+            headers = {h["key"]: h["value"] for h in record["headers"]}
+            rid = int(headers["id"]) if "id" in headers else None
+            self.model.observe(topic, partition, offset, rid, reader)
+            if rid is not None:
+                key, value = content(topic, rid)
+                if record["key"] != (None if key is None else key.decode()) or record["value"] != (
+                    None if value is None else value.decode()
+                ):
+                    self.model.fail("corrupt", f"{reader}: {topic}/{partition} offset {offset}: key/value of id {rid} differ")
+            position = offset + 1
+        return position
+
+    def _out_of_range(self, reader: str, topic: str, partition: int, position: int, problem: dict) -> int:
+        """A 416: jump to the log start if retention passed us; above the high watermark is a loss."""
+        log_start, hw = problem.get("log_start_offset"), problem.get("high_watermark")
+        if log_start is not None and position < log_start:
+            if not EXPIRES[topic]:
+                self.model.fail("lost", f"{reader}: {topic}/{partition} log start moved to {log_start} past {position}")
+            return log_start
+        self.model.fail(
+            "lost",
+            f"{reader}: {topic}/{partition} position {position} is above the high watermark {hw} "
+            "(records a reader saw below the watermark are gone)",
+        )
+        return hw if hw is not None else 0
+
+    async def _read(self, reader: str, topic: str, partition: int, position: int, **params: Any) -> tuple[int, int]:
+        """One fetch from `position`; returns (next position, records read), (position, -1) on errors."""
+        try:
+            r = await self.client.get(
+                f"/v1/topics/{topic}/partitions/{partition}/records", params={"offset": position, **params}
+            )
+        except httpx.TransportError:
+            self.stats.errors[f"{reader}_connection"] += 1
+            await asyncio.sleep(RETRY_PAUSE_S)
+            return position, -1
+        if r.status_code == 416:
+            return self._out_of_range(reader, topic, partition, position, r.json()), -1
+        if r.status_code != 200:
+            self.model.fail("unexpected_status", f"{reader}: {r.status_code} {r.text[:300]}")
+            await asyncio.sleep(RETRY_PAUSE_S)
+            return position, -1
+        body = r.json()
+        records = body["records"]
+        self._take(reader, topic, partition, position, records, body["log_start_offset"])
+        return max(position, body["next_offset"]), len(records)
+
+    async def _fetcher(self, topic: str) -> None:
+        positions = dict.fromkeys(range(self.partitions[topic]), 0)
+        kind = "fetch"
+        while not self.gate.stopping:
+            for partition in positions:
+                position, n = await self._read(f"fetcher({topic})", topic, partition, positions[partition], max_records=500)
+                if n == 0:
+                    position = 0  # caught up: read the partition again from the start
+                positions[partition] = position
+                if n >= 0:
+                    self.stats.op(kind)
+
+    async def _raw_fetcher(self, topic: str) -> None:
+        """Like _fetcher, with Accept: raw batches, decoded by kafka-python (tests/kafka_oracle)."""
+        reader = f"raw_fetcher({topic})"
+        positions = dict.fromkeys(range(self.partitions[topic]), 0)
+        while not self.gate.stopping:
+            for partition, position in positions.items():
+                try:
+                    r = await self.client.get(
+                        f"/v1/topics/{topic}/partitions/{partition}/records",
+                        params={"offset": position, "max_bytes": 256 * 1024}, headers={"accept": RAW},
+                    )
+                except httpx.TransportError:
+                    self.stats.errors[f"{reader}_connection"] += 1
+                    await asyncio.sleep(RETRY_PAUSE_S)
+                    continue
+                if r.status_code == 416:
+                    positions[partition] = self._out_of_range(reader, topic, partition, position, r.json())
+                    continue
+                if r.status_code != 200:
+                    self.model.fail("unexpected_status", f"{reader}: {r.status_code} {r.text[:300]}")
+                    continue
+                try:
+                    _batches, decoded = decode_all(r.content)
+                except Exception as exc:  # noqa: BLE001 -- any decoder complaint is a finding
+                    self.model.fail("corrupt", f"{reader}: {topic}/{partition} from {position}: {exc!r}")
+                    continue
+                records = [
+                    {"offset": d.offset, "key": None if d.key is None else d.key.decode(),
+                     "value": None if d.value is None else d.value.decode(),
+                     "headers": [{"key": k, "value": v.decode()} for k, v in d.headers]}
+                    for d in decoded if d.offset >= position
+                ]
+                log_start = int(r.headers["x-log-start-offset"])
+                self._take(reader, topic, partition, position, records, log_start)
+                next_offset = int(r.headers["x-next-offset"])
+                positions[partition] = 0 if not records else max(position, next_offset)
+                self.stats.op("fetch_raw")
+
+    async def _long_poller(self, topic: str, partition: int) -> None:
+        position = None
+        while not self.gate.stopping:
+            if position is None:
+                try:
+                    r = await self.client.get(f"/v1/topics/{topic}/partitions/{partition}/offsets")
+                    position = r.json()["high_watermark"] if r.status_code == 200 else None
+                except httpx.TransportError:
+                    await asyncio.sleep(RETRY_PAUSE_S)
+                continue
+            position, n = await self._read(
+                f"long_poller({topic}/{partition})", topic, partition, position, max_wait_ms=2000
+            )
+            if n >= 0:
+                self.stats.op("long_poll")
+
+    async def _sse_tailer(self, topic: str, partition: int) -> None:
+        """Follow the event stream; after a broken connection, resume after the last event seen."""
+        reader = f"sse({topic}/{partition})"
+        state = {"position": 0}  # updated per event, so a kill mid-stream loses no progress
+        while not self.gate.stopping:
+            url = f"/v1/topics/{topic}/partitions/{partition}/records/stream"
+            try:
+                async with self.client.stream("GET", url, params={"offset": state["position"]}) as r:
+                    if r.status_code == 416:
+                        problem = orjson.loads(await r.aread())
+                        state["position"] = self._out_of_range(reader, topic, partition, state["position"], problem)
+                        continue
+                    if r.status_code != 200:
+                        self.model.fail("unexpected_status", f"{reader}: {r.status_code}")
+                        await asyncio.sleep(RETRY_PAUSE_S)
+                        continue
+                    self.stats.op("sse_connect")
+                    await self._events(reader, topic, partition, state, r)
+            except httpx.TransportError:
+                self.stats.errors[f"{reader}_connection"] += 1
+                await asyncio.sleep(RETRY_PAUSE_S)
+
+    async def _events(self, reader: str, topic: str, partition: int, state: dict[str, int], r: httpx.Response) -> None:
+        event, data = None, None
+        async for line in r.aiter_lines():
+            if self.gate.stopping:
+                return
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                data = orjson.loads(line[6:])
+            elif line == "" and event is not None:
+                if event == "record":
+                    state["position"] = self._take(reader, topic, partition, state["position"], [data], -1)
+                    self.stats.op("sse_event")
+                elif event == "error" and data.get("code") == "offset_out_of_range":
+                    state["position"] = self._out_of_range(reader, topic, partition, state["position"], data)
+                    return
+                else:
+                    self.model.fail("unexpected_event", f"{reader}: {event} {data}")
+                event, data = None, None
+
+
+async def drain(tasks: list[asyncio.Task]) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

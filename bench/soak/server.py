@@ -1,0 +1,136 @@
+"""The server under test: `eventlog serve` as a subprocess on one data dir and one port for the
+whole soak, SIGKILLed and started again.
+
+The server runs in its own session (process group = its pid), so a Ctrl-C of the soak does not
+reach it and its worker processes (the compactor's) can be found by group. After a SIGKILL only
+the server itself is signalled, as when the OOM killer picks it; its workers must die with it
+(PR_SET_PDEATHSIG). A worker still alive a few seconds later is reported, then killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from ..servers import free_port, tail
+
+START_TIMEOUT_S = 180.0  # recovery of a busy data dir on a loaded 2-core machine
+STOP_TIMEOUT_S = 60.0
+ORPHAN_GRACE_S = 5.0
+
+# Workers run often so that kills land in the middle of their passes; access logs are off
+# because the soak makes thousands of requests a second and the log would only cost CPU.
+SERVER_ENV = {
+    "EVENTLOG_ACCESS_LOG": "false",
+    "EVENTLOG_LOG_LEVEL": "warning",
+    "EVENTLOG_RETENTION_CHECK_INTERVAL_MS": "2000",
+    "EVENTLOG_CLEANER_BACKOFF_MS": "1000",
+    "EVENTLOG_CHECKPOINT_INTERVAL_MS": "3000",
+}
+
+
+class SoakServer:
+    def __init__(self, data_dir: Path, log_path: Path):
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.port = free_port()
+        self.process: subprocess.Popen | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def command(self) -> list[str]:
+        script = Path(sys.executable).with_name("eventlog")
+        base = [str(script)] if script.exists() else [sys.executable, "-m", "app.cli"]
+        return [*base, "serve", "--data-dir", str(self.data_dir), "--port", str(self.port)]
+
+    def start(self) -> float:
+        """Start on the same port and data dir; return the seconds until /readyz said 200."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLOG_")}
+        env.update(SERVER_ENV)
+        begin = time.monotonic()
+        with open(self.log_path, "ab") as out:
+            out.write(f"\n=== start {self.starts + 1}: {' '.join(self.command)}\n".encode())
+            out.flush()
+            self.process = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        deadline = begin + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"eventlog exited with status {self.process.returncode} at start "
+                    f"{self.starts + 1}:\n{tail(self.log_path, 60)}"
+                )
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    self.starts += 1
+                    return time.monotonic() - begin
+            time.sleep(0.05)
+        self.process.kill()
+        self.process.wait()
+        raise RuntimeError(f"eventlog not ready within {START_TIMEOUT_S:.0f} s:\n{tail(self.log_path, 60)}")
+
+    def kill(self) -> list[int]:
+        """SIGKILL the server process (only it); return the pids of workers that outlived it."""
+        assert self.process is not None
+        pid = self.process.pid
+        if self.process.poll() is None:
+            os.kill(pid, signal.SIGKILL)
+        self.process.wait()
+        orphans = _group_members(pid)
+        deadline = time.monotonic() + ORPHAN_GRACE_S
+        while orphans and time.monotonic() < deadline:
+            time.sleep(0.05)
+            orphans = _group_members(pid)
+        if orphans:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        return orphans
+
+    def stop(self) -> int:
+        """SIGTERM: a clean shutdown; returns the exit status (0 expected)."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            return -9
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live processes of process group `pgid` (zombies excluded), from /proc."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        state, group = fields[0], int(fields[2])
+        if group == pgid and state != "Z":
+            members.append(int(entry.name))
+    return members

@@ -1,0 +1,152 @@
+"""The soak under faults (bench/soak): a short run with SIGKILLs through the real module, and the
+verifier shown to catch what it exists to catch (a lost tail, a duplicate, a phantom, a wrong
+table view), so a passing soak means something."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.soak.model import PLAIN, TABLE, Model, content, record_id
+from bench.soak.verify import Found, check_partition, check_table, verify_api
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_short_soak_loses_and_duplicates_nothing_across_kills(tmp_path: Path) -> None:
+    out = tmp_path / "soak.json"
+    cmd = [
+        sys.executable, "-m", "bench.soak", "--minutes", "0.75", "--kill-every", "8", "--min-restarts", "4",
+        "--seed", "7", "--out", str(out), "--work-dir", str(tmp_path / "work"),
+    ]
+    done = subprocess.run(cmd, check=False, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert out.exists(), done.stdout + done.stderr
+    r = json.loads(out.read_text())["results"]
+    assert r["lost"] == 0 and r["duplicated"] == 0, r["failures"]
+    assert r["failures"] == [] and r["passed"], r["failures"]
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert r["restarts_survived"] >= 4
+    assert r["records_verified"] > 0 and r["final_disk"]["verified"] > 0  # through the API, and on disk
+    assert r["final_exit_status"] == 0
+    # every kind of load ran, and the maintenance endpoints did work
+    for kind in ("produce_json", "produce_raw", "produce_table", "fetch", "fetch_raw", "long_poll", "sse_event",
+                 "retention_run", "compaction_run", "snapshot"):
+        assert r["operations"].get(kind, 0) > 0, kind
+    assert r["records_expired"] > 0  # retention removed acknowledged records, and they were exempt
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def _plain(model: Model, offsets: range, partition: int = 0) -> list:
+    records = []
+    for offset in offsets:
+        rid = record_id(1, offset)
+        model.ack(PLAIN, partition, offset, rid)
+        records.append((offset, rid, *content(PLAIN, rid)))
+    return records
+
+
+def _check(model: Model, records: list, log_start: int = 0, hw: int | None = None) -> Counter:
+    found = Found()
+    hw = hw if hw is not None else (records[-1][0] + 1 if records else log_start)
+    check_partition(model, PLAIN, 0, records, log_start, hw, found, set(), "test")
+    return found.counts
+
+
+def test_verifier_passes_an_exact_log_and_counts_writes_in_doubt() -> None:
+    model = Model()
+    records = _plain(model, range(5))
+    doubtful = record_id(2, 0)
+    model.doubt(PLAIN, [doubtful])
+    records.append((5, doubtful, *content(PLAIN, doubtful)))
+    counts = _check(model, records)
+    assert model.failures == []
+    assert counts["verified"] == 5 and counts["in_doubt_present"] == 1
+
+
+@pytest.mark.parametrize(
+    ("damage", "kind"),
+    [
+        (lambda recs: recs[:-1], "lost"),  # the last acknowledged record is gone
+        (lambda recs: recs[:2] + recs[3:], "gap"),  # one from the middle
+        (lambda recs: recs + [(5, recs[0][1], *recs[0][2:])], "duplicated"),  # an id twice
+        (lambda recs: recs + [(5, record_id(9, 9), *content(PLAIN, record_id(9, 9)))], "phantom"),
+        (lambda recs: recs[:1] + [(1, recs[1][1], b"other", recs[1][3])] + recs[2:], "corrupt"),
+    ],
+)
+def test_verifier_catches_damage(damage, kind: str) -> None:
+    model = Model()
+    records = damage(_plain(model, range(5)))
+    _check(model, records, hw=5 if kind != "duplicated" and kind != "phantom" else 6)
+    assert kind in {f.kind for f in model.failures}, model.failures
+
+
+def test_two_acks_for_one_offset_are_a_duplicate() -> None:
+    model = Model()
+    model.ack(PLAIN, 0, 7, record_id(1, 1))
+    model.ack(PLAIN, 0, 7, record_id(2, 1))
+    assert [f.kind for f in model.failures] == ["duplicated"]
+
+
+def _table_write(model: Model, offset: int, want_tombstone: bool) -> int:
+    seq = 0
+    while True:  # the first id whose content is (not) a tombstone
+        rid = record_id(3, offset * 1000 + seq)
+        if (content(TABLE, rid)[1] is None) == want_tombstone:
+            model.ack(TABLE, 0, offset, rid)
+            return rid
+        seq += 1
+
+
+def test_table_view_must_hold_each_keys_latest_acknowledged_value() -> None:
+    model = Model()
+    old = _table_write(model, 0, False)
+    key = content(TABLE, old)[0]
+    new = record_id(4, 1)
+    while content(TABLE, new)[0] != key or content(TABLE, new)[1] is None:
+        new += 1
+    model.ack(TABLE, 0, 1, new)
+    found = Found()
+    found.latest[key] = (0, old, content(TABLE, old)[1])  # compaction kept the older value
+    check_table(model, found, "test")
+    assert [f.kind for f in model.failures] == ["table_mismatch"]
+
+    model.failures.clear()
+    found.latest[key] = (1, new, content(TABLE, new)[1])
+    check_table(model, found, "test")
+    assert model.failures == []
+
+
+async def test_verifier_finds_an_acknowledged_tail_that_disappeared_from_disk(server_factory, tmp_path: Path) -> None:
+    """A real server, SIGKILLed; the tail of its segment cut off (a disk that lost acknowledged
+    bytes); after the restart recovery truncates there, and verify_api reports the loss."""
+    server = server_factory().start()
+    model = Model()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        assert (await client.post("/v1/topics", json={"name": PLAIN, "partitions": 1})).status_code == 201
+        for n in range(3):
+            ids = [record_id(1, n * 10 + i) for i in range(5)]
+            body = {"records": [{"key": None if (k := content(PLAIN, rid)[0]) is None else k.decode(),
+                                 "value": content(PLAIN, rid)[1].decode(),
+                                 "headers": [{"key": "id", "value": str(rid)}]} for rid in ids]}
+            r = await client.post(f"/v1/topics/{PLAIN}/records", json=body)
+            assert r.status_code == 200
+            for rid, placed in zip(ids, r.json()["offsets"], strict=True):
+                model.ack(PLAIN, placed["partition"], placed["offset"], rid)
+    server.kill()
+    segment = server.data_dir / f"{PLAIN}-0" / f"{0:020d}.log"
+    size = segment.stat().st_size
+    os.truncate(segment, size - 10)  # into the last batch: 5 acknowledged records gone
+    server.start()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        counts = await verify_api(client, model, {PLAIN: 1}, "after the cut")
+    assert counts["verified"] == 10
+    lost = [f for f in model.failures if f.kind == "lost"]
+    assert len(lost) == 5 and all("is missing" in f.detail for f in lost), model.failures
