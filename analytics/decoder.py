@@ -420,6 +420,14 @@ def _decode_group(window: bytearray, group: list[_Batch], path: str, bounds) -> 
         data = b"".join(blocks)
         block_ends = np.cumsum(sizes)
         block_starts = block_ends - sizes
+    # every record takes at least 1 + _MIN_RECORD_BODY bytes: a count beyond that is a lie, and
+    # the arrays below are sized by counts, so it must not reach them
+    too_many = counts * (1 + _MIN_RECORD_BODY) > block_ends - block_starts
+    if too_many.any():
+        b = _first_bad(too_many)
+        size = int(block_ends[b] - block_starts[b])
+        reason = f"recordsCount {int(counts[b])} does not fit a {size}-byte records block"
+        raise SnapshotCorruptError(path, int(positions[b]), reason)
     u8 = np.frombuffer(data, dtype=np.uint8)
     try:
         _, bodies, ends = _record_positions(u8, data, block_starts, block_ends, counts)

@@ -342,7 +342,9 @@ def _records_json(records: list, kf: str, vf: str) -> list[dict[str, Any]]:
             "timestamp": r.timestamp,
             "key": formats.decode(r.key, kf, "key", r.offset),
             "value": formats.decode(r.value, vf, "value", r.offset),
-            "headers": [{"key": k, "value": formats.decode(v, vf, "value of header", r.offset)} for k, v in r.headers],
+            # a header key that is not UTF-8 shows U+FFFD, as Java's clients decode it
+            "headers": [{"key": k if k.isascii() else k.encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
+                         "value": formats.decode(v, vf, "value of header", r.offset)} for k, v in r.headers],
         }
         for r in records
     ]

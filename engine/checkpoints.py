@@ -30,17 +30,18 @@ TopicPartition = tuple[str, int]
 
 
 def read_checkpoint(path: Path) -> dict[TopicPartition, int]:
-    """Entries of a checkpoint file; {} when it is missing or 0 bytes long."""
+    """Entries of a checkpoint file; {} when it is missing or 0 bytes long. Raises StorageError
+    for anything else that is not the format above (not UTF-8, a bad number, a wrong count)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return {}
     except OSError as exc:
         raise StorageError(path, f"cannot read checkpoint: {exc}") from exc
-    if not text:
+    if not data:
         return {}
-    lines = text.split("\n")
     try:
+        lines = data.decode("utf-8").split("\n")
         version = int(lines[0])
         if version != _VERSION:
             raise StorageError(path, f"unsupported checkpoint version {version}")
@@ -49,7 +50,7 @@ def read_checkpoint(path: Path) -> dict[TopicPartition, int]:
         for line in lines[2 : 2 + count]:
             topic, partition, offset = line.rsplit(" ", 2)
             entries[(topic, int(partition))] = int(offset)
-    except (IndexError, ValueError) as exc:
+    except (IndexError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise StorageError(path, f"malformed checkpoint: {exc}") from exc
     if len(entries) != count:
         raise StorageError(path, f"checkpoint says {count} entries, holds {len(entries)}")

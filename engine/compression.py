@@ -9,6 +9,10 @@
     4 zstd    zstd frames, content size optional (Java's zstd-jni streams omit it)
 
 Only the concatenated records of a batch are compressed; the 61-byte header stays plain.
+
+Decompression is bounded: a records block that inflates past MAX_RECORDS_BYTES is corrupt
+(a few KiB of zstd can claim gigabytes), and so is a raw snappy block whose length preamble
+is more than snappy's best ratio allows; neither is allocated first and checked after.
 Pure functions, safe from any thread.
 """
 
@@ -38,6 +42,14 @@ _XERIAL_HEADER = _XERIAL_MAGIC + struct.pack(">ii", 1, 1)
 _XERIAL_BLOCK = 32 * 1024  # SnappyOutputStream's default block size
 _BE_I32 = struct.Struct(">i")
 
+MAX_RECORDS_BYTES = 256 * 1024 * 1024
+"""The most a batch's records block may inflate to; past it the batch is corrupt."""
+
+# A snappy copy element writes at most 64 bytes from 3 input bytes (literals never expand),
+# so no valid raw block inflates to more than 22 times its size (plus a short literal).
+_SNAPPY_MAX_RATIO = 22
+_SNAPPY_SLACK = 64
+
 _zstd_compressor = zstandard.ZstdCompressor(level=3)
 _zstd_decompressor = zstandard.ZstdDecompressor()
 
@@ -56,27 +68,60 @@ def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
     raise ValueError(f"unknown compression codec {codec}")
 
 
-def decompress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
-    """Inflate a batch's records block; raises CorruptBatchError on bad input."""
+def decompress(codec: int, data: bytes | bytearray | memoryview, max_bytes: int = MAX_RECORDS_BYTES) -> bytes:
+    """Inflate a batch's records block; raises CorruptBatchError on bad input, or when the
+    result would exceed `max_bytes` (checked while inflating, never after)."""
     try:
         if codec == NONE:
             return bytes(data)
         if codec == GZIP:
-            return gzip.decompress(data)
+            return _gzip_decompress(data, max_bytes)
         if codec == SNAPPY:
-            return _snappy_decompress(data)
+            return _snappy_decompress(data, max_bytes)
         if codec == LZ4:
-            return lz4.frame.decompress(data)
+            # the one-shot lz4.frame.decompress() allocates the frame's declared content size
+            # up front; the streaming decompressor allocates at most max_length
+            decompressor = lz4.frame.LZ4FrameDecompressor()
+            out = decompressor.decompress(data, max_length=max_bytes + 1)
+            _check_size(codec, len(out), max_bytes)
+            if not decompressor.eof:
+                raise CorruptBatchError("cannot decompress lz4 records: the frame is truncated")
+            return out
         if codec == ZSTD:
             with _zstd_decompressor.stream_reader(io.BytesIO(data), read_across_frames=True) as r:
-                return r.read()
+                out = r.read(max_bytes + 1)
+            _check_size(codec, len(out), max_bytes)
+            return out
     except CorruptBatchError:
         raise
+    except MemoryError:
+        raise  # not the input's fault: the limit above keeps blocks far below any real memory
     except (OSError, EOFError, zlib.error, RuntimeError, ValueError, zstandard.ZstdError) as exc:
         raise CorruptBatchError(f"cannot decompress {NAMES.get(codec, codec)} records: {exc}") from exc
     except Exception as exc:  # cramjam raises its own DecompressionError type
         raise CorruptBatchError(f"cannot decompress {NAMES.get(codec, codec)} records: {exc}") from exc
     raise CorruptBatchError(f"unknown compression codec {codec}")
+
+
+def _check_size(codec: int, size: int, max_bytes: int) -> None:
+    if size > max_bytes:
+        raise CorruptBatchError(f"{NAMES.get(codec, codec)} records inflate past {max_bytes} bytes")
+
+
+def _gzip_decompress(data: bytes | bytearray | memoryview, max_bytes: int) -> bytes:
+    """gzip.decompress() with a bound: one or more members, zero padding after the last."""
+    out = bytearray()
+    rest = bytes(data)
+    while True:
+        rest = rest.lstrip(b"\x00")
+        if not rest:
+            return bytes(out)
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip header and trailer
+        out += inflater.decompress(rest, max_bytes + 1 - len(out))
+        _check_size(GZIP, len(out), max_bytes)
+        if not inflater.eof:
+            raise CorruptBatchError("cannot decompress gzip records: the stream is truncated")
+        rest = inflater.unused_data
 
 
 def _snappy_xerial_compress(data: bytes | bytearray | memoryview) -> bytes:
@@ -89,10 +134,10 @@ def _snappy_xerial_compress(data: bytes | bytearray | memoryview) -> bytes:
     return bytes(out)
 
 
-def _snappy_decompress(data: bytes | bytearray | memoryview) -> bytes:
+def _snappy_decompress(data: bytes | bytearray | memoryview, max_bytes: int) -> bytes:
     view = memoryview(data)
     if bytes(view[:8]) != _XERIAL_MAGIC:
-        return bytes(cramjam.snappy.decompress_raw(view))
+        return bytes(_snappy_raw(view, 0, max_bytes))
     position = 16
     out = bytearray()
     end = len(view)
@@ -103,9 +148,26 @@ def _snappy_decompress(data: bytes | bytearray | memoryview) -> bytes:
         position += 4
         if length < 0 or position + length > end:
             raise CorruptBatchError("xerial snappy block runs past the end")
-        out += cramjam.snappy.decompress_raw(view[position : position + length])
+        out += _snappy_raw(view[position : position + length], len(out), max_bytes)
         position += length
     return bytes(out)
+
+
+def _snappy_raw(block: memoryview, before: int, max_bytes: int):
+    """One raw snappy block, after checking its length preamble (a varint): cramjam allocates
+    what the preamble says, and aborts the process if that allocation fails. `before` bytes
+    were inflated from earlier blocks."""
+    declared = 0
+    for i in range(min(len(block), 5)):
+        declared |= (block[i] & 0x7F) << (7 * i)
+        if block[i] < 0x80:
+            break
+    else:
+        raise CorruptBatchError("cannot decompress snappy records: bad length preamble")
+    if declared > _SNAPPY_MAX_RATIO * len(block) + _SNAPPY_SLACK:
+        raise CorruptBatchError(f"cannot decompress snappy records: a {len(block)}-byte block claims {declared} bytes")
+    _check_size(SNAPPY, before + declared, max_bytes)
+    return cramjam.snappy.decompress_raw(block)
 
 
 NAMES = {value: name for name, value in CODECS.items()}

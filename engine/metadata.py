@@ -19,6 +19,10 @@ Start-up replays the log from its start into a MetadataImage. An event is append
 fsynced) before the change it describes touches any file, so after a crash the image says
 what should exist and the log manager makes the directories agree.
 
+decode_event() checks an event's shape (the fields apply() reads, with their types) and raises
+StorageError for anything else: an event that passed its batch's CRC but is not one of the
+above was damaged before it was written, and start-up refuses to guess what it meant.
+
 Pure except for the image's mutation by apply(); no I/O.
 """
 
@@ -31,11 +35,16 @@ from typing import Any
 
 import orjson
 
+from .errors import StorageError
+
 METADATA_TOPIC = "__metadata"
 CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
 INTERNAL_TOPICS = frozenset({METADATA_TOPIC, CONSUMER_OFFSETS_TOPIC})
 
 EVENT_VERSION = 1
+EVENT_TYPES = frozenset({"topic_created", "configs_altered", "partitions_added", "topic_deleted"})
+_REQUIRED = {"topic_created": ("partitions",), "configs_altered": ("configs",), "partitions_added": ("partitions",)}
+_MAX_PARTITIONS = 2**31 - 1
 
 
 def new_topic_id() -> str:
@@ -105,7 +114,32 @@ def encode_event(kind: str, topic: str, topic_id: str, ts: int, **fields_: Any) 
 
 
 def decode_event(value: bytes) -> dict[str, Any]:
-    event = orjson.loads(value)
+    """The event in a metadata record's value; StorageError if it is not a well-formed event."""
+    try:
+        event = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise _malformed(value, f"not JSON ({exc})") from None
     if not isinstance(event, dict) or event.get("v") != EVENT_VERSION:
-        raise ValueError(f"unsupported metadata event {value[:80]!r}")
+        raise _malformed(value, f"not a version {EVENT_VERSION} event")
+    kind = event.get("type")
+    if not isinstance(kind, str) or kind not in EVENT_TYPES:
+        raise _malformed(value, f"unknown type {kind!r}")
+    if not isinstance(event.get("topic"), str) or not isinstance(event.get("topic_id"), str):
+        raise _malformed(value, "topic and topic_id must be strings")
+    for name in _REQUIRED.get(kind, ()):
+        if name not in event:
+            raise _malformed(value, f"{kind} without {name}")
+    partitions = event.get("partitions", 1)
+    if type(partitions) is not int or not 1 <= partitions <= _MAX_PARTITIONS:
+        raise _malformed(value, f"partitions {partitions!r} is not a count")
+    configs = event.get("configs", {})
+    if not isinstance(configs, dict) or not all(isinstance(v, str) for v in configs.values()):
+        raise _malformed(value, "configs must map names to strings")
+    for name in ("ts", "created_ms"):
+        if type(event.get(name, 0)) is not int:
+            raise _malformed(value, f"{name} must be an integer")
     return event
+
+
+def _malformed(value: bytes, reason: str) -> StorageError:
+    return StorageError(f"{METADATA_TOPIC}-0", f"malformed metadata event {bytes(value[:80])!r}: {reason}")

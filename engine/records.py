@@ -348,20 +348,25 @@ def decode_batch(buf: bytes | bytearray | memoryview, position: int = 0, *, chec
 def check_records_framing(
     buf: bytes | bytearray | memoryview, header: BatchHeader, at: int | None = None
 ) -> None:
-    """Cheap structural check of an uncompressed batch: record lengths add up, count matches.
+    """Cheap structural check of a batch's records: record lengths add up, count matches.
 
-    Compressed batches are not inflated here (their CRC already covers the bytes).
+    A compressed batch is inflated first (bounded by compression.MAX_RECORDS_BYTES): its CRC
+    only proves the bytes arrived as sent, and a block that does not inflate would be stored
+    and then refuse every read. The fields inside each record are not walked here (that
+    costs ten times as much); decode_records() checks them.
     """
-    if header.compression != compression.NONE:
-        return
     if at is None:
         at = header.position
-    pos = at + HEADER_SIZE
-    end = at + header.size
+    if header.compression != compression.NONE:
+        data = batch_records_bytes(buf, header, at)
+        pos, end = 0, len(data)
+    else:
+        pos = at + HEADER_SIZE
+        end = at + header.size
+        data = buf if isinstance(buf, (bytes, bytearray)) else bytes(memoryview(buf)[at:end])
+        if data is not buf:
+            pos, end = HEADER_SIZE, header.size
     count = 0
-    data = buf if isinstance(buf, (bytes, bytearray)) else bytes(memoryview(buf)[at:end])
-    if data is not buf:
-        pos, end = HEADER_SIZE, header.size
     try:
         while pos < end:
             b = data[pos]  # record length: one- and two-byte varints inline

@@ -48,7 +48,7 @@ import anyio
 import orjson
 
 from . import filenames
-from .errors import SnapshotNotFoundError
+from .errors import SnapshotNotFoundError, StorageError
 from .fileutil import fsync_dir
 from .index_builder import IndexBuilder
 from .partition_log import PartitionLog
@@ -239,26 +239,63 @@ def _write_manifest(target: Path, manifest: dict[str, Any]) -> None:
 
 
 def read_manifest(root: Path, snapshot_id: str) -> dict[str, Any]:
+    """The manifest of a finished snapshot. Raises SnapshotNotFoundError if there is none and
+    StorageError if it is not a manifest (damaged, or not written by this module)."""
     if not _ID_RE.match(snapshot_id):
         raise SnapshotNotFoundError(snapshot_id)
     try:
-        return orjson.loads((root / snapshot_id / MANIFEST).read_bytes())
+        return _load_manifest(root / snapshot_id / MANIFEST)
     except FileNotFoundError:
         raise SnapshotNotFoundError(snapshot_id) from None
 
 
 def list_snapshots(root: Path) -> list[dict[str, Any]]:
-    """Manifests of finished snapshots, oldest first."""
+    """Manifests of finished snapshots, oldest first; StorageError if one is damaged."""
     if not root.is_dir():
         return []
     out = []
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
         if entry.is_dir() and _ID_RE.match(entry.name):
             try:
-                out.append(orjson.loads(Path(entry.path, MANIFEST).read_bytes()))
+                out.append(_load_manifest(Path(entry.path, MANIFEST)))
             except FileNotFoundError:
                 continue  # being written, or left by a crash (remove_unfinished)
     return out
+
+
+def _load_manifest(path: Path) -> dict[str, Any]:
+    """Parse a manifest and check the fields summary() relies on (StorageError otherwise)."""
+    data = path.read_bytes()
+    try:
+        manifest = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise StorageError(path, f"manifest is not JSON: {exc}") from None
+    ok = (
+        isinstance(manifest, dict)
+        and manifest.get("format_version") == FORMAT_VERSION
+        and isinstance(manifest.get("snapshot_id"), str)
+        and isinstance(manifest.get("created_at"), str)
+        and isinstance(manifest.get("topics"), list)
+        and all(_topic_ok(t) for t in manifest["topics"])
+    )
+    if not ok:
+        raise StorageError(path, "not a format_version 1 snapshot manifest")
+    return manifest
+
+
+def _topic_ok(topic: Any) -> bool:
+    return (
+        isinstance(topic, dict)
+        and isinstance(topic.get("name"), str)
+        and isinstance(topic.get("partitions"), list)
+        and all(
+            isinstance(p, dict)
+            and all(type(p.get(k)) is int for k in ("partition", "log_start_offset", "high_watermark"))
+            and isinstance(p.get("segments"), list)
+            and all(isinstance(s, dict) and type(s.get("size_bytes")) is int for s in p["segments"])
+            for p in topic["partitions"]
+        )
+    )
 
 
 def delete_snapshot(root: Path, snapshot_id: str) -> None:

@@ -32,7 +32,11 @@ from schemathesis.specs.openapi.checks import (
 from ..conftest import ServerProcess
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
-MAX_EXAMPLES = 25
+# EVENTLOG_SCHEMATHESIS_EXAMPLES=N: a larger budget per operation for a long run, with random
+# (not derandomized) generation so that each long run explores new requests. Read at import,
+# before the autouse fixture that clears EVENTLOG_* from the environment.
+LONG_RUN_EXAMPLES = int(os.environ.get("EVENTLOG_SCHEMATHESIS_EXAMPLES", "0") or 0)
+MAX_EXAMPLES = LONG_RUN_EXAMPLES or 25
 
 OPERATIONS = [
     "getHealth", "getReadiness", "getMetrics",
@@ -135,7 +139,8 @@ def test_operation_conforms_to_the_document(live: Live, operation_id: str) -> No
 
     @settings(
         max_examples=MAX_EXAMPLES,
-        derandomize=True,  # the same examples on every run (and no example database)
+        derandomize=not LONG_RUN_EXAMPLES,  # the same examples on every default run
+        print_blob=bool(LONG_RUN_EXAMPLES),  # a long run's failure prints how to reproduce it
         database=None,
         deadline=None,
         # how fast schemathesis generates (and filters) data depends on the machine, not the API
