@@ -95,7 +95,11 @@ def engine_problem(exc: e.EngineError) -> Response:
             extra["last_sequence"] = exc.last_seq
     elif isinstance(exc, e.ProducerFencedError):
         extra = {"producer_id": exc.producer_id, "producer_epoch": exc.epoch, "current_epoch": exc.current_epoch}
-    if status >= 500:
+    if status == 507:
+        # a full disk refuses every append until space returns: the engine logs each undone
+        # commit once; one line per refused request would flood the log
+        logger.debug("%s: %s", code, exc)
+    elif status >= 500:
         logger.error("%s: %s", code, exc)
     return problem(status, code, str(exc), **extra)
 

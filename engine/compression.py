@@ -21,6 +21,7 @@ from __future__ import annotations
 import gzip
 import io
 import struct
+import threading
 import zlib
 
 import cramjam
@@ -50,8 +51,23 @@ MAX_RECORDS_BYTES = 256 * 1024 * 1024
 _SNAPPY_MAX_RATIO = 22
 _SNAPPY_SLACK = 64
 
-_zstd_compressor = zstandard.ZstdCompressor(level=3)
-_zstd_decompressor = zstandard.ZstdDecompressor()
+# python-zstandard objects must not be used by two threads at once (shared, they corrupt
+# output and crash the process: the soak found it), and codecs run in worker threads: one each
+_zstd = threading.local()
+
+
+def _zstd_compressor() -> zstandard.ZstdCompressor:
+    c = getattr(_zstd, "compressor", None)
+    if c is None:
+        c = _zstd.compressor = zstandard.ZstdCompressor(level=3)
+    return c
+
+
+def _zstd_decompressor() -> zstandard.ZstdDecompressor:
+    d = getattr(_zstd, "decompressor", None)
+    if d is None:
+        d = _zstd.decompressor = zstandard.ZstdDecompressor()
+    return d
 
 
 def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
@@ -64,7 +80,7 @@ def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
     if codec == LZ4:
         return lz4.frame.compress(data, block_linked=False, content_checksum=False)
     if codec == ZSTD:
-        return _zstd_compressor.compress(data)
+        return _zstd_compressor().compress(data)
     raise ValueError(f"unknown compression codec {codec}")
 
 
@@ -88,7 +104,7 @@ def decompress(codec: int, data: bytes | bytearray | memoryview, max_bytes: int 
                 raise CorruptBatchError("cannot decompress lz4 records: the frame is truncated")
             return out
         if codec == ZSTD:
-            with _zstd_decompressor.stream_reader(io.BytesIO(data), read_across_frames=True) as r:
+            with _zstd_decompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as r:
                 out = r.read(max_bytes + 1)
             _check_size(codec, len(out), max_bytes)
             return out

@@ -131,3 +131,28 @@ def test_find_record_at_or_after_agrees_with_full_decode(records, codec, target,
     header, decoded = decode_batch(batch)
     expected = next(((r.offset, r.timestamp) for r in decoded if r.timestamp >= target and r.offset >= 1000 + min_delta), None)
     assert find_record_at_or_after(batch, header, target, 1000 + min_delta) == expected
+
+
+@pytest.mark.parametrize("codec", [compression.GZIP, compression.SNAPPY, compression.LZ4, compression.ZSTD])
+def test_codecs_are_safe_from_several_threads(codec: int) -> None:
+    """Reads and validation inflate in worker threads. A zstd decompressor shared between
+    threads (the soak found it) returned wrong bytes and crashed the process."""
+    import os
+    import threading
+
+    data = b"".join(b"v%d-%s" % (i, os.urandom(8).hex().encode()) for i in range(2000))
+    block = compression.compress(codec, data)
+    failures: list[str] = []
+
+    def work() -> None:
+        for _ in range(150):
+            if compression.compress(codec, data) and compression.decompress(codec, block) != data:
+                failures.append("wrong output")
+                return
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
