@@ -19,8 +19,17 @@ the topics that cannot have them, and a jump forward is allowed only past the lo
 (retention or compaction removed the records). A reader whose position is above the high
 watermark after a restart saw records that are gone: a failure.
 
+Exact writers (exact.py, a base of Load): idempotent producers to the plain and the disk-full
+topic and two conditional producers on the ledger partition, whose requests are retried with
+their Idempotency-Key until answered, never left in doubt.
+
 Produce outcomes: 2xx acknowledges (Model.ack); a connection refused means nothing was sent;
-any other transport error, or a 5xx, puts the request's records in doubt (Model.doubt).
+507 storage_full means nothing was written (Model.refuse); any other transport error, or
+another 5xx, puts the request's records in doubt (Model.doubt).
+
+Every produce answer is also judged against the fault phases (phases.py, FaultState.judge):
+inside a disk-full phase the disk-full topic must refuse appends with 507 and go on serving
+reads (counted per phase in _read); a 507 anywhere else is a failure.
 """
 
 from __future__ import annotations
@@ -40,13 +49,25 @@ from engine.compression import CODECS
 from engine.records import encode_batch
 from tests.kafka_oracle import decode_all
 
-from .model import EXPIRES, GAPS, PLAIN, RETAINED, TABLE, Model, content, id_header, record_id
+from .exact import RAW, RETRY_PAUSE_S, ExactWriters
+from .model import (
+    EXPIRES,
+    FULL,
+    GAPS,
+    LEDGER,
+    PLAIN,
+    RETAINED,
+    TABLE,
+    Model,
+    content,
+    id_header,
+    record_id,
+)
+from .phases import FaultState, Phase
 from .verify import check_snapshot
 
-RAW = "application/vnd.kafka.record-batch.v2"
 JSON = {"content-type": "application/json"}
 REFUSED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-RETRY_PAUSE_S = 0.2
 
 
 class Gate:
@@ -87,6 +108,7 @@ class Stats:
         self.ops: Counter = Counter()
         self.timeline: dict[int, Counter] = defaultdict(Counter)
         self.errors: Counter = Counter()
+        self.events: Counter = Counter()  # not requests: 507s, retries, replays (also in the timeline)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -95,8 +117,12 @@ class Stats:
         self.ops[kind] += n
         self.timeline[int(self.now())][kind] += n
 
+    def event(self, kind: str, n: int = 1) -> None:
+        self.events[kind] += n
+        self.timeline[int(self.now())][kind] += n
 
-class Load:
+
+class Load(ExactWriters):
     def __init__(self, client: httpx.AsyncClient, model: Model, stats: Stats, gate: Gate,
                  partitions: dict[str, int], seed: int):
         self.client = client
@@ -106,6 +132,8 @@ class Load:
         self.partitions = partitions
         self.rng = random.Random(seed)
         self._writers = 0
+        self.faults = FaultState()
+        self._init_exact()
 
     def tasks(self) -> list[Any]:
         """The coroutines of the whole load; each runs until gate.stopping."""
@@ -113,9 +141,12 @@ class Load:
             self._json_producer(PLAIN), self._json_producer(PLAIN), self._json_producer(RETAINED),
             self._raw_producer(PLAIN), self._raw_producer(RETAINED),
             self._json_producer(TABLE), self._json_producer(TABLE),
+            self._json_producer(FULL),
+            self._idempotent_producer(PLAIN), self._idempotent_producer(PLAIN), self._idempotent_producer(FULL),
+            self._conditional_producer(LEDGER, 0), self._conditional_producer(LEDGER, 0),
             self._admin(), self._snapshots(),
         ]
-        for topic in (PLAIN, RETAINED, TABLE):
+        for topic in (PLAIN, RETAINED, TABLE, FULL, LEDGER):
             out.append(self._fetcher(topic))
         out.append(self._raw_fetcher(PLAIN))
         out.append(self._long_poller(PLAIN, 0))
@@ -148,11 +179,20 @@ class Load:
             if gated:
                 self.gate.leave()
 
-    def _produced(self, kind: str, topic: str, outcome: httpx.Response | str, ids: list[int]) -> dict | None:
+    def _produced(self, kind: str, topic: str, outcome: httpx.Response | str, ids: list[int],
+                  mark: tuple[Phase | None, int, bool], started: float) -> dict | None:
         """The JSON answer of a successful produce; otherwise the ids' fate is noted."""
         if isinstance(outcome, str):
             if outcome == "in_doubt":
                 self.model.doubt(topic, ids)
+            return None
+        self.faults.judge(mark, topic, outcome.status_code, False, started, self.model, self.stats)
+        if outcome.status_code == 507:
+            self.stats.errors[f"{kind}_507"] += 1
+            if topic == FULL:  # one partition: the refusal covers the whole request
+                self.model.refuse(topic, ids)
+            else:
+                self.model.doubt(topic, ids)  # a request spanning partitions may have landed in others
             return None
         if outcome.status_code >= 500:
             self.stats.errors[f"{kind}_{outcome.status_code}"] += 1
@@ -167,7 +207,7 @@ class Load:
         writer = self._writer_number()
         rng = random.Random(self.rng.random())
         seq = 0
-        kind = "produce_table" if topic == TABLE else "produce_json"
+        kind = {TABLE: "produce_table", FULL: "produce_full"}.get(topic, "produce_json")
         while not self.gate.stopping:
             n = rng.randint(1, 12)
             ids = [record_id(writer, seq + i) for i in range(n)]
@@ -184,8 +224,9 @@ class Load:
                     record["partition"] = rng.randrange(self.partitions[topic])
                 records.append(record)
             body = orjson.dumps({"records": records})
+            mark, started = self.faults.mark(), self.stats.now()
             outcome = await self._request(kind, "POST", f"/v1/topics/{topic}/records", content=body, headers=JSON)
-            answer = self._produced(kind, topic, outcome, ids)
+            answer = self._produced(kind, topic, outcome, ids, mark, started)
             if answer is None:
                 await asyncio.sleep(RETRY_PAUSE_S)
                 continue
@@ -211,11 +252,12 @@ class Load:
                 records = [(*content(topic, rid), now_ms, [id_header(rid)]) for rid in batch_ids]
                 payload += encode_batch(0, records, compression_type=rng.choice(codecs))
                 ids += batch_ids
+            mark, started = self.faults.mark(), self.stats.now()
             outcome = await self._request(
                 "produce_raw", "POST", f"/v1/topics/{topic}/partitions/{partition}/records",
                 content=bytes(payload), headers={"content-type": RAW},
             )
-            answer = self._produced("produce_raw", topic, outcome, ids)
+            answer = self._produced("produce_raw", topic, outcome, ids, mark, started)
             if answer is None:
                 await asyncio.sleep(RETRY_PAUSE_S)
                 continue
@@ -326,6 +368,7 @@ class Load:
 
     async def _read(self, reader: str, topic: str, partition: int, position: int, **params: Any) -> tuple[int, int]:
         """One fetch from `position`; returns (next position, records read), (position, -1) on errors."""
+        phase = self.faults.phase
         try:
             r = await self.client.get(
                 f"/v1/topics/{topic}/partitions/{partition}/records", params={"offset": position, **params}
@@ -342,6 +385,8 @@ class Load:
             return position, -1
         body = r.json()
         records = body["records"]
+        if topic == FULL and phase is not None and phase is self.faults.phase:
+            phase.reads_ok += 1
         self._take(reader, topic, partition, position, records, body["log_start_offset"])
         return max(position, body["next_offset"]), len(records)
 

@@ -13,6 +13,13 @@ model keeps one int per acknowledged offset and the verifier recomputes what mus
   was processed (once acked, the ack covers them). Readers only see records below the high
   watermark, which are durable, so after any number of kills the same id must still be at that
   offset (unless retention or compaction removed it).
+* refused[topic]: ids of produce requests answered 507 storage_full: definitely not written, so
+  any of them in the log is a failure ("refused_written").
+* Exact writers (idempotent and conditional producers) retry a request in doubt with its
+  Idempotency-Key until it is answered: its ids are in doubt only until then (resolve), after
+  which the answer's offsets are acknowledged like any other. exact_writers holds their writer
+  numbers; sequenced[(topic, partition)] the conditional ones, whose records must appear in
+  their sequence order with no gap and no repeat (verify.check_sequences).
 """
 
 from __future__ import annotations
@@ -25,13 +32,15 @@ from dataclasses import dataclass, field
 PLAIN = "soak-plain"  # delete policy, default retention: nothing may ever be missing
 RETAINED = "soak-retained"  # small retention.bytes / retention.ms: old segments go
 TABLE = "soak-table"  # compacted, small key space, tombstones
+FULL = "soak-full"  # one partition; its directory gets ENOSPC injected in disk-full phases
+LEDGER = "soak-ledger"  # one partition; only conditional (If-Match) producers write it
 
 TABLE_KEYS = 48
 TOMBSTONE_PER_256 = 38  # ~15 % of the table topic's writes are tombstones
 
 # what each topic may legitimately lose at the front, and whether its offsets may have gaps
-EXPIRES = {PLAIN: False, RETAINED: True, TABLE: True}
-GAPS = {PLAIN: False, RETAINED: False, TABLE: True}
+EXPIRES = {PLAIN: False, RETAINED: True, TABLE: True, FULL: False, LEDGER: False}
+GAPS = {PLAIN: False, RETAINED: False, TABLE: True, FULL: False, LEDGER: False}
 
 
 def record_id(writer: int, seq: int) -> int:
@@ -67,6 +76,9 @@ class Model:
     in_doubt: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
     seen: dict[tuple[str, int], dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
     acked_ids: dict[int, tuple[str, int, int]] = field(default_factory=dict)
+    refused: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
+    exact_writers: set[int] = field(default_factory=set)
+    sequenced: dict[tuple[str, int], set[int]] = field(default_factory=lambda: defaultdict(set))
     failures: list[Failure] = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)
     clock: Callable[[], float] = lambda: 0.0
@@ -98,6 +110,20 @@ class Model:
     def doubt(self, topic: str, ids: list[int]) -> None:
         self.in_doubt[topic].update(ids)
         self.counts["in_doubt"] += len(ids)
+
+    def resolve(self, topic: str, ids: list[int]) -> None:
+        """A request in doubt was answered at last (a retry with its Idempotency-Key): its ids
+        are no longer in doubt; the caller acknowledges them at the answer's offsets."""
+        doubted = self.in_doubt[topic]
+        for rid in ids:
+            if rid in doubted:
+                doubted.discard(rid)
+                self.counts["in_doubt_resolved"] += 1
+
+    def refuse(self, topic: str, ids: list[int]) -> None:
+        """A 507 storage_full: these ids were not written and never may be."""
+        self.refused[topic].update(ids)
+        self.counts["refused"] += len(ids)
 
     def observe(self, topic: str, partition: int, offset: int, rid: int | None, reader: str) -> None:
         """A reader saw `rid` at `offset` (rid None: a record without the soak's id header)."""

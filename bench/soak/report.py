@@ -1,5 +1,6 @@
 """The soak's results file (JSON, with provenance) and its plot (operations per second over
-time, kills marked, verification pauses shaded)."""
+time, kills marked, verification pauses and fault phases shaded, 507 answers and retries of
+exact writers drawn)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from ..servers import server_source
 
 # what the plot draws, by the operation kinds load.Stats counts
 PLOT_GROUPS = {
-    "produce requests": (("produce_json", "produce_raw", "produce_table"), "tab:blue"),
+    "produce requests": (("produce_json", "produce_raw", "produce_table", "produce_full",
+                          "produce_idempotent", "produce_conditional"), "tab:blue"),
+    "507 storage_full answers": (("storage_full_507",), "black"),
+    "exact writers' retries": (("exact_retry",), "tab:brown"),
     "fetch + long-poll requests": (("fetch", "fetch_raw", "long_poll"), "tab:orange"),
     "SSE events": (("sse_event",), "tab:green"),
     "records acknowledged / 10": (("records_acked",), "tab:purple"),
@@ -52,12 +56,23 @@ def plot(document: dict[str, Any], path: Path) -> None:
         ax.axvline(cycle["kill_at"], color="red", linewidth=0.8, label="SIGKILL" if i == 0 else None)
         ax.axvspan(cycle["verify_started"], cycle["verify_started"] + cycle["verify_seconds"],
                    color="grey", alpha=0.25, linewidth=0, label="writers held: verifying" if i == 0 else None)
+    shaded: set[str] = set()
+    for phase in r.get("fault_phases", {}).get("phases", []):
+        label = "disk full (ENOSPC on soak-full-0)" if phase["kind"] == "disk_full" else "slow fsync"
+        color = "orange" if phase["kind"] == "disk_full" else "gold"
+        ax.axvspan(phase["started"], phase["started"] + phase["seconds"], color=color, alpha=0.3, linewidth=0,
+                   label=None if label in shaded else label)
+        shaded.add(label)
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("per second (3 s moving average)")
     verdict = "passed" if r["passed"] else "FAILED"
+    x = r.get("exact", {})
     ax.set_title(
         f"soak: {r['duration_seconds']:.0f} s, {r['restarts_survived']} SIGKILLs survived, "
-        f"{r['records_acknowledged']:,} records acknowledged, lost {r['lost']}, duplicated {r['duplicated']} ({verdict})",
+        f"{r['records_acknowledged']:,} records acknowledged, lost {r['lost']}, duplicated {r['duplicated']} ({verdict})\n"
+        f"idempotent/conditional requests in doubt {x.get('in_doubt', 0)}, resolved {x.get('resolved', 0)} "
+        f"({x.get('resolved_by_replay', 0)} by replay); {r.get('records_refused_507', 0):,} records refused 507 in "
+        f"{r.get('fault_phases', {}).get('disk_full_phases', 0)} disk-full phases",
         fontsize=10,
     )
     ax.legend(loc="upper right", fontsize=8)

@@ -2,7 +2,10 @@
 (jittered by the seed) SIGKILL the server, decode its files, start it again and verify.
 
 A cycle:
-1. load runs for kill_every x U(0.75, 1.25) seconds (the seed's random stream);
+1. load runs for kill_every x U(0.75, 1.25) seconds (the seed's random stream); in cycles 1, 4,
+   7, ... with a disk-full phase in the middle (ENOSPC on soak-full-0's writes or fsyncs, through
+   the server's EVENTLOG_FAULTS_FILE), in cycles 2, 5, 8, ... with a slow-fsync phase
+   (phases.py);
 2. SIGKILL the server; its worker processes must die with it (reported otherwise);
 3. decode every live segment file with kafka-python (new or changed files only; the newest
    segment of a partition may end in a torn batch, anything else is a failure);
@@ -10,8 +13,9 @@ A cycle:
 5. hold the writers, let requests in flight finish, check the topics and the snapshot dir,
    delete leftover snapshots, read every partition through the API and judge it against the
    model (verify.py), then let the writers go on.
-At the end: the same API verification, a SIGTERM (exit status 0 expected), and a strict decode
-of every file on disk judged like the API's answers.
+At the end: the exact writers answer their last request and stop; then the same API
+verification (every exact writer's record must be there exactly once), a SIGTERM (exit status
+0 expected), and a strict decode of every file on disk judged like the API's answers.
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ from typing import Any
 import httpx
 
 from .load import Gate, Load, Stats, drain
-from .model import PLAIN, RETAINED, TABLE, Model
+from .model import FULL, LEDGER, PLAIN, RETAINED, TABLE, Model
+from .phases import PHASES, fault_phase, write_rules
 from .server import SERVER_ENV, SoakServer
 from .verify import DiskCache, decode_files, verify_api, verify_disk_final
 
-PARTITIONS = {PLAIN: 4, RETAINED: 2, TABLE: 2}
+PARTITIONS = {PLAIN: 4, RETAINED: 2, TABLE: 2, FULL: 1, LEDGER: 1}
 TOPIC_CONFIGS: dict[str, dict[str, Any]] = {
     PLAIN: {"segment.bytes": 256 * 1024},
     RETAINED: {
@@ -43,9 +48,12 @@ TOPIC_CONFIGS: dict[str, dict[str, Any]] = {
         "cleanup.policy": "compact", "segment.bytes": 8 * 1024, "min.cleanable.dirty.ratio": 0.01,
         "min.compaction.lag.ms": 0, "delete.retention.ms": 2_000, "file.delete.delay.ms": 1_000,
     },
+    FULL: {"segment.bytes": 32 * 1024},  # rolls often, so some refused appends are a roll's
+    LEDGER: {"segment.bytes": 64 * 1024},
 }
-LOST_KINDS = ("lost", "table_mismatch")
+LOST_KINDS = ("lost", "table_mismatch", "refused_written")
 DUPLICATED_KINDS = ("duplicated",)
+SETTLE_TIMEOUT_S = 90.0  # the exact writers' last requests, at the end
 
 
 @dataclass
@@ -75,7 +83,9 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         shutil.rmtree(work)
     work.mkdir(parents=True)
     data_dir = work / "data"
-    server = SoakServer(data_dir, work / "server.log")
+    faults_file = work / "faults.json"
+    write_rules(faults_file, [])
+    server = SoakServer(data_dir, work / "server.log", {"EVENTLOG_FAULTS_FILE": str(faults_file)})
     rng = random.Random(cfg.seed)
     stats, gate = Stats(), Gate()
     model = Model(clock=stats.now)
@@ -90,6 +100,7 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     disk_cache = DiskCache()
     tasks: list[asyncio.Task] = []
     final: dict[str, Any] = {}
+    load: Load | None = None
     try:
         for topic, count in PARTITIONS.items():
             r = await client.post("/v1/topics", json={"name": topic, "partitions": count, "configs": TOPIC_CONFIGS[topic]})
@@ -104,7 +115,11 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
             if done and interval >= remaining:
                 await asyncio.sleep(max(0.0, remaining))
                 break
-            await asyncio.sleep(interval)
+            kind = PHASES[len(cycles) % len(PHASES)]
+            if kind is None:
+                await asyncio.sleep(interval)
+            else:
+                await fault_phase(kind, interval, load.faults, model, stats, faults_file, data_dir, rng, cfg.log)
             cycle = await _kill_and_restart(server, data_dir, model, stats, disk_cache)
             cycles.append(cycle)
             await gate.close()
@@ -119,15 +134,23 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
                 f"{model.counts['acked']} acked, {model.counts['in_doubt']} in doubt, "
                 f"{len(model.failures)} failures"
             )
+        if not await load.settle(SETTLE_TIMEOUT_S):
+            model.fail("unresolved", f"exact writers still retrying {SETTLE_TIMEOUT_S:.0f} s after the load ended")
         await gate.close()
         final_started = stats.now()
         await _after_restart(client, model, data_dir)
         final["api"] = dict(await verify_api(client, model, PARTITIONS, "final"))
+        x = load.exact
+        if not x.records_answered == x.records == final["api"].get("exact_verified", 0):
+            model.fail("unresolved", f"exact writers: {x.records} records sent, {x.records_answered} answered, "
+                                     f"{final['api'].get('exact_verified', 0)} found exactly once at their offsets")
         final["verify_seconds"] = stats.now() - final_started
         final["load_seconds"] = final_started
         gate.stopping = True
         await drain(tasks)
         tasks = []
+        if not server.alive():
+            model.fail("server_died", f"the server exited with status {server.process.returncode} before the end")
         final["exit_status"] = await asyncio.to_thread(server.stop)
         if final["exit_status"] != 0:
             model.fail("shutdown", f"SIGTERM: exit status {final['exit_status']}")
@@ -139,12 +162,15 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         await client.aclose()
         if server.alive():
             await asyncio.to_thread(server.kill)
-    return _results(cfg, model, stats, cycles, final, server)
+    return _results(cfg, model, stats, cycles, final, server, load)
 
 
 async def _kill_and_restart(server: SoakServer, data_dir: Path, model: Model, stats: Stats,
                             cache: DiskCache) -> Cycle:
     cycle = Cycle(kill_at=stats.now())
+    if not server.alive():  # it died by itself (a crash): a finding, whatever the checks say
+        model.fail("server_died", f"the server exited with status {server.process.returncode} before kill "
+                                  f"{server.starts} (see server.log)")
     cycle.orphans = await asyncio.to_thread(server.kill)
     if cycle.orphans:
         model.fail("orphan_process", f"worker processes {cycle.orphans} outlived the SIGKILLed server")
@@ -179,11 +205,13 @@ def _log_problems(path: Path) -> list[str]:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return []
-    return [line[:300] for line in lines if "Traceback" in line or "ERROR" in line or "CRITICAL" in line][:50]
+    # the refusals of injected faults are logged as errors too; they are counted elsewhere
+    return [line[:300] for line in lines
+            if ("Traceback" in line or "ERROR" in line or "CRITICAL" in line) and "(injected)" not in line][:50]
 
 
 def _results(cfg: SoakConfig, model: Model, stats: Stats, cycles: list[Cycle], final: dict[str, Any],
-             server: SoakServer) -> dict[str, Any]:
+             server: SoakServer, load: Load | None) -> dict[str, Any]:
     failure_counts = {k.removeprefix("failure_"): v for k, v in model.counts.items() if k.startswith("failure_")}
     lost = sum(failure_counts.get(k, 0) for k in LOST_KINDS)
     duplicated = sum(failure_counts.get(k, 0) for k in DUPLICATED_KINDS)
@@ -222,8 +250,13 @@ def _results(cfg: SoakConfig, model: Model, stats: Stats, cycles: list[Cycle], f
             "records_verified": api.get("verified", 0),
             "records_verified_all_checks": sum(c.verified.get("verified", 0) for c in cycles) + api.get("verified", 0),
             "records_expired": api.get("expired", 0),
-            "records_in_doubt": model.counts["in_doubt"],
+            # records whose fate was open at the end: in doubt and never resolved by a retry
+            "records_in_doubt": model.counts["in_doubt"] - model.counts["in_doubt_resolved"],
             "records_in_doubt_present": api.get("in_doubt_present", 0),
+            "records_in_doubt_resolved": model.counts["in_doubt_resolved"],
+            "records_refused_507": model.counts["refused"],
+            "exact": _exact_results(load, api),
+            "fault_phases": _phase_results(load),
             "table_keys_equal": api.get("table_keys_equal", 0),
             "table_keys_in_doubt": api.get("table_keys_in_doubt", 0),
             "lost": lost,
@@ -231,6 +264,7 @@ def _results(cfg: SoakConfig, model: Model, stats: Stats, cycles: list[Cycle], f
             "failure_counts": failure_counts,
             "failures": [f.__dict__ for f in model.failures],
             "client_errors": dict(sorted(stats.errors.items())),
+            "client_events": dict(sorted(stats.events.items())),
             "final_api": api,
             "final_disk": final.get("disk", {}),
             "final_exit_status": final.get("exit_status"),
@@ -238,4 +272,40 @@ def _results(cfg: SoakConfig, model: Model, stats: Stats, cycles: list[Cycle], f
             "cycles": [c.__dict__ for c in cycles],
             "timeline": timeline,
         },
+    }
+
+
+def _exact_results(load: Load | None, api: dict[str, int]) -> dict[str, Any]:
+    """The idempotent and conditional producers: requests, retries, replays, resolutions."""
+    if load is None:
+        return {}
+    x = dict(load.exact.__dict__)
+    x["records_verified_exactly_once"] = api.get("exact_verified", 0)
+    x["sequenced_records"] = api.get("sequenced_records", 0)
+    return x
+
+
+def _phase_results(load: Load | None) -> dict[str, Any]:
+    phases = load.faults.phases if load is not None else []
+    full = [p for p in phases if p.kind == "disk_full"]
+    slow = [p for p in phases if p.kind == "slow_fsync"]
+    resumed = [p.resumed_after_seconds for p in full if p.resumed_after_seconds is not None]
+    return {
+        "disk_full_phases": len(full),
+        "disk_full_seconds": round(sum(p.seconds for p in full), 1),
+        "disk_full_produce_507": sum(p.produce_507 for p in full),
+        "disk_full_accepted": sum(p.accepted for p in full),
+        "disk_full_replayed": sum(p.replayed for p in full),
+        "disk_full_reads_ok": sum(p.reads_ok for p in full),
+        "disk_full_other_produce_ok": sum(p.produce_ok - p.replayed - p.accepted for p in full),
+        "disk_full_resumed_after_seconds_max": round(max(resumed), 2) if resumed else None,
+        "slow_fsync_phases": len(slow),
+        "slow_fsync_seconds": round(sum(p.seconds for p in slow), 1),
+        "slow_fsync_produce_ok": sum(p.produce_ok for p in slow),
+        "phases": [
+            {**{k: v for k, v in p.__dict__.items() if k not in ("started", "seconds", "resumed_after_seconds")},
+             "started": round(p.started, 1), "seconds": round(p.seconds, 1),
+             "resumed_after_seconds": None if p.resumed_after_seconds is None else round(p.resumed_after_seconds, 2)}
+            for p in phases
+        ],
     }

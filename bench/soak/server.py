@@ -37,9 +37,10 @@ SERVER_ENV = {
 
 
 class SoakServer:
-    def __init__(self, data_dir: Path, log_path: Path):
+    def __init__(self, data_dir: Path, log_path: Path, extra_env: dict[str, str] | None = None):
         self.data_dir = data_dir
         self.log_path = log_path
+        self.extra_env = dict(extra_env or {})  # e.g. EVENTLOG_FAULTS_FILE
         self.port = free_port()
         self.process: subprocess.Popen | None = None
         self.starts = 0
@@ -58,6 +59,7 @@ class SoakServer:
         """Start on the same port and data dir; return the seconds until /readyz said 200."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLOG_")}
         env.update(SERVER_ENV)
+        env.update(self.extra_env)
         begin = time.monotonic()
         with open(self.log_path, "ab") as out:
             out.write(f"\n=== start {self.starts + 1}: {' '.join(self.command)}\n".encode())

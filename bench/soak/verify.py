@@ -10,7 +10,10 @@ check_partition() is the one judgement, fed either by JSON fetches or by decoded
   doubt (counted), else a phantom or a duplicate (failure);
 * every acknowledged offset at or above the log start is there ("verified"); below it, it is
   "expired" in topics whose retention or compaction may remove it, "lost" elsewhere;
-* every record a reader saw (still unacknowledged, i.e. in doubt) is where the reader saw it.
+* every record a reader saw (still unacknowledged, i.e. in doubt) is where the reader saw it;
+* no record of a request answered 507 storage_full is there ("refused_written").
+check_sequences() judges the conditional producers' partition: each writer's records, in offset
+order, carry its sequence numbers 0, 1, 2, ... with no gap and no repeat.
 The compacted topic is judged by its table view instead (check_table): the latest record per
 key in the log equals the latest acknowledged one, or a write in doubt after it.
 """
@@ -77,8 +80,13 @@ def check_partition(model: Model, topic: str, partition: int, records: Iterable[
         want = acked.get(offset)
         if want == rid:
             c["verified"] += 1
+            if rid >> 40 in model.exact_writers:
+                c["exact_verified"] += 1
         elif want is not None:
             model.fail("lost", f"{where}: offset {offset} holds id {rid}, acknowledged id {want}")
+        elif rid in model.refused[topic]:
+            model.fail("refused_written", f"{where}: offset {offset}: id {rid} was answered 507 storage_full, "
+                                          "yet it is in the log")
         elif rid in model.in_doubt[topic]:
             c["in_doubt_present"] += 1
         elif rid in model.acked_ids:
@@ -100,6 +108,26 @@ def check_partition(model: Model, topic: str, partition: int, records: Iterable[
     for offset, rid in model.seen.get((topic, partition), {}).items():
         if offset not in present and not (offset < log_start and EXPIRES[topic]) and topic != TABLE:
             model.fail("lost", f"{where}: offset {offset} (id {rid}, read by a reader) is missing")
+
+
+def check_sequences(model: Model, topic: str, partition: int, records: Iterable[tuple[int, int | None, Any, Any]],
+                    found: Found, source: str) -> None:
+    """The conditional producers' partition: each sequenced writer's records, in offset order,
+    are its sequence numbers 0, 1, 2, ... (the low 40 bits of the id): no gap, no repeat, no
+    reordering. (Whether each is at its acknowledged offset is check_partition's.)"""
+    writers = model.sequenced.get((topic, partition))
+    if not writers:
+        return
+    seqs: dict[int, list[int]] = {w: [] for w in writers}
+    for _offset, rid, _key, _value in sorted(records, key=lambda r: r[0]):
+        if rid is not None and rid >> 40 in seqs:
+            seqs[rid >> 40].append(rid & ((1 << 40) - 1))
+    for writer, got in seqs.items():
+        if got != list(range(len(got))):
+            bad = next(i for i, s in enumerate(got) if s != i)
+            model.fail("sequence", f"{source}: {topic}/{partition} writer {writer}: record {bad} of its sequence "
+                                   f"is number {got[bad]} ({got[max(0, bad - 2) : bad + 3]} around it)")
+        found.counts["sequenced_records"] += len(got)
 
 
 def check_table(model: Model, found: Found, source: str) -> None:
@@ -137,13 +165,26 @@ def check_table(model: Model, found: Found, source: str) -> None:
 async def verify_api(client: httpx.AsyncClient, model: Model, partitions: dict[str, int], label: str) -> Counter:
     found = Found()
     ids_seen: set[int] = set()
+    table_read = True
     for topic, count in partitions.items():
         for partition in range(count):
-            records, log_start, hw = await _read_all(client, topic, partition)
+            try:
+                records, log_start, hw = await _read_all(client, topic, partition)
+            except Unreadable as exc:  # a finding; the partition cannot be judged this time
+                model.fail("unexpected_status", f"{label} (API): {topic}/{partition}: {exc}")
+                found.counts["partitions_unreadable"] += 1
+                table_read = table_read and topic != TABLE
+                continue
             check_partition(model, topic, partition, records, log_start, hw, found, ids_seen, f"{label} (API)")
-    check_table(model, found, f"{label} (API)")
+            check_sequences(model, topic, partition, records, found, f"{label} (API)")
+    if table_read:
+        check_table(model, found, f"{label} (API)")
     found.counts.pop("compacted", None)
     return found.counts
+
+
+class Unreadable(Exception):
+    """A fetch of the verification answered neither 200 nor 416."""
 
 
 async def _read_all(client: httpx.AsyncClient, topic: str, partition: int) -> tuple[list, int, int]:
@@ -161,7 +202,8 @@ async def _read_all(client: httpx.AsyncClient, topic: str, partition: int) -> tu
             body = r.json()
             position = max(position or 0, body["log_start_offset"])
             continue
-        r.raise_for_status()
+        if r.status_code != 200:
+            raise Unreadable(f"fetch from offset {position} answered {r.status_code}: {r.text[:500]}")
         body = r.json()
         log_start = max(log_start, body["log_start_offset"])
         for rec in body["records"]:
@@ -258,6 +300,7 @@ def verify_disk_final(data_dir: Path, model: Model, partitions: dict[str, int]) 
             log_start = max(starts.get((topic, partition), 0), recs[0][0] if recs and not GAPS[topic] else 0)
             hw = recs[-1][0] + 1 if recs else log_start
             check_partition(model, topic, partition, recs, log_start, hw, found, ids_seen, "final (disk)")
+            check_sequences(model, topic, partition, recs, found, "final (disk)")
     check_table(model, found, "final (disk)")
     found.counts.pop("compacted", None)
     counts.update(found.counts)

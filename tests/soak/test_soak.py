@@ -1,6 +1,7 @@
-"""The soak under faults (bench/soak): a short run with SIGKILLs through the real module, and the
-verifier shown to catch what it exists to catch (a lost tail, a duplicate, a phantom, a wrong
-table view), so a passing soak means something."""
+"""The soak under faults (bench/soak): a short run with SIGKILLs, a disk-full and a slow-fsync
+phase through the real module, and the verifier shown to catch what it exists to catch (a lost
+tail, a duplicate, a phantom, a wrong table view, a refused record in the log, a conditional
+writer's sequence with a gap or a repeat), so a passing soak means something."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.soak.model import PLAIN, TABLE, Model, content, record_id
-from bench.soak.verify import Found, check_partition, check_table, verify_api
+from bench.soak.load import Stats
+from bench.soak.model import FULL, LEDGER, PLAIN, TABLE, Model, content, record_id
+from bench.soak.phases import FaultState, Phase
+from bench.soak.verify import Found, check_partition, check_sequences, check_table, verify_api
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,10 +40,23 @@ def test_short_soak_loses_and_duplicates_nothing_across_kills(tmp_path: Path) ->
     assert r["records_verified"] > 0 and r["final_disk"]["verified"] > 0  # through the API, and on disk
     assert r["final_exit_status"] == 0
     # every kind of load ran, and the maintenance endpoints did work
-    for kind in ("produce_json", "produce_raw", "produce_table", "fetch", "fetch_raw", "long_poll", "sse_event",
+    for kind in ("produce_json", "produce_raw", "produce_table", "produce_full", "produce_idempotent",
+                 "produce_conditional", "fetch", "fetch_raw", "long_poll", "sse_event",
                  "retention_run", "compaction_run", "snapshot"):
         assert r["operations"].get(kind, 0) > 0, kind
     assert r["records_expired"] > 0  # retention removed acknowledged records, and they were exempt
+    # idempotent and conditional producers: every request answered at last, each record of them
+    # found exactly once at the offsets its (possibly replayed) answer gave
+    x = r["exact"]
+    assert x["retries"] > 0 and x["unresolved"] == 0 and x["resolved"] == x["in_doubt"], x
+    assert x["records"] == x["records_answered"] == x["records_verified_exactly_once"] > 0, x
+    assert x["sequenced_records"] > 0 and x["conflicts_409"] > 0, x
+    # the disk-full phase refused appends to its partition, reads went on, appends came back
+    f = r["fault_phases"]
+    assert f["disk_full_phases"] >= 1 and f["slow_fsync_phases"] >= 1, f
+    assert f["disk_full_produce_507"] > 0 and f["disk_full_accepted"] == 0 and f["disk_full_reads_ok"] > 0, f
+    assert all(p["resumed_after_seconds"] is not None for p in f["phases"] if p["kind"] == "disk_full"), f
+    assert r["records_refused_507"] > 0
     assert out.with_suffix(".png").stat().st_size > 0
 
 
@@ -86,6 +102,79 @@ def test_verifier_catches_damage(damage, kind: str) -> None:
     records = damage(_plain(model, range(5)))
     _check(model, records, hw=5 if kind != "duplicated" and kind != "phantom" else 6)
     assert kind in {f.kind for f in model.failures}, model.failures
+
+
+def test_a_record_answered_507_must_not_be_in_the_log() -> None:
+    model = Model()
+    written = record_id(1, 0)
+    model.ack(FULL, 0, 0, written)
+    refused = record_id(2, 0)
+    model.refuse(FULL, [refused])
+    found = Found()
+    records = [(0, written, *content(FULL, written)), (1, refused, *content(FULL, refused))]
+    check_partition(model, FULL, 0, records, 0, 2, found, set(), "test")
+    assert [f.kind for f in model.failures] == ["refused_written"], model.failures
+
+
+def test_a_resolved_request_is_judged_as_acknowledged() -> None:
+    """In doubt, then answered by a retry: from then on its records must be exactly there."""
+    model = Model()
+    ids = [record_id(1, i) for i in range(3)]
+    model.doubt(PLAIN, ids)
+    model.resolve(PLAIN, ids)
+    for offset, rid in enumerate(ids):
+        model.ack(PLAIN, 0, offset, rid)
+    assert model.in_doubt[PLAIN] == set() and model.counts["in_doubt_resolved"] == 3
+    _check(model, [(0, ids[0], *content(PLAIN, ids[0])), (1, ids[1], *content(PLAIN, ids[1]))], hw=2)
+    assert [f.kind for f in model.failures] == ["lost"], model.failures  # no longer excused as in doubt
+
+
+@pytest.mark.parametrize(
+    ("seqs", "ok"),
+    [
+        ([0, 1, 2, 3], True),
+        ([0, 1, 3], False),  # a gap
+        ([0, 1, 1, 2], False),  # a repeat
+        ([0, 2, 1], False),  # out of order
+        ([1, 2], False),  # the first is missing
+    ],
+)
+def test_conditional_writer_sequence_must_be_gapless(seqs: list[int], ok: bool) -> None:
+    model = Model()
+    model.sequenced[(LEDGER, 0)].update({1, 2})
+    other = [record_id(2, i) for i in range(3)]  # the other writer's records interleave
+    rids = [record_id(1, s) for s in seqs]
+    mixed = [rid for pair in zip(rids, other, strict=False) for rid in pair] + rids[len(other):]
+    records = [(offset, rid, *content(LEDGER, rid)) for offset, rid in enumerate(mixed)]
+    found = Found()
+    check_sequences(model, LEDGER, 0, records, found, "test")
+    assert (model.failures == []) == ok, model.failures
+    assert [f.kind for f in model.failures] == ([] if ok else ["sequence"])
+
+
+def test_disk_full_phase_judgement() -> None:
+    """Inside a disk-full phase the full topic must refuse (a replay may answer); a 507 with no
+    rule in force is a failure; a request spanning the phase's edge may get either."""
+    model, stats, faults = Model(), Stats(), FaultState()
+    before = faults.mark()
+    faults.open_window()
+    faults.phase = phase = Phase(kind="disk_full", rule={}, started=0.0)
+    inside = faults.mark()
+    faults.judge(inside, FULL, 507, False, 0.0, model, stats)
+    faults.judge(inside, FULL, 200, True, 0.0, model, stats)  # a replay writes nothing
+    faults.judge(before, FULL, 507, False, 0.0, model, stats)  # started before the rule: may be refused
+    assert model.failures == [] and (phase.produce_507, phase.replayed) == (1, 1)
+    faults.judge(inside, FULL, 200, False, 0.0, model, stats)
+    assert [f.kind for f in model.failures] == ["accepted_while_full"]
+    faults.judge(inside, PLAIN, 507, False, 0.0, model, stats)  # the rule is on another directory
+    faults.phase = None
+    faults.close_window()
+    after = faults.mark()
+    faults.judge(inside, FULL, 507, False, 0.0, model, stats)  # spanned the lift: allowed
+    faults.judge(after, FULL, 507, False, 0.0, model, stats)  # no rule in force
+    assert [f.kind for f in model.failures] == ["accepted_while_full", "unexpected_507", "unexpected_507"]
+    faults.judge(after, FULL, 200, False, 5.0, model, stats)
+    assert faults.fresh_full_append_started == 5.0  # appends resumed
 
 
 def test_two_acks_for_one_offset_are_a_duplicate() -> None:
