@@ -13,11 +13,10 @@ Blocking; call from a worker thread.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from .errors import StorageError
-from .fileutil import fsync_dir
+from .fileutil import replace_file
 
 RECOVERY_POINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET = "log-start-offset-checkpoint"
@@ -65,16 +64,7 @@ def format_checkpoint(entries: dict[TopicPartition, int]) -> str:
 
 def write_checkpoint(path: Path, entries: dict[TopicPartition, int]) -> None:
     """Atomically replace `path` with `entries` (temp file, fsync, rename, fsync dir)."""
-    tmp = path.with_name(path.name + ".tmp")
-    data = format_checkpoint(entries).encode("utf-8")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        replace_file(path, format_checkpoint(entries).encode("utf-8"))
     except OSError as exc:
         raise StorageError(path, f"cannot write checkpoint: {exc}") from exc

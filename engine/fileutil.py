@@ -18,6 +18,23 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """Atomically replace `path` with `data`: "<name>.tmp" written and fsynced, renamed over
+    `path`, directory fsynced. After a crash the file is the old one or the new one. Raises
+    OSError."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
 def fdatasync(fd: int) -> None:
     """os.fdatasync through the fault-injection seam."""
     io_fault("fsync", fd)

@@ -45,7 +45,7 @@ from typing import Iterable, Sequence
 import crc32c
 
 from .errors import OutOfOrderSequenceError, ProducerFencedError, StorageError
-from .fileutil import fsync_dir
+from .fileutil import replace_file
 from .format import BatchHeader
 
 logger = logging.getLogger("eventlog.engine")
@@ -271,19 +271,11 @@ class ProducerStateManager:
         """Save the state (covering every batch below `offset`); keep the two newest files."""
         self.remove_expired(now_ms)
         path = self.directory / snapshot_name(offset)
-        tmp = path.with_name(path.name + ".tmp")
-        data = self.encode()
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
+            replace_file(path, self.encode())
+            # an old one that a crash brings back is harmless: loading takes the newest
             for old in self.snapshot_offsets()[:-KEEP_SNAPSHOTS]:
                 (self.directory / snapshot_name(old)).unlink(missing_ok=True)
-            fsync_dir(self.directory)
         except OSError as exc:
             raise StorageError(path, f"cannot write producer snapshot: {exc}") from exc
         self.snapshot_offset = offset

@@ -345,6 +345,9 @@ def decode_batch(buf: bytes | bytearray | memoryview, position: int = 0, *, chec
     return header, decode_records(buf, header)
 
 
+_TWICE = (0, 1)
+
+
 def check_records_framing(
     buf: bytes | bytearray | memoryview, header: BatchHeader, at: int | None = None
 ) -> None:
@@ -385,44 +388,26 @@ def check_records_framing(
                 raise CorruptBatchError("record length runs past the end of the batch", header.position)
             # the fields, as decode_records() reads them, without building anything
             p = pos + 1  # attributes
-            # timestampDelta, offsetDelta: skipped (at most 10 bytes each)
-            q = p
-            while data[p] >= 0x80:
+            for _ in _TWICE:  # timestampDelta, offsetDelta: skipped (at most 10 bytes each)
+                q = p
+                while data[p] >= 0x80:
+                    p += 1
                 p += 1
-            p += 1
-            if p - q > 10:
-                raise CorruptBatchError("varint longer than 10 bytes", header.position)
-            q = p
-            while data[p] >= 0x80:
-                p += 1
-            p += 1
-            if p - q > 10:
-                raise CorruptBatchError("varint longer than 10 bytes", header.position)
-            # key, value: a length (negative = null), then the bytes; short varints inline
-            b = data[p]
-            if b < 0x80:
-                n = (b >> 1) ^ -(b & 1)
-                p += 1
-            elif (b1 := data[p + 1]) < 0x80:
-                v = (b & 0x7F) | (b1 << 7)
-                n = (v >> 1) ^ -(v & 1)
-                p += 2
-            else:
-                n, p = read_varint(data, p)
-            if n > 0:
-                p += n
-            b = data[p]
-            if b < 0x80:
-                n = (b >> 1) ^ -(b & 1)
-                p += 1
-            elif (b1 := data[p + 1]) < 0x80:
-                v = (b & 0x7F) | (b1 << 7)
-                n = (v >> 1) ^ -(v & 1)
-                p += 2
-            else:
-                n, p = read_varint(data, p)
-            if n > 0:
-                p += n
+                if p - q > 10:
+                    raise CorruptBatchError("varint longer than 10 bytes", header.position)
+            for _ in _TWICE:  # key, value: a length (negative = null), then the bytes
+                b = data[p]
+                if b < 0x80:  # one- and two-byte lengths inline
+                    n = (b >> 1) ^ -(b & 1)
+                    p += 1
+                elif (b1 := data[p + 1]) < 0x80:
+                    v = (b & 0x7F) | (b1 << 7)
+                    n = (v >> 1) ^ -(v & 1)
+                    p += 2
+                else:
+                    n, p = read_varint(data, p)
+                if n > 0:
+                    p += n
             b = data[p]
             if b < 0x80:
                 n = (b >> 1) ^ -(b & 1)
