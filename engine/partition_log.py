@@ -23,9 +23,11 @@ whatever a crash interrupted.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
@@ -72,6 +74,27 @@ MAX_GROUP_BYTES = 32 * 1024 * 1024
 LARGE_READ_BYTES = 64 * 1024
 # errors of a full disk: the append is undone and refused; the partition stays writable
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+# Group commits run in these threads. A plain executor future costs less per hop than
+# anyio.to_thread.run_sync (its cancel scope, capacity limiter and backend sniffing were ~9 % of
+# the event loop's time under JSON produce, docs/PERFORMANCE.md); a partition has at most one
+# commit in flight, so the pool only bounds how many partitions fsync at once.
+_COMMIT_THREADS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="eventlog-commit")
+
+
+async def _in_commit_thread(loop: asyncio.AbstractEventLoop | None, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in a commit thread; like anyio's to_thread, a cancelled caller still waits
+    for the call to finish (the log's state must not change behind its writer's back)."""
+    if loop is None:  # not on asyncio (or not running): anyio's way
+        return await anyio.to_thread.run_sync(fn, *args)
+    future = loop.run_in_executor(_COMMIT_THREADS, fn, *args)
+    try:
+        return await asyncio.shield(future)
+    except BaseException:  # fn's own error (the future is done), or our cancellation
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait({future})
+        raise
 
 
 def wall_clock_ms() -> int:
@@ -216,6 +239,7 @@ class PartitionLog:
         self._closed = False
         self._stop_waiting = False
         self._running = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._failed: StorageError | None = None
         self._schedule_delete = schedule_delete or _delete_now
         self.producer_state = producer_state if producer_state is not None else ProducerStateManager(directory, DEFAULT_EXPIRATION_MS)
@@ -253,6 +277,10 @@ class PartitionLog:
         if self._running:
             raise RuntimeError(f"{self.name} already has a writer task")
         self._running = True
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
         task_status.started()
         carry: _Op | None = None
         try:
@@ -306,7 +334,7 @@ class PartitionLog:
         try:
             if self._failed is not None:
                 raise self._failed
-            await anyio.to_thread.run_sync(self._commit_sync, group)
+            await _in_commit_thread(self._loop, self._commit_sync, group)
         except BaseException as exc:  # noqa: BLE001 -- every producer must hear about it
             error = exc if isinstance(exc, EngineError) else StorageError(self.directory, f"append failed: {exc!r}")
             if isinstance(error, StorageError) and not isinstance(error, StorageFullError):
