@@ -5,11 +5,9 @@ from __future__ import annotations
 import hashlib
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
 from engine import reader
