@@ -212,18 +212,7 @@ class Load(ExactWriters):
             n = rng.randint(1, 12)
             ids = [record_id(writer, seq + i) for i in range(n)]
             seq += n
-            records = []
-            for rid in ids:
-                key, value = content(topic, rid)
-                record: dict[str, Any] = {
-                    "key": None if key is None else key.decode(),
-                    "value": None if value is None else value.decode(),
-                    "headers": [{"key": "id", "value": str(rid)}],
-                }
-                if key is None and rng.random() < 0.3:
-                    record["partition"] = rng.randrange(self.partitions[topic])
-                records.append(record)
-            body = orjson.dumps({"records": records})
+            body = orjson.dumps({"records": self._json_records(topic, ids, rng, spread=True)})
             mark, started = self.faults.mark(), self.stats.now()
             outcome = await self._request(kind, "POST", f"/v1/topics/{topic}/records", content=body, headers=JSON)
             answer = self._produced(kind, topic, outcome, ids, mark, started)
