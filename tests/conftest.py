@@ -112,3 +112,72 @@ def server(server_factory) -> Iterator[ServerProcess]:
     s = server_factory().start()
     yield s
     s.stop()
+
+
+# -- small real filesystems (a full disk) ------------------------------------------------------
+
+
+@dataclass
+class SmallFs:
+    """A tmpfs of a fixed size, mounted by the test (root only)."""
+
+    path: Path
+    size_bytes: int
+
+    def fill(self, leave_bytes: int = 0) -> Path:
+        """Take every free byte but `leave_bytes` with a filler file; returns its path."""
+        filler = self.path / "filler"
+        st = os.statvfs(self.path)
+        free = st.f_bavail * st.f_frsize
+        with open(filler, "ab") as f:
+            chunk = b"\0" * (1 << 20)
+            remaining = max(free - leave_bytes, 0)
+            while remaining > 0:
+                try:
+                    remaining -= f.write(chunk[: min(len(chunk), remaining)])
+                    f.flush()
+                except OSError:
+                    break
+        return filler
+
+    def free(self) -> None:
+        """Give the filler's space back."""
+        (self.path / "filler").unlink(missing_ok=True)
+
+    def free_bytes(self) -> int:
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
+
+
+def _can_mount() -> str | None:
+    """None when this process may mount a tmpfs, else why not."""
+    if os.geteuid() != 0:
+        return "mounting a small filesystem needs root (CI runs as root)"
+    return None
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator:
+    """small_fs(size_bytes) -> SmallFs: a real tmpfs of that size under tmp_path, unmounted
+    afterwards. Skips with a clear reason where this process cannot mount."""
+    reason = _can_mount()
+    if reason is not None:
+        pytest.skip(reason)
+    mounted: list[Path] = []
+
+    def make(size_bytes: int) -> SmallFs:
+        path = tmp_path / f"smallfs-{len(mounted)}"
+        path.mkdir()
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0755", "tmpfs", str(path)],
+            capture_output=True, text=True,
+        )
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+        mounted.append(path)
+        return SmallFs(path, size_bytes)
+
+    yield make
+    for path in reversed(mounted):
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)
