@@ -15,10 +15,17 @@ optional "quota": {"produce_bytes_per_sec": int, "fetch_bytes_per_sec": int} ove
 server's default quotas for that token (api/quotas.py).
 
     role       may
-    admin      everything
-    producer   write (produce) and describe its topics; monitor
+    admin      everything, internal topics (__metadata, __consumer_offsets) and snapshots included
+    producer   write (produce) and describe its topics; list the groups with offsets of its
+               topics; monitor
     consumer   read (fetch, stream, offsets, segments) and describe its topics, commit and
                fetch offsets of its groups for its topics; monitor
+
+A prefix never covers an internal topic (engine.metadata.INTERNAL_TOPICS): their records are
+every group's offsets and every topic's metadata, so only an admin reads, describes, lists or sees metrics of them (group
+offsets stay readable through /v1/groups, by group and topic prefix). Listings show only what
+the prefixes cover: /v1/groups lists the groups a token's group prefixes cover that have
+offsets committed on a topic its topic prefixes cover.
 
 Every request but GET /healthz needs `Authorization: Bearer <token>` when the file is set:
 401 `unauthorized` without a valid one (authentication happens in the middleware), 403
@@ -37,6 +44,8 @@ from typing import Annotated, Any, Callable
 import orjson
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from engine.metadata import INTERNAL_TOPICS
 
 from .errors import ApiError
 
@@ -61,7 +70,11 @@ class Principal:
         return action in ROLES[self.role]
 
     def covers_topic(self, topic: str) -> bool:
-        return self.role == "admin" or any(topic.startswith(p) for p in self.topics)
+        """An admin covers every topic; any other role the user topics its prefixes cover
+        (an empty prefix included), never an internal one."""
+        if self.role == "admin":
+            return True
+        return topic not in INTERNAL_TOPICS and any(topic.startswith(p) for p in self.topics)
 
     def covers_group(self, group: str) -> bool:
         return self.role == "admin" or any(group.startswith(p) for p in self.groups)

@@ -5,12 +5,18 @@
 
 Handlers are registered for engine base classes; the most specific class wins. Engine code
 never speaks HTTP; API code raises ApiError for request problems the engine never sees.
+
+No answer shows the server's absolute paths: an engine error's detail names files relative to
+the data dir, and directories outside it as `<snapshot dir>` or `<log dir>` (ServerPaths).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -41,6 +47,7 @@ class ApiError(Exception):
 # engine class -> (status, code); looked up along the exception's MRO, so subclasses win
 ENGINE_ERRORS: dict[type[e.EngineError], tuple[int, str]] = {
     e.SnapshotNotFoundError: (404, "snapshot_not_found"),
+    e.SnapshotLimitError: (507, "snapshot_limit"),
     e.TopicNotFoundError: (404, "topic_not_found"),
     e.PartitionNotFoundError: (404, "partition_not_found"),
     e.NotFoundError: (404, "not_found"),
@@ -77,7 +84,61 @@ def problem(status: int, code: str, detail: str, *, headers: dict[str, str] | No
     return Response(orjson.dumps(body), status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
-def engine_problem(exc: e.EngineError) -> Response:
+class ServerPaths:
+    """The server's directories, to show a path relative to the data dir and to take absolute
+    paths out of error details. Directories outside the data dir show as `<snapshot dir>` and
+    `<log dir>` (the last for each of several log dirs alike)."""
+
+    def __init__(self, data_dir: Path, snapshot_root: Path, log_dirs: tuple[Path, ...] = ()) -> None:
+        self.data_dir = data_dir.resolve()
+        self.snapshot_root = snapshot_root.resolve()
+        labels: dict[str, str] = {}  # absolute form -> what answers say instead ("": the data dir)
+        for directory, label in [(d, "<log dir>") for d in log_dirs] + [(snapshot_root, "<snapshot dir>"), (data_dir, "")]:
+            resolved = directory.resolve()
+            if resolved.is_relative_to(self.data_dir):
+                label = str(resolved.relative_to(self.data_dir)).removeprefix(".")
+            for form in {os.path.abspath(directory), str(resolved)}:
+                labels[form] = label
+        bases = sorted(labels, key=len, reverse=True)  # longest first
+        self._labels = labels
+        self._pattern = re.compile(
+            r"(?<![\w.\-/])(" + "|".join(re.escape(b) for b in bases) + r")(/|(?![\w.\-]))"
+        ) if bases else None
+
+    @classmethod
+    def of(cls, request: Request) -> ServerPaths | None:
+        """The app's (cached on app.state), or None for an app without settings."""
+        state = request.app.state
+        cached = getattr(state, "server_paths", None)
+        if cached is None:
+            settings = getattr(state, "settings", None)
+            if settings is None:
+                return None
+            cached = state.server_paths = cls(settings.data_dir, settings.snapshot_root, settings.effective_log_dirs)
+        return cached
+
+    def snapshot(self, snapshot_id: str) -> str:
+        """A snapshot's directory: from the data dir (`snapshots/<id>`), or from the snapshot
+        root when that is elsewhere (`<id>`)."""
+        if self.snapshot_root.is_relative_to(self.data_dir):
+            return str((self.snapshot_root / snapshot_id).relative_to(self.data_dir))
+        return snapshot_id
+
+    def scrub(self, text: str) -> str:
+        """`text` with the server's directories made relative (the data dir) or named."""
+        if self._pattern is None:
+            return text
+
+        def replace(match: re.Match[str]) -> str:
+            label = self._labels[match.group(1)]
+            if match.group(2) == "/":
+                return f"{label}/" if label else ""
+            return label or "<data dir>"
+
+        return self._pattern.sub(replace, text)
+
+
+def engine_problem(exc: e.EngineError, paths: ServerPaths | None = None) -> Response:
     for cls in type(exc).__mro__:
         if cls in ENGINE_ERRORS:
             status, code = ENGINE_ERRORS[cls]
@@ -95,18 +156,24 @@ def engine_problem(exc: e.EngineError) -> Response:
             extra["last_sequence"] = exc.last_seq
     elif isinstance(exc, e.ProducerFencedError):
         extra = {"producer_id": exc.producer_id, "producer_epoch": exc.epoch, "current_epoch": exc.current_epoch}
+    elif isinstance(exc, e.SnapshotLimitError):
+        extra = {
+            "limit": exc.limit, "max_count": exc.max_count, "max_bytes": exc.max_bytes,
+            "snapshots": exc.count, "snapshot_bytes": exc.held_bytes, "needed_bytes": exc.needed_bytes,
+        }
     if status == 507:
         # a full disk refuses every append until space returns: the engine logs each undone
         # commit once; one line per refused request would flood the log
         logger.debug("%s: %s", code, exc)
     elif status >= 500:
         logger.error("%s: %s", code, exc)
-    return problem(status, code, str(exc), **extra)
+    detail = str(exc) if paths is None else paths.scrub(str(exc))
+    return problem(status, code, detail, **extra)
 
 
-async def _engine_handler(_request: Request, exc: Exception) -> Response:
+async def _engine_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, e.EngineError)
-    return engine_problem(exc)
+    return engine_problem(exc, ServerPaths.of(request))
 
 
 async def _api_handler(_request: Request, exc: Exception) -> Response:

@@ -85,7 +85,19 @@ async def delete_offsets(
     return Response(status_code=204)
 
 
-@router.get("", operation_id="listGroups", response_model=GroupList, responses={401: _problems[401], 403: _problems[403]}, summary="Consumer groups with committed offsets")
+@router.get(
+    "",
+    operation_id="listGroups",
+    response_model=GroupList,
+    responses={401: _problems[401], 403: _problems[403]},
+    summary="Consumer groups with committed offsets",
+    description=(
+        "An admin sees every group. Any other token sees the groups its group prefixes cover that "
+        "have offsets committed on at least one topic its topic prefixes cover."
+    ),
+)
 async def list_groups(request: Request, engine: Engine, _principal: Describer) -> GroupList:
     principal = principal_of(request)
-    return GroupList(groups=[g for g in engine.groups.groups() if principal.covers_group(g)])
+    if principal.role == "admin":
+        return GroupList(groups=engine.groups.groups())
+    return GroupList(groups=[g for g in engine.groups.groups(principal.covers_topic) if principal.covers_group(g)])

@@ -268,7 +268,10 @@ class SnapshotPartition(BaseModel):
 
 class Snapshot(BaseModel):
     id: str
-    path: str = Field(description="the snapshot's directory: manifest.json and one directory per partition")
+    path: str = Field(
+        description="the snapshot's directory (manifest.json and one directory per partition), relative to the "
+        "server's data dir (`snapshots/<id>`), or to EVENTLOG_SNAPSHOT_DIR when that is outside the data dir (`<id>`)"
+    )
     created_at: str = Field(description="ISO 8601, UTC")
     topics: list[str]
     partitions: list[SnapshotPartition]

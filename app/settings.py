@@ -18,6 +18,7 @@ from api.quotas import QuotaConfig
 from engine.config import LogConfig
 from engine.errors import InvalidConfigError
 from engine.log_manager import EngineConfig
+from engine.snapshots import SnapshotLimits
 from workers.manager import WorkerSettings
 
 
@@ -80,6 +81,14 @@ class Settings(BaseSettings):
         None, description="where snapshots go [default: <data dir>/snapshots]; on the log dirs' filesystem, "
         "snapshots hard-link segments, elsewhere they copy them"
     )
+    snapshot_max_count: int = Field(
+        32, ge=1, le=1_000_000, description="snapshots kept at once; more are refused (507 snapshot_limit) until one is deleted"
+    )
+    snapshot_max_bytes: int | str = Field(
+        "10%", description="disk space snapshots may hold on their own (copies, and links whose live segment is "
+        "gone; not links the live log still shares): bytes, or a percentage of the snapshot dir's filesystem; "
+        "a snapshot that would pass it is refused (507 snapshot_limit)",
+    )
     retention_check_interval_ms: int = Field(
         300_000, ge=100, description="log.retention.check.interval.ms: how often the retention deleter runs"
     )
@@ -102,6 +111,25 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return tuple(Path(p.strip()) for p in value.split(",") if p.strip())
         return value
+
+    @field_validator("snapshot_max_bytes", mode="before")
+    @classmethod
+    def _parse_snapshot_max_bytes(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().endswith("%"):
+            try:
+                percent = float(value.strip()[:-1])
+            except ValueError:
+                raise ValueError(f"{value!r}: expected bytes or a percentage such as 10%") from None
+            if not 0 < percent <= 100:
+                raise ValueError(f"{value!r}: a percentage above 0 and at most 100")
+            return f"{percent:g}%"
+        try:
+            size = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{value!r}: expected bytes or a percentage such as 10%") from None
+        if isinstance(value, bool) or size < 1:
+            raise ValueError(f"{value!r}: at least 1 byte")
+        return size
 
     @model_validator(mode="after")
     def _check_topic_defaults(self) -> Settings:
@@ -133,6 +161,12 @@ class Settings(BaseSettings):
             window_num=self.quota_window_num,
             window_size_ms=self.quota_window_size_ms,
         )
+
+    def snapshot_limits(self) -> SnapshotLimits:
+        if isinstance(self.snapshot_max_bytes, str):
+            fraction = float(self.snapshot_max_bytes.removesuffix("%")) / 100
+            return SnapshotLimits(self.snapshot_max_count, max_disk_fraction=fraction)
+        return SnapshotLimits(self.snapshot_max_count, max_bytes=self.snapshot_max_bytes)
 
     @property
     def snapshot_root(self) -> Path:

@@ -23,8 +23,9 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def run_snapshot(settings: Settings, topics: list[str] | None, *, url: str | None, token: str | None) -> int:
-    """With `url`, POST /v1/snapshots to the server there; without, open the data dir (which
-    must not be in use by a server: the data dir's lock says so) and snapshot it directly."""
+    """With `url`, POST /v1/snapshots to the server there (an admin's token); without, open the
+    data dir (which must not be in use by a server: the data dir's lock says so) and snapshot it
+    directly, under the same caps (settings.snapshot_limits())."""
     try:
         if url is not None:
             summary = _remote(url, topics, token)
@@ -43,7 +44,8 @@ def run_snapshot(settings: Settings, topics: list[str] | None, *, url: str | Non
             str(p["segments"]), str(p["size_bytes"]),
         )
     out.print(table)
-    out.print(summary["path"])
+    # the server answers the path from its data dir (or its EVENTLOG_SNAPSHOT_DIR); here it is whole
+    out.print(summary["path"] if url is None else f"{summary['path']} (on the server, from its data dir)")
     return 0
 
 
@@ -75,5 +77,5 @@ async def _local(settings: Settings, topics: list[str] | None) -> dict:
     async with open_engine(settings.engine_config()) as engine:
         names = topics if topics is not None else sorted(n for n in engine.topics if n not in INTERNAL_TOPICS)
         infos = snapshots.topic_infos(engine, names)
-        manifest = await snapshots.take_snapshot(root, infos, engine.clock())
+        manifest = await snapshots.take_snapshot(root, infos, engine.clock(), settings.snapshot_limits())
     return snapshots.summary(manifest, root)

@@ -3,7 +3,9 @@
     EngineError
     ├── NotFoundError
     │   ├── TopicNotFoundError
-    │   └── PartitionNotFoundError
+    │   ├── PartitionNotFoundError
+    │   └── SnapshotNotFoundError
+    ├── SnapshotLimitError
     ├── TopicExistsError
     ├── InvalidTopicNameError
     ├── InvalidConfigError
@@ -75,6 +77,29 @@ class SnapshotNotFoundError(NotFoundError):
     def __init__(self, snapshot_id: str) -> None:
         super().__init__(f"snapshot {snapshot_id!r} not found")
         self.snapshot_id = snapshot_id
+
+
+class SnapshotLimitError(EngineError):
+    """Raised when a snapshot would pass a cap on snapshots (`limit`: "count" or "bytes");
+    nothing was written."""
+
+    def __init__(
+        self, limit: str, count: int, held_bytes: int, needed_bytes: int, max_count: int | None, max_bytes: int | None
+    ) -> None:
+        if limit == "count":
+            msg = f"{count} snapshots exist, at most {max_count} are allowed: delete one first"
+        else:
+            msg = (
+                f"snapshots hold {held_bytes} bytes of their own and this one would add about {needed_bytes}, "
+                f"over the limit of {max_bytes} bytes: delete old snapshots first"
+            )
+        super().__init__(msg)
+        self.limit = limit
+        self.count = count
+        self.held_bytes = held_bytes
+        self.needed_bytes = needed_bytes
+        self.max_count = max_count
+        self.max_bytes = max_bytes
 
 
 class TopicExistsError(EngineError):
@@ -232,8 +257,9 @@ class StorageError(EngineError):
 
 
 class StorageFullError(StorageError):
-    """Raised when the disk is full (ENOSPC) during an append: the append was undone and the
-    partition keeps serving reads; appends succeed again once space returns."""
+    """Raised when the disk is full (ENOSPC, EDQUOT) during an append or a snapshot: the append
+    was undone (the partition keeps serving reads) or the snapshot's directory removed; either
+    succeeds again once space returns."""
 
 
 class CorruptIndexError(StorageError):

@@ -15,8 +15,8 @@ Writes go through the partition's writer; reads are dictionary lookups. Safe fro
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import anyio
 import orjson
@@ -132,5 +132,7 @@ class GroupOffsets:
             key=lambda c: (c.topic, c.partition),
         )
 
-    def groups(self) -> list[str]:
-        return sorted({g for g, _t, _p in self._offsets})
+    def groups(self, topic_filter: Callable[[str], bool] | None = None) -> list[str]:
+        """Groups with committed offsets, sorted; with `topic_filter`, only those with an offset
+        committed on a topic it accepts."""
+        return sorted({g for g, t, _p in self._offsets if topic_filter is None or topic_filter(t)})

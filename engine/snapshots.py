@@ -17,11 +17,24 @@ retention or compaction swap renames a segment between the capture and the links
    snapshot directory without a manifest is an unfinished one, removed by `list_snapshots`'
    caller or at the next start.
 
+Before step 1, under a process-wide lock, the request is checked against SnapshotLimits and
+its directory is made (a reservation): the count of finished and in-flight snapshots, and the
+bytes snapshots hold on their own (see `usage`) plus what this one is estimated to add (the
+active segments' durable prefixes and their indexes, and every closed segment when the root
+is on another filesystem). Over a cap: SnapshotLimitError, and nothing is written. Any
+OSError while taking the snapshot removes its directory (the space it took is given back)
+and is raised as StorageFullError (ENOSPC, EDQUOT) or StorageError.
+
 Closed segments never change in place, so a link is as good as a copy: records compacted or
 deleted after the snapshot stay in it, records written after it never show. Cost grows with
 the number of segments (three links each), not with bytes, except for the active segment's
 prefix. Producers never wait: the lock is only the one retention and compaction take to swap
 segments, and appends do not take it.
+
+Bytes a snapshot holds on its own: a file under the root whose every link is under the root
+(st_nlink links, all seen there; counted once per inode, by its allocated blocks): copies,
+and hard links whose live segment retention or compaction has since removed. Links that the
+live log still shares cost the disk nothing more and do not count.
 
 Manifest (format_version 1; analytics/ reads it):
     {"format_version": 1, "snapshot_id", "created_at" (ISO 8601 UTC), "created_ms",
@@ -39,6 +52,7 @@ import os
 import re
 import secrets
 import shutil
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +62,7 @@ import anyio
 import orjson
 
 from . import filenames
-from .errors import SnapshotNotFoundError, StorageError
+from .errors import SnapshotLimitError, SnapshotNotFoundError, StorageError, StorageFullError
 from .fileutil import fsync_dir
 from .index_builder import IndexBuilder
 from .partition_log import PartitionLog
@@ -81,6 +95,32 @@ class TopicInfo:
     partitions: Sequence[PartitionLog]
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotLimits:
+    """Caps on snapshots under one root (app/settings.py derives them from its settings).
+
+    max_bytes caps the bytes snapshots hold on their own; without it, max_disk_fraction of
+    the size of the root's filesystem does (resolved at each request). Neither: no cap."""
+
+    max_count: int | None = None
+    max_bytes: int | None = None
+    max_disk_fraction: float | None = None
+
+    def bytes_limit(self, root: Path) -> int | None:
+        if self.max_bytes is not None:
+            return self.max_bytes
+        if self.max_disk_fraction is None:
+            return None
+        st = os.statvfs(_existing(root))
+        return int(st.f_blocks * st.f_frsize * self.max_disk_fraction)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotUsage:
+    count: int  # finished snapshots
+    bytes: int  # disk space they hold on their own
+
+
 def topic_infos(engine: Any, names: Sequence[str]) -> list[TopicInfo]:
     """TopicInfo of each named topic of a LogManager (TopicNotFoundError for an unknown one)."""
     infos = []
@@ -92,11 +132,19 @@ def topic_infos(engine: Any, names: Sequence[str]) -> list[TopicInfo]:
     return infos
 
 
-async def take_snapshot(root: Path, topics: Sequence[TopicInfo], now_ms: int) -> dict[str, Any]:
-    """Snapshot `topics` under `root`; returns the manifest."""
+async def take_snapshot(
+    root: Path, topics: Sequence[TopicInfo], now_ms: int, limits: SnapshotLimits | None = None
+) -> dict[str, Any]:
+    """Snapshot `topics` under `root`; returns the manifest. SnapshotLimitError before anything
+    is written when it would pass a cap of `limits`; StorageFullError or StorageError (its
+    directory removed) when the file system fails it."""
     snapshot_id = new_snapshot_id(now_ms)
     target = root / snapshot_id
-    await anyio.to_thread.run_sync(_make_dirs, root, target)
+    needed = await anyio.to_thread.run_sync(_estimate, root, topics)
+    try:
+        await anyio.to_thread.run_sync(_reserve, root, target, limits or SnapshotLimits(), needed)
+    except OSError as exc:
+        raise _storage_error(exc, target) from exc
     try:
         manifest_topics = []
         for topic in topics:
@@ -121,16 +169,105 @@ async def take_snapshot(root: Path, topics: Sequence[TopicInfo], now_ms: int) ->
         }
         await anyio.to_thread.run_sync(_write_manifest, target, manifest)
         return manifest
-    except BaseException:
+    except BaseException as exc:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(shutil.rmtree, target, True)
+        if isinstance(exc, OSError):
+            raise _storage_error(exc, target) from exc
         raise
+    finally:
+        with _reservations_lock:
+            _reservations.pop(target, None)
 
 
-def _make_dirs(root: Path, target: Path) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    target.mkdir()
+def _storage_error(exc: OSError, path: Path) -> StorageError:
+    """An OSError of a snapshot's file operations as the engine's error. Local to this module
+    until engine/fileutil.py has the engine-wide translation (issue 11)."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFullError(path, f"snapshot refused, the disk is full ({reason}); nothing was kept")
+    return StorageError(path, f"snapshot failed ({reason}); nothing was kept")
+
+
+# -- limits: the reservation --------------------------------------------------------------------
+
+# snapshot directories being written in this process -> the bytes they were estimated to add;
+# the walk skips them and counts the estimate instead (two requests cannot both take the last room)
+_reservations: dict[Path, int] = {}
+_reservations_lock = threading.Lock()
+
+
+def _reserve(root: Path, target: Path, limits: SnapshotLimits, needed: int) -> None:
+    """Check `limits` and make the snapshot's directory, atomically with respect to other
+    snapshots of this process. SnapshotLimitError (nothing made) over a cap."""
+    with _reservations_lock:
+        in_flight = {t: n for t, n in _reservations.items() if t.parent == root}
+        used = usage(root, skip=in_flight)
+        count = used.count + len(in_flight)
+        held = used.bytes + sum(in_flight.values())
+        max_bytes = limits.bytes_limit(root)
+        if limits.max_count is not None and count + 1 > limits.max_count:
+            raise SnapshotLimitError("count", count, held, needed, limits.max_count, max_bytes)
+        if max_bytes is not None and held + needed > max_bytes:
+            raise SnapshotLimitError("bytes", count, held, needed, limits.max_count, max_bytes)
+        root.mkdir(parents=True, exist_ok=True)
+        target.mkdir()
+        _reservations[target] = needed
     fsync_dir(root)
+
+
+def usage(root: Path, skip: Sequence[Path] | dict[Path, int] = ()) -> SnapshotUsage:
+    """Finished snapshots under `root`, and the bytes everything under it (unfinished and
+    half-deleted directories included, `skip` not) holds on its own: each inode once, by its
+    allocated blocks, when all its links are under the root."""
+    if not root.is_dir():
+        return SnapshotUsage(0, 0)
+    count = 0
+    inodes: dict[tuple[int, int], list[int]] = {}  # (dev, ino) -> [st_nlink, links seen, bytes]
+    for entry in os.scandir(root):
+        if not entry.is_dir(follow_symlinks=False) or Path(entry.path) in skip:
+            continue
+        if _ID_RE.match(entry.name) and os.path.exists(os.path.join(entry.path, MANIFEST)):
+            count += 1
+        for dirpath, _dirnames, names in os.walk(entry.path):
+            for name in names:
+                try:
+                    st = os.lstat(os.path.join(dirpath, name))
+                except FileNotFoundError:
+                    continue  # a snapshot being deleted meanwhile
+                seen = inodes.get((st.st_dev, st.st_ino))
+                if seen is None:
+                    inodes[(st.st_dev, st.st_ino)] = [st.st_nlink, 1, st.st_blocks * 512]
+                else:
+                    seen[1] += 1
+    return SnapshotUsage(count, sum(size for nlink, seen, size in inodes.values() if seen >= nlink))
+
+
+def _estimate(root: Path, topics: Sequence[TopicInfo]) -> int:
+    """Bytes a snapshot of `topics` taken now would hold on its own: each active segment's
+    durable prefix and its two indexes, and, when `root` is on another filesystem than a
+    partition (copies, not links), its closed segments and their indexes too."""
+    root_dev = os.stat(_existing(root)).st_dev
+    block = os.statvfs(_existing(root)).f_frsize or 4096
+    total = 0
+    for topic in topics:
+        for log in topic.partitions:
+            view = log.view
+            interval = max(log.config.index_interval_bytes, 1)
+            copied = [view.active_end] if view.active_end else []
+            if os.stat(log.directory).st_dev != root_dev:
+                copied += [s.size for s in view.segments[:-1] if s.size]
+            for size in copied:
+                entries = size // interval + 1
+                total += sum(-(-n // block) * block for n in (size, 8 * entries, 12 * entries))
+    return total
+
+
+def _existing(path: Path) -> Path:
+    """`path`, or its nearest ancestor that exists."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 async def _snapshot_partition(log: PartitionLog, target: Path) -> dict[str, Any]:
@@ -201,12 +338,7 @@ def _copy_active(handle, base: int, size: int, directory: Path, config) -> dict[
     log_path, index_path, time_path = filenames.segment_files(directory, base)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        copied = 0
-        while copied < size:
-            n = os.copy_file_range(handle.fd, fd, size - copied, copied, copied)
-            if n == 0:
-                raise OSError(errno.EIO, f"short copy of the active segment at {copied} of {size} bytes")
-            copied += n
+        _copy_prefix(handle.fd, fd, size)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -223,6 +355,28 @@ def _copy_active(handle, base: int, size: int, directory: Path, config) -> dict[
     offset_index.release()
     time_index.release()
     return _segment_entry(base, last_offset, size, True)
+
+
+def _copy_prefix(source: int, dest: int, size: int) -> None:
+    """The first `size` bytes of `source` into `dest`: copy_file_range, or sendfile where the
+    kernel refuses it (EXDEV: another filesystem, as a snapshot dir elsewhere is)."""
+    copied = 0
+    in_kernel = True
+    while copied < size:
+        if in_kernel:
+            try:
+                n = os.copy_file_range(source, dest, size - copied, copied, copied)
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                in_kernel = False
+                continue
+        else:
+            os.lseek(dest, copied, os.SEEK_SET)
+            n = os.sendfile(dest, source, copied, size - copied)
+        if n == 0:
+            raise OSError(errno.EIO, f"short copy of the active segment at {copied} of {size} bytes")
+        copied += n
 
 
 def _write_manifest(target: Path, manifest: dict[str, Any]) -> None:
@@ -302,9 +456,12 @@ def delete_snapshot(root: Path, snapshot_id: str) -> None:
     """Remove the snapshot's directory: its own links and copies; the live files keep theirs."""
     read_manifest(root, snapshot_id)
     target = root / snapshot_id
-    os.replace(target, root / f".{snapshot_id}.deleting")
-    fsync_dir(root)
-    shutil.rmtree(root / f".{snapshot_id}.deleting")
+    try:
+        os.replace(target, root / f".{snapshot_id}.deleting")
+        fsync_dir(root)
+        shutil.rmtree(root / f".{snapshot_id}.deleting")
+    except OSError as exc:
+        raise StorageError(target, f"deleting the snapshot failed ({exc.strerror or exc})") from exc
 
 
 def remove_unfinished(root: Path) -> list[str]:

@@ -124,8 +124,9 @@ class Stats:
 
 class Load(ExactWriters):
     def __init__(self, client: httpx.AsyncClient, model: Model, stats: Stats, gate: Gate,
-                 partitions: dict[str, int], seed: int):
+                 partitions: dict[str, int], seed: int, data_dir: Path):
         self.client = client
+        self.data_dir = data_dir  # snapshot answers name their directory relative to it
         self.model = model
         self.stats = stats
         self.gate = gate
@@ -306,13 +307,14 @@ class Load(ExactWriters):
             self.model.fail("unexpected_status", f"snapshot: {outcome.status_code} {outcome.text[:300]}")
             return
         answer = outcome.json()
-        check_snapshot(Path(answer["path"]), topics, self.partitions, floor, self.model)
+        path = self.data_dir / answer["path"]
+        check_snapshot(path, topics, self.partitions, floor, self.model)
         outcome = await self._request("snapshot", "DELETE", f"/v1/snapshots/{answer['id']}", gated=False)
         if isinstance(outcome, str):
             return  # the runner deletes leftovers after the restart
         if outcome.status_code != 204:
             self.model.fail("snapshot", f"delete {answer['id']}: {outcome.status_code} {outcome.text[:300]}")
-        elif Path(answer["path"]).exists():
+        elif path.exists():
             self.model.fail("snapshot", f"delete {answer['id']}: 204, but {answer['path']} is still there")
         else:
             self.stats.op("snapshot")

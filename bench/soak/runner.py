@@ -105,7 +105,7 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         for topic, count in PARTITIONS.items():
             r = await client.post("/v1/topics", json={"name": topic, "partitions": count, "configs": TOPIC_CONFIGS[topic]})
             r.raise_for_status()
-        load = Load(client, model, stats, gate, PARTITIONS, rng.randrange(1 << 32))
+        load = Load(client, model, stats, gate, PARTITIONS, rng.randrange(1 << 32), data_dir)
         tasks = [asyncio.create_task(c) for c in load.tasks()]
         deadline = stats.now() + cfg.minutes * 60
         while True:

@@ -54,7 +54,7 @@ def produced(tmp_path_factory):
             snap = c.post("/v1/snapshots").json()
     finally:
         server.stop()
-    return Path(snap["path"]), acked
+    return data_dir / snap["path"], acked
 
 
 def model_tables(acked: list[dict]) -> dict[tuple[int, str], dict]:

@@ -10,6 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from api.auth import Principal
+
 from ..conftest import VENV_BIN
 from .test_api import assert_problem
 
@@ -116,6 +118,20 @@ def test_group_prefixes(auth_server) -> None:
         assert c.get("/v1/groups").json() == {"groups": ["reports-daily"]}
     with as_("producer", s) as p:
         assert_problem(p.get("/v1/groups/reports-daily/offsets"), 403, "forbidden")
+
+
+def test_prefixes_never_cover_internal_topics() -> None:
+    """An empty prefix (or none) covered __consumer_offsets and __metadata: a consumer whose
+    groups were limited read every group's offsets and all topic metadata from them."""
+    for role in ("producer", "consumer"):
+        unlimited = Principal("u", role)  # no "topics": every prefix
+        assert unlimited.covers_topic("orders") and unlimited.covers_topic("__user_made")
+        underscored = Principal("x", role, topics=("__",))
+        for internal in ("__consumer_offsets", "__metadata"):
+            assert not unlimited.covers_topic(internal)
+            assert not underscored.covers_topic(internal)
+    admin = Principal("ops", "admin")
+    assert admin.covers_topic("__consumer_offsets") and admin.covers_topic("__metadata")
 
 
 @pytest.mark.parametrize(

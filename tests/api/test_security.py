@@ -20,6 +20,7 @@ import httpx
 import pytest
 from fastapi.routing import iter_route_contexts
 
+from api.errors import ServerPaths
 from api.limits import LimitsMiddleware
 from app.main import create_app
 from app.settings import Settings
@@ -35,6 +36,8 @@ TOKENS = {
     "producer_out": "producer-out-000",  # producer, topics "orders"
     "consumer_in": "consumer-in-0000",  # consumer, topics "billing.", groups "g-"
     "consumer_out": "consumer-out-000",  # consumer, topics "orders", groups "g-"
+    "consumer_all": "consumer-all-000",  # consumer, every topic (no "topics"), groups "g-"
+    "producer_all": "producer-all-000",  # producer, every topic (no "topics")
 }
 TOPIC = "billing.x"  # covered by the *_in tokens only
 DOOMED = "billing.doomed"  # deleteTopic's own topic
@@ -71,7 +74,7 @@ ROUTES: dict[str, tuple[str, bool, Req]] = {
     "listGroups": ("monitor", False, ("GET", "/v1/groups", None)),  # filtered by group prefixes
     "runRetention": ("admin", True, ("POST", "/v1/admin/retention/run", {"topic": TOPIC})),
     "runCompaction": ("admin", True, ("POST", "/v1/admin/compaction/run", {"topic": TOPIC})),
-    "createSnapshot": ("consumer", True, ("POST", "/v1/snapshots", {"topics": [TOPIC]})),
+    "createSnapshot": ("admin", True, ("POST", "/v1/snapshots", {"topics": [TOPIC]})),
     "listSnapshots": ("admin", False, ("GET", "/v1/snapshots", None)),
     "describeSnapshot": ("admin", False, ("GET", "/v1/snapshots/none", None)),
     "deleteSnapshot": ("admin", False, ("DELETE", "/v1/snapshots/none", None)),
@@ -92,6 +95,8 @@ def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
         {"name": "producer-out", "token": TOKENS["producer_out"], "role": "producer", "topics": ["orders"]},
         {"name": "consumer-in", "token": TOKENS["consumer_in"], "role": "consumer", "topics": ["billing."], "groups": ["g-"]},
         {"name": "consumer-out", "token": TOKENS["consumer_out"], "role": "consumer", "topics": ["orders"], "groups": ["g-"]},
+        {"name": "consumer-all", "token": TOKENS["consumer_all"], "role": "consumer", "groups": ["g-"]},
+        {"name": "producer-all", "token": TOKENS["producer_all"], "role": "producer"},
     ]}))
     with pytest.MonkeyPatch.context() as mp:
         for name in list(os.environ):
@@ -176,11 +181,12 @@ def test_variants_of_reads_and_writes_check_prefixes(acl_server) -> None:
         assert _call(c, fetch, {"accept": RAW}) == 403  # raw fetch
         assert _call(c, stream, {"last-event-id": "0"}) == 403  # an EventSource resuming
         assert _call(c, ("GET", stream[1] + "?offset=0", None)) == 403
-        # snapshots: only of covered topics, and every topic only for an admin
+        # snapshots write to the server's disk: admin only, even of covered topics (fifty of
+        # them from a read-only token once filled the disk and every producer got 507)
         assert_problem(c.post("/v1/snapshots", json={"topics": ["orders", TOPIC]}), 403, "forbidden")
         assert_problem(c.post("/v1/snapshots", json={}), 403, "forbidden")
         assert_problem(c.post("/v1/snapshots"), 403, "forbidden")
-        assert c.post("/v1/snapshots", json={"topics": ["orders"]}).status_code == 201
+        assert_problem(c.post("/v1/snapshots", json={"topics": ["orders"]}), 403, "forbidden")
         # group offsets naming an uncovered topic, in the body or the query
         assert_problem(c.post(f"/v1/groups/{GROUP}/offsets", json={"offsets": [
             {"topic": "orders", "partition": 0, "offset": 0}, {"topic": TOPIC, "partition": 0, "offset": 0},
@@ -188,24 +194,31 @@ def test_variants_of_reads_and_writes_check_prefixes(acl_server) -> None:
     with as_("consumer_in", s) as c:
         assert _call(c, fetch, {"accept": RAW}) == 200
         assert _call(c, stream, {"last-event-id": "0"}) == 200
-        assert c.post("/v1/snapshots", json={"topics": [TOPIC]}).status_code == 201
+        assert_problem(c.post("/v1/snapshots", json={"topics": [TOPIC]}), 403, "forbidden")
+    for who in ("producer_in", "producer_all", "consumer_all"):
+        with as_(who, s) as c:
+            assert_problem(c.post("/v1/snapshots", json={"topics": [TOPIC]}), 403, "forbidden")
     with as_("admin", s) as admin:
+        assert admin.post("/v1/snapshots", json={"topics": [TOPIC]}).status_code == 201
         snapshots = admin.get("/v1/snapshots").json()["snapshots"]
-        # the two allowed ones, none of the refused
-        assert [snap["topics"] for snap in snapshots[snapshots_before:]] == [["orders"], [TOPIC]]
+        # the admin's, none of the refused
+        assert [snap["topics"] for snap in snapshots[snapshots_before:]] == [[TOPIC]]
 
 
 def test_listings_and_metrics_show_only_covered_topics_and_groups(acl_server) -> None:
     s = acl_server
     with as_("admin", s) as admin:
         admin.post("/v1/groups/g-1/offsets", json={"offsets": [{"topic": TOPIC, "partition": 0, "offset": 1}]})
+        admin.post("/v1/groups/g-2/offsets", json={"offsets": [{"topic": "orders", "partition": 0, "offset": 1}]})
         admin.post("/v1/groups/other/offsets", json={"offsets": [{"topic": "orders", "partition": 0, "offset": 1}]})
         admin.get(f"/v1/topics/{TOPIC}/partitions/0/records")
         everything = admin.get("/metrics").text
         assert f'topic="{TOPIC}"' in everything and 'topic="orders"' in everything
+        assert admin.get("/v1/groups").json()["groups"] == ["g-1", "g-2", "other"]
     with as_("consumer_out", s) as c:
         assert [t["name"] for t in c.get("/v1/topics").json()["topics"]] == ["orders"]
-        assert c.get("/v1/groups").json() == {"groups": ["g-1"]}
+        # g-1 is in its group prefix, but its offsets are of billing.x, which it does not cover
+        assert c.get("/v1/groups").json() == {"groups": ["g-2"]}
         assert c.get("/v1/groups/g-1/offsets").json()["offsets"] == []  # g-1's offsets are of billing.x
         metrics = c.get("/metrics").text
         assert 'topic="orders"' in metrics and f'topic="{TOPIC}"' not in metrics and DOOMED not in metrics
@@ -213,6 +226,73 @@ def test_listings_and_metrics_show_only_covered_topics_and_groups(acl_server) ->
     with as_("producer_in", s) as p:
         metrics = p.get("/metrics").text
         assert f'topic="{TOPIC}"' in metrics and 'topic="orders"' not in metrics
+        # every group prefix, topics "billing.": only the groups with offsets of billing. topics
+        assert p.get("/v1/groups").json() == {"groups": ["g-1"]}
+    with as_("producer_out", s) as p:
+        assert p.get("/v1/groups").json() == {"groups": ["g-2", "other"]}
+    with as_("consumer_all", s) as c:  # every topic, groups "g-"
+        assert c.get("/v1/groups").json() == {"groups": ["g-1", "g-2"]}
+
+
+INTERNAL = ("__consumer_offsets", "__metadata")
+
+
+def test_internal_topics_are_admin_only(acl_server) -> None:
+    """A token whose topics are not limited (only its groups are) read every group's offsets
+    from __consumer_offsets and all topic metadata from __metadata: reads, descriptions,
+    listings and metrics of internal topics are the admin's alone."""
+    s = acl_server
+    with as_("admin", s) as admin:
+        admin.post("/v1/groups/secret-group/offsets", json={"offsets": [{"topic": "orders", "partition": 0, "offset": 1}]})
+        admin.get("/v1/topics/__consumer_offsets/partitions/0/records")  # a fetch metric labelled with it
+        for topic in INTERNAL:
+            for path in _internal_reads(topic):
+                assert _call(admin, ("GET", path, None)) == 200, path
+        assert {t["name"] for t in admin.get("/v1/topics?internal=true").json()["topics"]} >= set(INTERNAL)
+        assert 'topic="__consumer_offsets"' in admin.get("/metrics").text
+    for who in ("consumer_all", "producer_all", "consumer_in"):
+        with as_(who, s) as c:
+            for topic in INTERNAL:
+                for path in _internal_reads(topic):
+                    assert _call(c, ("GET", path, None)) == 403, (who, path)
+                assert_problem(c.get(f"/v1/groups/g-1/offsets?topic={topic}"), 403, "forbidden")
+            listed = [t["name"] for t in c.get("/v1/topics?internal=true").json()["topics"]]
+            assert not any(name.startswith("__") for name in listed), (who, listed)
+            metrics = c.get("/metrics").text
+            assert 'topic="__' not in metrics, who
+            # a group outside its group prefixes (producer_all has none: every group)
+            assert ("secret-group" in c.get("/v1/groups").json()["groups"]) == (who == "producer_all")
+    with as_("consumer_all", s) as c:
+        # its own group's offsets stay readable through the groups API
+        c.post("/v1/groups/g-all/offsets", json={"offsets": [{"topic": "orders", "partition": 0, "offset": 1}]})
+        assert [o["topic"] for o in c.get("/v1/groups/g-all/offsets").json()["offsets"]] == ["orders"]
+        # the commit itself may not name an internal topic
+        r = c.post("/v1/groups/g-all/offsets", json={"offsets": [{"topic": "__metadata", "partition": 0, "offset": 0}]})
+        assert_problem(r, 403, "forbidden")
+
+
+def _internal_reads(topic: str) -> list[str]:
+    base = f"/v1/topics/{topic}/partitions/0"
+    return [f"/v1/topics/{topic}", f"{base}/records", f"{base}/records/stream", f"{base}/offsets", f"{base}/segments"]
+
+
+def test_error_details_name_paths_from_the_data_dir_never_absolute() -> None:
+    """StorageError details carried the server's absolute paths (and snapshot answers did)."""
+    paths = ServerPaths(Path("/srv/el/data"), Path("/srv/el/data/snapshots"), (Path("/srv/el/data"), Path("/mnt/d2/log")))
+    cases = {
+        "/srv/el/data/t-0/00000000000000000000.log: torn": "t-0/00000000000000000000.log: torn",
+        "/srv/el/data/snapshots/20260101T000000000Z-abcdef: full": "snapshots/20260101T000000000Z-abcdef: full",
+        "data dir /srv/el/data: locked": "data dir <data dir>: locked",
+        "/mnt/d2/log/t-1/x.index: corrupt": "<log dir>/t-1/x.index: corrupt",
+        "[Errno 28] No space left on device: '/srv/el/data/t-0/x'": "[Errno 28] No space left on device: 't-0/x'",
+        "/srv/el/database/x and /x/srv/el/data/y": "/srv/el/database/x and /x/srv/el/data/y",  # not ours
+    }
+    for detail, shown in cases.items():
+        assert paths.scrub(detail) == shown
+    assert paths.snapshot("20260101T000000000Z-abcdef") == "snapshots/20260101T000000000Z-abcdef"
+    elsewhere = ServerPaths(Path("/srv/el/data"), Path("/backup/snaps"))
+    assert elsewhere.snapshot("20260101T000000000Z-abcdef") == "20260101T000000000Z-abcdef"
+    assert elsewhere.scrub("/backup/snaps/x/manifest.json: bad") == "<snapshot dir>/x/manifest.json: bad"
 
 
 # -- request size limits ----------------------------------------------------------------------

@@ -11,8 +11,13 @@ import threading
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
+from app.settings import Settings
+from engine.snapshots import SnapshotLimits
 from tests.kafka_oracle import decode_all
+
+from .test_api import assert_problem
 
 MANIFEST_KEYS = {"format_version", "snapshot_id", "created_at", "created_ms", "topics"}
 TOPIC_KEYS = {"name", "topic_id", "internal", "cleanup_policy", "configs", "partitions"}
@@ -66,8 +71,8 @@ def _endpoints_links_and_manifest(server, c) -> None:
     created = c.post("/v1/snapshots", json={"topics": ["orders"]})
     assert created.status_code == 201, created.text
     snap = created.json()
-    path = Path(snap["path"])
-    assert path.parent == server.data_dir / "snapshots"
+    assert snap["path"] == f"snapshots/{snap['id']}"  # relative to the data dir
+    path = server.data_dir / snap["path"]
     assert {(p["topic"], p["partition"], p["high_watermark"]) for p in snap["partitions"]} == {("orders", 0, 20), ("orders", 1, 20)}
     manifest = json.loads((path / "manifest.json").read_text())
     check_manifest(manifest)
@@ -133,7 +138,7 @@ def _snapshot_stays(server, c) -> None:
         with lock:
             acked_before = len(model)
         snap = c.post("/v1/snapshots", json={"topics": ["acct"]}).json()
-        path = Path(snap["path"])
+        path = server.data_dir / snap["path"]
         manifest = json.loads((path / "manifest.json").read_text())
         hw = manifest["topics"][0]["partitions"][0]["high_watermark"]
         assert hw >= acked_before  # everything acknowledged before the request is in it
@@ -152,10 +157,10 @@ def _snapshot_stays(server, c) -> None:
     after = snapshot_records(path, manifest, "acct", 0)
     assert after == before
     second = c.post("/v1/snapshots", json={"topics": ["acct"]}).json()
-    later = json.loads((Path(second["path"]) / "manifest.json").read_text())
+    later = json.loads((server.data_dir / second["path"] / "manifest.json").read_text())
     part = later["topics"][0]["partitions"][0]
     assert part["log_start_offset"] >= hw and part["high_watermark"] >= part["log_start_offset"]
-    records = snapshot_records(Path(second["path"]), later, "acct", 0)
+    records = snapshot_records(server.data_dir / second["path"], later, "acct", 0)
     offsets = [r.offset for r in records]
     assert offsets == sorted(set(offsets))
     table = {}
@@ -189,15 +194,19 @@ def test_snapshot_auth(server_factory, tmp_path: Path) -> None:
         admin.post("/v1/topics", json={"name": "sales.eu"})
         admin.post("/v1/topics", json={"name": "hr"})
         analyst = client("consumer-token")
-        assert analyst.post("/v1/snapshots", json={"topics": ["sales.eu"]}).status_code == 201
+        # a snapshot writes to the server's disk: a read-only token may not take one, even of
+        # its own topics (fifty of them once filled the disk, and producers got 507)
+        assert analyst.post("/v1/snapshots", json={"topics": ["sales.eu"]}).status_code == 403
         assert analyst.post("/v1/snapshots", json={"topics": ["hr"]}).status_code == 403
-        assert analyst.post("/v1/snapshots").status_code == 403  # all topics: admin only
+        assert analyst.post("/v1/snapshots").status_code == 403
         assert analyst.get("/v1/snapshots").status_code == 403
         producer = client("producer-token")
         assert producer.post("/v1/snapshots", json={"topics": ["sales.eu"]}).status_code == 403
         assert client(None).post("/v1/snapshots").status_code == 401
         assert admin.post("/v1/snapshots").status_code == 201
+        assert admin.post("/v1/snapshots", json={"topics": ["__consumer_offsets"]}).status_code == 201
         assert len(admin.get("/v1/snapshots").json()["snapshots"]) == 2
+        assert len(list((server.data_dir / "snapshots").iterdir())) == 2  # the refused ones left nothing
     finally:
         for c in clients:
             c.close()
@@ -248,18 +257,180 @@ def test_cli_snapshot_of_a_stopped_data_dir_and_unfinished_ones_removed(server_f
         server.stop()
 
 
+def _texts(*responses) -> str:
+    return "\n".join(r.text for r in responses)
+
+
+def test_answers_say_paths_relative_to_the_data_dir_never_absolute(server_factory, tmp_path: Path) -> None:
+    """Snapshot answers (and their errors) showed the server's absolute filesystem path."""
+    server = server_factory().start()
+    try:
+        with server.client() as c:
+            c.post("/v1/topics", json={"name": "t"})
+            produce(c, "t", [{"value": "v"}])
+            created = c.post("/v1/snapshots", json={"topics": ["t"]})
+            snap = created.json()
+            assert snap["path"] == f"snapshots/{snap['id']}"
+            listed, described = c.get("/v1/snapshots"), c.get(f"/v1/snapshots/{snap['id']}")
+            assert listed.json()["snapshots"][0]["path"] == described.json()["path"] == snap["path"]
+            # a damaged manifest: a storage_error whose detail names the file from the data dir
+            (server.data_dir / snap["path"] / "manifest.json").write_bytes(b"{not json")
+            damaged = c.get(f"/v1/snapshots/{snap['id']}")
+            problem = assert_problem(damaged, 500, "storage_error")
+            assert problem["detail"].startswith(f"snapshots/{snap['id']}/manifest.json: "), problem
+            assert_problem(c.get("/v1/snapshots"), 500, "storage_error")
+            assert str(tmp_path) not in _texts(created, listed, described, damaged, c.get("/v1/snapshots"))
+    finally:
+        server.stop()
+    # a snapshot dir outside the data dir (on another filesystem, even): paths from the snapshot dir
+    outside = tmp_path / "elsewhere"
+    other = server_factory(tmp_path / "data2", EVENTLOG_SNAPSHOT_DIR=str(outside)).start()
+    try:
+        with other.client() as c:
+            c.post("/v1/topics", json={"name": "t"})
+            produce(c, "t", [{"value": "v"}])
+            created = c.post("/v1/snapshots", json={"topics": ["t"]})
+            snap = created.json()
+            assert snap["path"] == snap["id"] and (outside / snap["id"] / "manifest.json").is_file()
+            assert str(tmp_path) not in _texts(created, c.get("/v1/snapshots"), c.get(f"/v1/snapshots/{snap['id']}"))
+    finally:
+        other.stop()
+
+
+def _snapshot_dirs(root: Path) -> list[str]:
+    return sorted(d.name for d in root.iterdir()) if root.exists() else []
+
+
+def test_the_snapshot_count_cap_refuses_before_writing(server_factory) -> None:
+    server = server_factory(EVENTLOG_SNAPSHOT_MAX_COUNT="2").start()
+    root = server.data_dir / "snapshots"
+    try:
+        with server.client() as c:
+            c.post("/v1/topics", json={"name": "t"})
+            produce(c, "t", [{"value": "v"}])
+            first, _second = (c.post("/v1/snapshots", json={"topics": ["t"]}).json() for _ in range(2))
+            before = _snapshot_dirs(root)
+            problem = assert_problem(c.post("/v1/snapshots", json={"topics": ["t"]}), 507, "snapshot_limit")
+            assert (problem["limit"], problem["max_count"], problem["snapshots"]) == ("count", 2, 2), problem
+            assert _snapshot_dirs(root) == before  # nothing written
+            assert c.delete(f"/v1/snapshots/{first['id']}").status_code == 204
+            assert c.post("/v1/snapshots", json={"topics": ["t"]}).status_code == 201
+    finally:
+        server.stop()
+
+
+def test_the_snapshot_bytes_cap_counts_copies_not_links_shared_with_the_log(server_factory) -> None:
+    server = server_factory(EVENTLOG_SNAPSHOT_MAX_BYTES="300000").start()
+    root = server.data_dir / "snapshots"
+    value = "x" * 1000
+    try:
+        with server.client() as c:
+            c.post("/v1/topics", json={"name": "active"})  # one big active segment: copied
+            for _ in range(10):
+                produce(c, "active", [{"value": value}] * 20)
+            c.post("/v1/topics", json={"name": "linked", "configs": {"segment.bytes": 10000}})  # closed: linked
+            for _ in range(15):
+                produce(c, "linked", [{"value": value}] * 10)
+            assert c.get("/v1/topics/linked").json()["partitions"][0]["segments"] > 10
+            first = c.post("/v1/snapshots", json={"topics": ["active"]})
+            assert first.status_code == 201, first.text
+            # 150 KB of closed segments: hard links the live log shares cost the disk nothing
+            linked = c.post("/v1/snapshots", json={"topics": ["linked"]})
+            assert linked.status_code == 201, linked.text
+            before = _snapshot_dirs(root)
+            refused = c.post("/v1/snapshots", json={"topics": ["active"]})
+            problem = assert_problem(refused, 507, "snapshot_limit")
+            assert (problem["limit"], problem["max_bytes"], problem["snapshots"]) == ("bytes", 300000, 2), problem
+            assert 200_000 <= problem["snapshot_bytes"] < 300_000 <= problem["snapshot_bytes"] + problem["needed_bytes"]
+            assert problem["needed_bytes"] >= 200_000
+            assert _snapshot_dirs(root) == before  # nothing written
+            assert c.delete(f"/v1/snapshots/{first.json()['id']}").status_code == 204
+            assert c.post("/v1/snapshots", json={"topics": ["active"]}).status_code == 201
+    finally:
+        server.stop()
+
+
+def test_snapshot_cap_settings(tmp_path: Path) -> None:
+    assert Settings(data_dir=tmp_path).snapshot_limits() == SnapshotLimits(max_count=32, max_disk_fraction=0.1)
+    limits = Settings(data_dir=tmp_path, snapshot_max_count=3, snapshot_max_bytes="300000").snapshot_limits()
+    assert limits == SnapshotLimits(max_count=3, max_bytes=300_000)
+    assert Settings(data_dir=tmp_path, snapshot_max_bytes="2.5%").snapshot_limits().max_disk_fraction == 0.025
+    for bad in ("0", "-1", "150%", "0%", "x%", "lots", True):
+        with pytest.raises(ValidationError):
+            Settings(data_dir=tmp_path, snapshot_max_bytes=bad)
+    with pytest.raises(ValidationError):
+        Settings(data_dir=tmp_path, snapshot_max_count=0)
+
+
+def test_the_cli_on_a_stopped_data_dir_keeps_to_the_caps(server_factory) -> None:
+    server = server_factory().start()
+    with server.client() as c:
+        c.post("/v1/topics", json={"name": "t"})
+        produce(c, "t", [{"value": "v"}])
+        assert c.post("/v1/snapshots", json={"topics": ["t"]}).status_code == 201
+    server.stop()
+    eventlog = Path(sys.executable).with_name("eventlog")
+    command = [str(eventlog), "snapshot", "--data-dir", str(server.data_dir), "--topics", "t"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLOG_")}
+    refused = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, env={**env, "EVENTLOG_SNAPSHOT_MAX_COUNT": "1"}, check=False
+    )
+    assert refused.returncode == 1 and "1 snapshots exist, at most 1 are allowed" in refused.stderr, refused.stderr
+    assert len(list((server.data_dir / "snapshots").iterdir())) == 1
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, env={**env, "EVENTLOG_SNAPSHOT_MAX_COUNT": "2"}, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert str(server.data_dir / "snapshots") in done.stdout  # on the operator's machine: the full path
+
+
+@pytest.mark.parametrize("small", ["data_dir", "snapshot_dir"])
+def test_a_snapshot_on_a_full_disk_is_507_and_leaves_nothing_behind(server_factory, small_fs, tmp_path: Path, small: str) -> None:
+    """A full disk answered 500 and could leave a half-written snapshot directory."""
+    fs = small_fs(16 * 1024 * 1024)
+    env = {"EVENTLOG_SNAPSHOT_MAX_BYTES": str(1 << 40), "EVENTLOG_CHECKPOINT_INTERVAL_MS": "3600000"}
+    if small == "data_dir":
+        server = server_factory(fs.path, **env)
+        root = fs.path / "snapshots"
+    else:
+        root = fs.path / "snapshots"
+        server = server_factory(tmp_path / "data", EVENTLOG_SNAPSHOT_DIR=str(root), **env)
+    server.start()
+    try:
+        with server.client() as c:
+            c.post("/v1/topics", json={"name": "t", "configs": {"segment.bytes": 200_000}})
+            for _ in range(20):  # 2 MB: closed segments and a big active one
+                produce(c, "t", [{"value": "x" * 10_000}] * 10)
+            fs.fill(leave_bytes=32 * 1024)
+            free_before = fs.free_bytes()
+            full = c.post("/v1/snapshots", json={"topics": ["t"]})
+            assert_problem(full, 507, "storage_full")
+            assert str(tmp_path) not in full.text
+            assert _snapshot_dirs(root) == []  # no half-written snapshot
+            assert fs.free_bytes() >= free_before  # the space it took is back
+            assert c.get("/v1/snapshots").json() == {"snapshots": []}
+            fs.free()
+            done = c.post("/v1/snapshots", json={"topics": ["t"]})
+            assert done.status_code == 201, done.text
+            assert (root / done.json()["id"] / "manifest.json").is_file()
+            assert c.get("/readyz").status_code == 200
+    finally:
+        fs.free()
+        assert server.stop() == 0, server.log()
+
+
 @pytest.mark.slow
 def test_snapshot_cost_grows_with_segments_not_bytes(server_factory) -> None:
     """A sanity bound, not a benchmark: 200 closed segments are linked, not copied."""
     server = server_factory().start()
     try:
         with server.client() as c:
-            _big(c)
+            _big(server, c)
     finally:
         server.stop()
 
 
-def _big(c) -> None:
+def _big(server, c) -> None:
     c.post("/v1/topics", json={"name": "big", "configs": {"segment.bytes": 20000}})
     value = "x" * 1000
     for _ in range(200):
@@ -267,6 +438,6 @@ def _big(c) -> None:
     snap = c.post("/v1/snapshots", json={"topics": ["big"]}).json()
     (part,) = snap["partitions"]
     assert part["segments"] >= 190
-    manifest = json.loads((Path(snap["path"]) / "manifest.json").read_text())
+    manifest = json.loads((server.data_dir / snap["path"] / "manifest.json").read_text())
     copied = [s for s in manifest["topics"][0]["partitions"][0]["segments"] if s["copied"]]
     assert len(copied) == 1
