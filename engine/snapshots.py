@@ -140,8 +140,8 @@ async def take_snapshot(
     directory removed) when the file system fails it."""
     snapshot_id = new_snapshot_id(now_ms)
     target = root / snapshot_id
-    needed = await anyio.to_thread.run_sync(_estimate, root, topics)
     try:
+        needed = await anyio.to_thread.run_sync(_estimate, root, topics)
         await anyio.to_thread.run_sync(_reserve, root, target, limits or SnapshotLimits(), needed)
     except OSError as exc:
         raise _storage_error(exc, target) from exc
@@ -212,8 +212,12 @@ def _reserve(root: Path, target: Path, limits: SnapshotLimits, needed: int) -> N
             raise SnapshotLimitError("bytes", count, held, needed, limits.max_count, max_bytes)
         root.mkdir(parents=True, exist_ok=True)
         target.mkdir()
+        try:
+            fsync_dir(root)
+        except OSError:
+            target.rmdir()
+            raise
         _reservations[target] = needed
-    fsync_dir(root)
 
 
 def usage(root: Path, skip: Sequence[Path] | dict[Path, int] = ()) -> SnapshotUsage:
