@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from . import filenames
+from .control_records import ABORT, COMMIT, control_type
 from .errors import CorruptBatchError
 from .format import BatchHeader
 from .records import Record, decode_records
@@ -47,7 +48,6 @@ TOPIC_RESOURCE = 2
 _TOPIC_RECORD, _CONFIG_RECORD, _REMOVE_TOPIC_RECORD = 2, 4, 9
 _FRAME_VERSION = 1
 _CHECKPOINT_RE = re.compile(r"^(\d{20})-(\d{10})\.checkpoint$")
-_CONTROL_ABORT, _CONTROL_COMMIT = 0, 1
 _OFFSET_COMMIT_KEYS = (0, 1)
 
 
@@ -261,10 +261,10 @@ def read_committed_offsets(partition_dirs: Iterable[Path]) -> KafkaOffsets:
             for header, records in read_file_batches(path, result.problems):
                 if header.is_control:
                     for record in records:
-                        marker = _control_type(record.key)
-                        if marker == _CONTROL_COMMIT:
+                        marker = control_type(record.key)
+                        if marker == COMMIT:
                             latest.update(pending.pop(header.producer_id, []))
-                        elif marker == _CONTROL_ABORT:
+                        elif marker == ABORT:
                             result.uncommitted += len(pending.pop(header.producer_id, []))
                     continue
                 for record in records:
@@ -282,12 +282,6 @@ def read_committed_offsets(partition_dirs: Iterable[Path]) -> KafkaOffsets:
         result.uncommitted += sum(len(p) for p in pending.values())
     result.commits = [c for c in latest.values() if c is not None]
     return result
-
-
-def _control_type(key: bytes | None) -> int | None:
-    if key is None or len(key) < 4:
-        return None
-    return struct.unpack_from(">h", key, 2)[0]
 
 
 def _offset_commit(record: Record) -> tuple[tuple[str, str, int], KafkaCommit | None] | None:

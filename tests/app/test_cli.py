@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import struct
 import subprocess
 from pathlib import Path
 
 import anyio
 import pytest
+from crc32c import crc32c
 
 from engine import reader
 from workers.retention import run_retention
 from engine.log_manager import EngineConfig, open_engine
 
 from ..conftest import VENV_BIN, ServerProcess
-from .kafka_dirs import KRAFT_CONFIGS, KRAFT_OFFSETS, T0, write_kafka_log_dir, write_kraft_log_dir
+from ..kafka_oracle import build_batch
+from .kafka_dirs import KRAFT_CONFIGS, KRAFT_OFFSETS, T0, control_batch, write_kafka_log_dir, write_kraft_log_dir
 
 EVENTLOG = str(VENV_BIN / "eventlog")
 
@@ -95,9 +98,53 @@ def test_dump_log_prints_batches_records_and_index_entries(tmp_path: Path) -> No
     out = result.stdout
     assert "baseOffset: 0 lastOffset: 0 count: 1" in out
     assert "compresscodec: gzip" in out and "isvalid: true" in out
-    assert "| offset: 1 CreateTime: 1700000000001 keySize: 1 valueSize: 70 headerKeys: [h]" in out
+    assert "| offset: 1 CreateTime: 1700000000001 keySize: 1 valueSize: 70 sequence: -1 headerKeys: [h]" in out
     assert "offset: " in out and "position: " in out and "timestamp: " in out
     assert "no problems" in result.stderr
+
+
+def test_dump_log_prints_what_kafka_dump_log_prints(tmp_path: Path) -> None:
+    """The lines of current kafka-dump-log.sh (tools/DumpLogSegments.java): `sequence:` on
+    records, `deleteHorizonMs` on batches, decoded control records, values as text, and the
+    torn tail reported as Kafka's tool reports it."""
+    horizon = bytearray(build_batch([(b"gone", None, T0, [])], base_offset=4))
+    (attributes,) = struct.unpack_from(">h", horizon, 21)
+    struct.pack_into(">h", horizon, 21, attributes | 0x40)  # delete horizon set: baseTimestamp is it
+    struct.pack_into(">I", horizon, 17, crc32c(bytes(horizon[21:])))
+    batches = [
+        build_batch(
+            [(b"k", "välue".encode(), T0, [("h", b"1"), ("n", None)]), (None, b"x", T0 + 1, []), (b"k3", None, T0 + 2, [])],
+            producer_id=7, producer_epoch=0, base_sequence=2**31 - 2,
+        ),
+        control_batch(7, True),
+        bytes(horizon),
+    ]
+    data = bytearray()
+    offset = 0
+    for b in batches:
+        b = bytearray(b)
+        struct.pack_into(">q", b, 0, offset)
+        offset += struct.unpack_from(">i", b, 23)[0] + 1
+        data += b
+    log = tmp_path / "00000000000000000000.log"
+    log.write_bytes(bytes(data) + b"\x00" * 7)
+    result = run("dump-log", "--records", "--print-values", str(log))
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"Dumping {log}" and lines[1] == "Log starting offset: 0"
+    assert lines[2].startswith(
+        "baseOffset: 0 lastOffset: 2 count: 3 baseSequence: 2147483646 lastSequence: 0 producerId: 7 "
+        "producerEpoch: 0 partitionLeaderEpoch: 0 isTransactional: false isControl: false "
+        f"deleteHorizonMs: OptionalLong.empty position: 0 CreateTime: {T0 + 2} size: "
+    )
+    assert lines[3] == f"| offset: 0 CreateTime: {T0} keySize: 1 valueSize: 6 sequence: 2147483646 headerKeys: [h,n] key: k payload: välue"
+    assert lines[4] == f"| offset: 1 CreateTime: {T0 + 1} keySize: -1 valueSize: 1 sequence: 2147483647 headerKeys: [] payload: x"
+    assert lines[5] == f"| offset: 2 CreateTime: {T0 + 2} keySize: 2 valueSize: -1 sequence: 0 headerKeys: [] key: k3"
+    assert "isTransactional: true isControl: true deleteHorizonMs: OptionalLong.empty" in lines[6]
+    assert lines[7] == f"| offset: 3 CreateTime: {T0} keySize: 4 valueSize: 6 sequence: -1 headerKeys: [] endTxnMarker: COMMIT coordinatorEpoch: 3"
+    assert f"deleteHorizonMs: OptionalLong[{T0}] position: " in lines[8]
+    assert lines[10] == "Found 7 invalid bytes at the end of 00000000000000000000.log"
+    assert len(lines) == 11
+    assert result.returncode == 1 and "7 bytes" in result.stderr
 
 
 def test_dump_log_verify_reports_damage_and_exits_non_zero(tmp_path: Path) -> None:
