@@ -1,4 +1,4 @@
-"""Adopting partition directories written by Apache Kafka (2.x, 3.x and 4.x brokers).
+"""Adopting partition directories written by Apache Kafka (2.x and 3.x brokers).
 
 A Kafka log dir holds `<topic>-<partition>/` directories of the same segment format eventlog
 uses, plus files eventlog does not need (leader-epoch-checkpoint, *.txnindex,

@@ -13,8 +13,8 @@ import pytest
 from crc32c import crc32c
 
 from engine import reader
-from workers.retention import run_retention
 from engine.log_manager import EngineConfig, open_engine
+from workers.retention import run_retention
 
 from ..conftest import VENV_BIN, ServerProcess
 from ..kafka_oracle import build_batch
