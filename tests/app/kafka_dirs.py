@@ -107,6 +107,11 @@ def write_kafka_log_dir(root: Path) -> dict[str, dict[int, KafkaPartition]]:
     write_raw_partition(root / "__consumer_offsets-0", [
         build_batch([(offset_commit_key("zk-group", "orders", 0), offset_commit_value(1, 7, "zk", T0), T0, [])]),
     ])
+    # the broker's producer state for orders-3 (6 records): producer 42 (epoch 0) last wrote
+    # sequences 8..9 at offsets 4..5, in Kafka's snapshot layout (ProducerSnapshot.json)
+    entry = struct.pack(">qhiqiqiq", 42, 0, 9, 5, 1, T0, -1, -1)
+    body = struct.pack(">i", 1) + entry
+    (root / "orders-3" / f"{6:020d}.snapshot").write_bytes(struct.pack(">hI", 1, crc32c(body)) + body)
     (root / "orders-2.a1b2c3d4e5f64718293a4b5c6d7e8f90-delete").mkdir()
     (root / "log-start-offset-checkpoint").write_text("0\n1\norders 0 5\n")
     (root / "recovery-point-offset-checkpoint").write_text("0\n2\norders 0 10\norders 1 0\n")

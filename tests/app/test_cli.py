@@ -218,6 +218,11 @@ def test_import_kafka_adopts_a_brokers_partitions(tmp_path: Path, link: bool) ->
             log = engine.partition("orders", 0)
             result = await log.append(prepare_batches(encode_batch(0, [(b"k", b"new", 1, [])]), log.config))
             assert result.base_offset == expected["orders"][0].records[-1][0] + 1
+            # Kafka's producer snapshot came along: a retry of producer 42's last batch is seen
+            log3 = engine.partition("orders", 3)
+            retry = encode_batch(0, [(None, b"a", 1, []), (None, b"b", 1, [])], producer_id=42, producer_epoch=0, base_sequence=8)
+            again = await log3.append(prepare_batches(retry, log3.config))
+            assert again.duplicate and (again.base_offset, again.last_offset) == (4, 5)
             # the records are from 2020: with Kafka's configs unknown, retention must keep them
             assert (log.config.retention_ms, log.config.retention_bytes) == (-1, -1)
             for p in expected["orders"]:
