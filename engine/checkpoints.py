@@ -8,8 +8,9 @@ An empty set is written as "0\\n0\\n"; a 0-byte file (seen in real Kafka dirs) r
 Used for recovery-point-offset-checkpoint, log-start-offset-checkpoint and
 cleaner-offset-checkpoint. The per-partition leader-epoch-checkpoint has the same frame with
 entries `epoch SP start_offset\\n`; eventlog writes leader epoch 0 into every batch, so its
-one entry is `0 <log start offset>` (written when a partition is created or first loaded). Writes go to "<name>.tmp", are fsynced, renamed over the old file,
-and the directory is fsynced, so after a crash the file is either the old or the new one.
+one entry is `0 <log start offset>` (written when a partition is created or first loaded).
+Writes go to "<name>.tmp", are fsynced, renamed over the old file, and the directory is
+fsynced, so after a crash the file is either the old or the new one.
 Blocking; call from a worker thread.
 """
 

@@ -46,12 +46,13 @@ clean shutdown, in two files named by the offset below which every batch is cove
   still reads it there. The two cannot be confused: this one has at least one 32-byte batch per
   19-byte producer, Kafka's exactly 46 bytes per producer.)
 
-Each file is written to "<name>.tmp", fsynced, renamed, directory fsynced (`.snapshot` first,
-then `.producers`); the two newest of each kind are kept. Loading takes the newest readable
-`.producers` file at or below the log end; only without one (a directory imported from Kafka,
-or a crash between the two renames of the very first save) the newest readable `.snapshot`.
-The batch headers after the loaded offset are then replayed. A crash at any point leaves whole
-files only, and whichever is loaded, replay brings the state up to the log end.
+Each file is written to "<name>.tmp", fsynced, renamed, directory fsynced (`.producers`
+first, then `.snapshot`); the two newest of each kind are kept. Loading takes the newest
+readable `.producers` file at or below the log end; only without one (a directory imported
+from Kafka) the newest readable `.snapshot`. The batch headers after the loaded offset are then
+replayed. A crash at any point leaves whole files only: between the two renames, a
+`.producers` without its `.snapshot`, which eventlog loads (a Kafka broker would load the older
+`.snapshot` and replay from there).
 Mutations happen on the partition's writer thread only; nothing here is used by readers.
 """
 
@@ -333,14 +334,14 @@ class ProducerStateManager:
         return producers
 
     def write_snapshot(self, offset: int, now_ms: int) -> None:
-        """Save the state (covering every batch below `offset`): Kafka's `.snapshot`, then
-        eventlog's `.producers`; keep the two newest of each."""
+        """Save the state (covering every batch below `offset`): eventlog's `.producers`,
+        then Kafka's `.snapshot`; keep the two newest of each."""
         self.remove_expired(now_ms)
-        path = self.directory / snapshot_name(offset)
+        path = self.directory / snapshot_name(offset, STATE_SUFFIX)
         try:
-            replace_file(path, self.encode_kafka())
-            path = self.directory / snapshot_name(offset, STATE_SUFFIX)
             replace_file(path, self.encode())
+            path = self.directory / snapshot_name(offset)
+            replace_file(path, self.encode_kafka())
             # an old one that a crash brings back is harmless: loading takes the newest
             for suffix in (SNAPSHOT_SUFFIX, STATE_SUFFIX):
                 for old in self.snapshot_offsets(suffix)[:-KEEP_SNAPSHOTS]:
