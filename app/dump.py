@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from engine import filenames
+from engine.control_records import ABORT, COMMIT, TYPE_NAMES, control_type, coordinator_epoch
 from engine.dump import (
     LogDump,
     base_offset_of,
@@ -20,7 +21,9 @@ from engine.dump import (
     verify_offset_index,
     verify_time_index,
 )
-from engine.format import CODEC_NAMES, NO_TIMESTAMP
+from engine.format import CODEC_NAMES, NO_TIMESTAMP, BatchHeader
+from engine.producer_state import last_sequence
+from engine.records import Record
 
 PROGRESS_MIN_BYTES = 64 * 1024 * 1024
 
@@ -32,27 +35,49 @@ def emit(line: str) -> None:
     sys.stdout.write(line + "\n")
 
 
-def _batch_line(h) -> str:
-    ts_kind = "LogAppendTime" if h.timestamp_type else "CreateTime"
-    last_seq = h.base_sequence + h.last_offset_delta if h.base_sequence >= 0 else -1
+def _ts_kind(h: BatchHeader) -> str:
+    return "LogAppendTime" if h.timestamp_type else "CreateTime"
+
+
+def _batch_line(h: BatchHeader) -> str:
+    """kafka-dump-log.sh's batch line (without its final `isvalid`)."""
+    last_seq = last_sequence(h.base_sequence, h.last_offset_delta) if h.base_sequence >= 0 else -1
+    horizon = f"OptionalLong[{h.base_timestamp}]" if h.has_delete_horizon else "OptionalLong.empty"
     return (
         f"baseOffset: {h.base_offset} lastOffset: {h.last_offset} count: {h.records_count} "
         f"baseSequence: {h.base_sequence} lastSequence: {last_seq} producerId: {h.producer_id} "
         f"producerEpoch: {h.producer_epoch} partitionLeaderEpoch: {h.partition_leader_epoch} "
         f"isTransactional: {str(h.is_transactional).lower()} isControl: {str(h.is_control).lower()} "
-        f"position: {h.position} {ts_kind}: {h.max_timestamp} size: {h.size} magic: {h.magic} "
+        f"deleteHorizonMs: {horizon} "
+        f"position: {h.position} {_ts_kind(h)}: {h.max_timestamp} size: {h.size} magic: {h.magic} "
         f"compresscodec: {CODEC_NAMES.get(h.compression, h.compression)} crc: {h.crc}"
     )
 
 
-def _record_line(r, ts_kind: str, values: bool) -> str:
+def _text(data: bytes) -> str:
+    """Bytes as Kafka's StringDecoder prints them: UTF-8, invalid bytes as U+FFFD."""
+    return data.decode("utf-8", "replace")
+
+
+def _record_line(r: Record, h: BatchHeader, values: bool) -> str:
+    """kafka-dump-log.sh's record line: metadata, a decoded control record, key and payload."""
+    sequence = last_sequence(h.base_sequence, r.offset - h.base_offset) if h.base_sequence >= 0 else -1
     line = (
-        f"| offset: {r.offset} {ts_kind}: {r.timestamp} "
+        f"| offset: {r.offset} {_ts_kind(h)}: {r.timestamp} "
         f"keySize: {-1 if r.key is None else len(r.key)} valueSize: {-1 if r.value is None else len(r.value)} "
-        f"headerKeys: [{', '.join(k for k, _ in r.headers)}]"
+        f"sequence: {sequence} headerKeys: [{','.join(k for k, _ in r.headers)}]"
     )
-    if values:
-        line += f" key: {r.key!r} payload: {r.value!r}"
+    if h.is_control:
+        kind = control_type(r.key)
+        if kind in (ABORT, COMMIT):
+            line += f" endTxnMarker: {TYPE_NAMES[kind]} coordinatorEpoch: {coordinator_epoch(r.value)}"
+        else:
+            line += f" controlType: {TYPE_NAMES.get(kind, 'UNKNOWN')}({kind if kind is not None else -1})"
+    elif values:
+        if r.key is not None:
+            line += f" key: {_text(r.key)}"
+        if r.value is not None:
+            line += f" payload: {_text(r.value)}"
     return line
 
 
@@ -73,12 +98,13 @@ def _dump_log_file(path: Path, *, verify: bool, records: bool, values: bool) -> 
             h = report.header
             emit(_batch_line(h) + f" isvalid: {'false' if report.error else 'true'}")
             if records and report.records is not None:
-                ts_kind = "LogAppendTime" if h.timestamp_type else "CreateTime"
                 for r in report.records:
-                    emit(_record_line(r, ts_kind, values))
+                    emit(_record_line(r, h, values))
     finally:
         if progress is not None:
             progress.stop()
+    if dump.valid_bytes < dump.size:
+        emit(f"Found {dump.size - dump.valid_bytes} invalid bytes at the end of {path.name}")
     return dump
 
 
@@ -90,9 +116,10 @@ def _sibling_log(path: Path) -> Path:
 
 def _dump_index(path: Path, *, verify: bool, time_index: bool) -> list[str]:
     emit(f"Dumping {path}")
-    entry_size = 12 if time_index else 8
-    problems = index_size_problems(path, entry_size)
+    problems = index_size_problems(path, time_index)
     entries = read_time_index(path) if time_index else read_offset_index(path)
+    if not entries and not time_index:
+        emit(f"{path} is empty.")
     for a, b in entries:
         emit(f"timestamp: {a} offset: {b}" if time_index else f"offset: {a} position: {b}")
     if verify:

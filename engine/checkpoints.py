@@ -6,8 +6,11 @@
 
 An empty set is written as "0\\n0\\n"; a 0-byte file (seen in real Kafka dirs) reads as empty.
 Used for recovery-point-offset-checkpoint, log-start-offset-checkpoint and
-cleaner-offset-checkpoint. Writes go to "<name>.tmp", are fsynced, renamed over the old file,
-and the directory is fsynced, so after a crash the file is either the old or the new one.
+cleaner-offset-checkpoint. The per-partition leader-epoch-checkpoint has the same frame with
+entries `epoch SP start_offset\\n`; eventlog writes leader epoch 0 into every batch, so its
+one entry is `0 <log start offset>` (written when a partition is created or first loaded).
+Writes go to "<name>.tmp", are fsynced, renamed over the old file, and the directory is
+fsynced, so after a crash the file is either the old or the new one.
 Blocking; call from a worker thread.
 """
 
@@ -22,6 +25,8 @@ RECOVERY_POINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET = "log-start-offset-checkpoint"
 CLEANER_OFFSET = "cleaner-offset-checkpoint"
 CHECKPOINT_NAMES = (RECOVERY_POINT, LOG_START_OFFSET, CLEANER_OFFSET)
+LEADER_EPOCH = "leader-epoch-checkpoint"  # in each partition directory
+LEADER_EPOCH_OF_EVERY_BATCH = 0
 
 _VERSION = 0
 
@@ -66,5 +71,15 @@ def write_checkpoint(path: Path, entries: dict[TopicPartition, int]) -> None:
     """Atomically replace `path` with `entries` (temp file, fsync, rename, fsync dir)."""
     try:
         replace_file(path, format_checkpoint(entries).encode("utf-8"))
+    except OSError as exc:
+        raise StorageError(path, f"cannot write checkpoint: {exc}") from exc
+
+
+def write_leader_epoch_checkpoint(directory: Path, start_offset: int) -> None:
+    """Atomically write `directory`'s leader-epoch-checkpoint: epoch 0 from `start_offset`."""
+    path = directory / LEADER_EPOCH
+    lines = [str(_VERSION), "1", f"{LEADER_EPOCH_OF_EVERY_BATCH} {start_offset}"]
+    try:
+        replace_file(path, ("\n".join(lines) + "\n").encode("ascii"))
     except OSError as exc:
         raise StorageError(path, f"cannot write checkpoint: {exc}") from exc

@@ -11,7 +11,6 @@ Blocking; meant for the CLI.
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -19,11 +18,10 @@ from typing import Callable, Iterator
 from . import filenames
 from .errors import CorruptBatchError
 from .format import NO_TIMESTAMP, BatchHeader
+from .offset_index import OffsetIndex
 from .records import Record, decode_records
 from .scan import BatchScanner
-
-_OFFSET_ENTRY = struct.Struct(">ii")
-_TIME_ENTRY = struct.Struct(">qi")
+from .time_index import TimeIndex
 
 
 @dataclass
@@ -90,32 +88,18 @@ def iter_log(
         os.close(fd)
 
 
-def _read_entries(path: Path, entry: struct.Struct) -> list[tuple[int, int]]:
-    """Raw entries of an index file, stopping at the first all-zero entry after the first
-    (the unused tail of a preallocated file)."""
-    data = path.read_bytes()
-    entries = []
-    for i in range(len(data) // entry.size):
-        fields = entry.unpack_from(data, i * entry.size)
-        if i > 0 and not any(fields):
-            break
-        entries.append(fields)
-    return entries
-
-
 def read_offset_index(path: Path) -> list[tuple[int, int]]:
     """(offset, position) entries of a .index file, preallocated or trimmed."""
-    base = base_offset_of(path)
-    return [(base + rel, pos) for rel, pos in _read_entries(path, _OFFSET_ENTRY)]
+    return OffsetIndex.read_entries(path.read_bytes(), base_offset_of(path))
 
 
 def read_time_index(path: Path) -> list[tuple[int, int]]:
     """(timestamp, offset) entries of a .timeindex file, preallocated or trimmed."""
-    base = base_offset_of(path)
-    return [(ts, base + rel) for ts, rel in _read_entries(path, _TIME_ENTRY)]
+    return TimeIndex.read_entries(path.read_bytes(), base_offset_of(path))
 
 
-def index_size_problems(path: Path, entry_size: int) -> list[str]:
+def index_size_problems(path: Path, time_index: bool) -> list[str]:
+    entry_size = TimeIndex.ENTRY_SIZE if time_index else OffsetIndex.ENTRY_SIZE
     size = path.stat().st_size
     if size % entry_size:
         return [f"{path.name}: size {size} is not a multiple of {entry_size}"]

@@ -30,6 +30,9 @@ from .records import encode_batch
 CONSUMER_OFFSETS_CONFIG = LogConfig(cleanup_policy="compact", segment_bytes=100 * 1024 * 1024)
 MAX_METADATA_CHARS = 4096  # Kafka's offset.metadata.max.bytes
 MAX_GROUP_CHARS = 249
+# records per batch when merging imported offsets: 200 records with the longest group, topic
+# and metadata (249 + 249 + 4,096 characters) stay under the topic's max.message.bytes (1 MiB)
+MERGE_BATCH_RECORDS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,22 @@ class GroupOffsets:
         for c in committed:
             self._offsets[(c.group, c.topic, c.partition)] = c
         return committed
+
+    async def merge(self, offsets: Iterable[CommittedOffset]) -> int:
+        """Store offsets committed elsewhere (imported from Kafka) as they were: their
+        metadata and commit timestamps kept; each replaces what is stored for its key. Durable
+        before it returns, in batches of at most MERGE_BATCH_RECORDS. Returns how many."""
+        items = []
+        for c in offsets:
+            validate_group(c.group)
+            value = orjson.dumps({"offset": c.offset, "metadata": c.metadata, "commit_timestamp": c.commit_timestamp})
+            items.append((c, (_key(c.group, c.topic, c.partition), value, c.commit_timestamp, ())))
+        for i in range(0, len(items), MERGE_BATCH_RECORDS):
+            chunk = items[i : i + MERGE_BATCH_RECORDS]
+            await self._append([item for _c, item in chunk])
+            for c, _item in chunk:
+                self._offsets[(c.group, c.topic, c.partition)] = c
+        return len(items)
 
     async def delete(self, group: str, topic: str | None = None) -> int:
         """Tombstone a group's offsets (all, or one topic's); returns how many were removed."""

@@ -47,6 +47,21 @@ class IndexFile:
         self._loaded = False
         self._load_lock = threading.Lock()
 
+    @classmethod
+    def decode_entries(cls, data: bytes) -> np.ndarray:
+        """The entries in an index file's bytes (DTYPE records), written by eventlog or Kafka,
+        trimmed or preallocated: whole entries up to the first all-zero entry after the first
+        (the unused tail of a preallocated file); a partial entry at the end is ignored. For
+        inspecting loose files (dump-log); an open index never reads itself this way."""
+        count = len(data) // cls.ENTRY_SIZE
+        entries = np.frombuffer(data, dtype=cls.DTYPE, count=count)
+        if count > 1:
+            raw = np.frombuffer(data, dtype=np.uint8, count=count * cls.ENTRY_SIZE).reshape(count, cls.ENTRY_SIZE)
+            unused = ~raw[1:].any(axis=1)
+            if unused.any():
+                count = 1 + int(np.argmax(unused))
+        return entries[:count]
+
     # -- opening and closing ------------------------------------------------------------------
 
     @classmethod

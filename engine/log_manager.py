@@ -31,7 +31,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from . import filenames
-from .checkpoints import CLEANER_OFFSET, LOG_START_OFFSET, RECOVERY_POINT
+from .checkpoints import CLEANER_OFFSET, LEADER_EPOCH, LOG_START_OFFSET, RECOVERY_POINT, write_leader_epoch_checkpoint
 from .config import CONFIG_DEFS, LogConfig, normalise_overrides, validate_topic_name
 from .errors import (
     DataDirError,
@@ -45,7 +45,7 @@ from .errors import (
     TopicNotFoundError,
 )
 from . import kafka_import
-from .fileutil import fsync_dir
+from .fileutil import fsync_dir, replace_file
 from .log_dirs import LogDir
 from .groups import CONSUMER_OFFSETS_CONFIG, GroupOffsets
 from .metadata import (
@@ -240,6 +240,8 @@ class LogManager:
             )
             if topic_id is not None and not (directory / PARTITION_METADATA).exists():
                 _write_partition_metadata(directory, topic_id)
+            if not (directory / LEADER_EPOCH).exists():
+                write_leader_epoch_checkpoint(directory, loaded.log_start_offset)
             if not existed:
                 fsync_dir(directory.parent)
             producers = ProducerStateManager(directory, self.config.producer_id_expiration_ms)
@@ -432,9 +434,10 @@ class LogManager:
 
     async def adopt_topic(
         self, name: str, partition_dirs: Mapping[int, Path], *, link: bool = False,
-        log_start_offsets: Mapping[int, int] | None = None,
+        log_start_offsets: Mapping[int, int] | None = None, configs: Mapping[str, str] | None = None,
     ) -> tuple[TopicState, dict[int, LoadStats]]:
-        """Import partition directories written by Kafka (see kafka_import.py for the steps).
+        """Import partition directories written by Kafka (see kafka_import.py for the steps),
+        as a topic with the overrides `configs`.
 
         Partitions missing from `partition_dirs` (below the highest number) start empty.
         Raises TopicExistsError if the topic exists here already.
@@ -443,7 +446,8 @@ class LogManager:
         count = max(partition_dirs) + 1
         if count > MAX_PARTITIONS:
             raise InvalidPartitionsError(count)
-        config = self.config.default_log_config
+        overrides = normalise_overrides(configs or {})
+        config = self.config.default_log_config.with_overrides(overrides)
         stats: dict[int, LoadStats] = {}
         async with self._topic_lock:
             if name in self.topics or name in INTERNAL_TOPICS:
@@ -476,7 +480,7 @@ class LogManager:
                     return loaded.stats
 
                 stats[p] = await anyio.to_thread.run_sync(stage_and_recover, limiter=self._recovery_limiter)
-            await self._append_event("topic_created", name, topic_id, partitions=count, configs={})
+            await self._append_event("topic_created", name, topic_id, partitions=count, configs=overrides)
             state = TopicState(self.image.topics[name], config)
             self.topics[name] = state
             await self._add_partition_logs(state, count)
@@ -637,13 +641,8 @@ def _single_engine_error(group: BaseExceptionGroup) -> BaseException:
 
 
 def _write_partition_metadata(directory: Path, topic_id: str) -> None:
-    path = directory / PARTITION_METADATA
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="ascii") as f:
-        f.write(f"version: 0\ntopic_id: {topic_id}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Kafka's partition.metadata, as its broker writes it: no final newline."""
+    replace_file(directory / PARTITION_METADATA, f"version: 0\ntopic_id: {topic_id}".encode("ascii"))
 
 
 def _read_partition_topic_id(directory: Path) -> str | None:

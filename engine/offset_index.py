@@ -26,6 +26,11 @@ class OffsetIndex(IndexFile):
     ENTRY_SIZE = 8
     DTYPE = np.dtype([("relative_offset", ">i4"), ("position", ">i4")])
 
+    @classmethod
+    def read_entries(cls, data: bytes, base_offset: int) -> list[tuple[int, int]]:
+        """(offset, position) of each entry in an offset index file's bytes (decode_entries)."""
+        return [(base_offset + rel, pos) for rel, pos in cls.decode_entries(data).tolist()]
+
     def append(self, offset: int, position: int) -> None:
         """Add (offset, position). Offsets must strictly increase (checked)."""
         relative = offset - self.base_offset

@@ -16,19 +16,43 @@ Kafka's rules (ProducerStateManager), for batches whose producerId is set (>= 0)
   the batch's timestamp, which producers set and may set in the past).
 
 Durability: the state is a function of the log, so recovery can always rebuild it by reading
-the batch headers again. To bound that work the writer saves a snapshot at every segment roll
-and at clean shutdown: `<20-digit offset>.snapshot` in the partition directory holds the state
-after every batch below that offset. Loading takes the newest readable snapshot at or below
-the log end, then replays the headers from there on. Snapshot file format (big-endian):
+the batch headers again. To bound that work the writer saves it at every segment roll and at
+clean shutdown, in two files named by the offset below which every batch is covered:
 
-    version    int16   1
-    crc        uint32  CRC-32C of everything after this field
-    count      int32   producers
-    count x:   producer_id int64, epoch int16, last_append_ms int64, batches int8,
-               batches x (first_seq int32, last_seq int32, first_offset int64,
-                          last_offset int64, max_timestamp int64)
+* `<20-digit offset>.snapshot`: Kafka's ProducerStateManager snapshot, byte for byte, so that
+  a Kafka broker (or kafka-dump-log.sh) reading the directory finds what it expects. Per
+  producer only the last batch; transactions never exist here. Big-endian:
 
-Written to "<name>.tmp", fsynced, renamed, directory fsynced; the two newest are kept.
+      version    int16   1
+      crc        uint32  CRC-32C of everything after this field
+      count      int32   producers
+      count x:   producer_id int64, epoch int16, last_sequence int32, last_offset int64,
+                 offset_delta int32 (last offset - first offset of that batch),
+                 timestamp int64 (its max timestamp), coordinator_epoch int32 (-1),
+                 current_txn_first_offset int64 (-1)
+
+* `<20-digit offset>.producers`: eventlog's own, richer state (the last
+  MAX_BATCHES_PER_PRODUCER batches and the wall-clock time of the last append, which is what
+  expiry and the Idempotency-Key windows need). Big-endian:
+
+      version    int16   1
+      crc        uint32  CRC-32C of everything after this field
+      count      int32   producers
+      count x:   producer_id int64, epoch int16, last_append_ms int64, batches int8,
+                 batches x (first_seq int32, last_seq int32, first_offset int64,
+                            last_offset int64, max_timestamp int64)
+
+  (Data dirs written before the split hold this layout under the `.snapshot` name; loading
+  still reads it there. The two cannot be confused: this one has at least one 32-byte batch per
+  19-byte producer, Kafka's exactly 46 bytes per producer.)
+
+Each file is written to "<name>.tmp", fsynced, renamed, directory fsynced (`.producers`
+first, then `.snapshot`); the two newest of each kind are kept. Loading takes the newest
+readable `.producers` file at or below the log end; only without one (a directory imported
+from Kafka) the newest readable `.snapshot`. The batch headers after the loaded offset are then
+replayed. A crash at any point leaves whole files only: between the two renames, a
+`.producers` without its `.snapshot`, which eventlog loads (a Kafka broker would load the older
+`.snapshot` and replay from there).
 Mutations happen on the partition's writer thread only; nothing here is used by readers.
 """
 
@@ -50,7 +74,8 @@ from .format import BatchHeader
 
 logger = logging.getLogger("eventlog.engine")
 
-SNAPSHOT_SUFFIX = ".snapshot"
+SNAPSHOT_SUFFIX = ".snapshot"  # Kafka's layout
+STATE_SUFFIX = ".producers"  # eventlog's own
 MAX_BATCHES_PER_PRODUCER = 5
 INT32_MAX = 2**31 - 1
 NO_PRODUCER_ID = -1
@@ -62,6 +87,9 @@ _HEAD = struct.Struct(">hI")
 _COUNT = struct.Struct(">i")
 _PRODUCER = struct.Struct(">qhqb")
 _BATCH = struct.Struct(">iiqqq")
+_KAFKA_ENTRY = struct.Struct(">qhiqiqiq")
+NO_COORDINATOR_EPOCH = -1
+NO_TXN_OFFSET = -1
 
 
 def last_sequence(base_sequence: int, last_offset_delta: int) -> int:
@@ -69,6 +97,13 @@ def last_sequence(base_sequence: int, last_offset_delta: int) -> int:
     if base_sequence > INT32_MAX - last_offset_delta:
         return last_offset_delta - (INT32_MAX - base_sequence) - 1
     return base_sequence + last_offset_delta
+
+
+def first_sequence(last_seq: int, offset_delta: int) -> int:
+    """The sequence of a batch's first record, from its last one (the inverse of last_sequence)."""
+    if last_seq < offset_delta:
+        return INT32_MAX - (offset_delta - last_seq) + 1
+    return last_seq - offset_delta
 
 
 def _in_sequence(last_seq: int, next_first: int) -> bool:
@@ -103,12 +138,12 @@ class ProducerEntry:
         return self.batches[-1].last_seq if self.batches else None
 
 
-def snapshot_name(offset: int) -> str:
-    return f"{offset:020d}{SNAPSHOT_SUFFIX}"
+def snapshot_name(offset: int, suffix: str = SNAPSHOT_SUFFIX) -> str:
+    return f"{offset:020d}{suffix}"
 
 
-def parse_snapshot_name(name: str) -> int | None:
-    if len(name) == 20 + len(SNAPSHOT_SUFFIX) and name.endswith(SNAPSHOT_SUFFIX) and name[:20].isdigit():
+def parse_snapshot_name(name: str, suffix: str = SNAPSHOT_SUFFIX) -> int | None:
+    if len(name) == 20 + len(suffix) and name.endswith(suffix) and name[:20].isdigit():
         return int(name[:20])
     return None
 
@@ -220,33 +255,40 @@ class ProducerStateManager:
 
     # -- snapshots ----------------------------------------------------------------------------
 
-    def snapshot_offsets(self) -> list[int]:
+    def snapshot_offsets(self, suffix: str = SNAPSHOT_SUFFIX) -> list[int]:
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
             return []
-        return sorted(o for n in names if (o := parse_snapshot_name(n)) is not None)
+        return sorted(o for n in names if (o := parse_snapshot_name(n, suffix)) is not None)
 
     def encode(self) -> bytes:
+        """eventlog's own file (`.producers`)."""
         parts = [_COUNT.pack(len(self.producers))]
         for pid, e in self.producers.items():
             parts.append(_PRODUCER.pack(pid, e.epoch, e.last_timestamp, len(e.batches)))
             for b in e.batches:
                 parts.append(_BATCH.pack(b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.max_timestamp))
-        body = b"".join(parts)
-        return _HEAD.pack(_VERSION, crc32c.crc32c(body)) + body
+        return _framed(parts)
+
+    def encode_kafka(self) -> bytes:
+        """Kafka's `.snapshot`: per producer its last batch; no transactions."""
+        parts = [_COUNT.pack(len(self.producers))]
+        for pid, e in self.producers.items():
+            if e.batches:
+                b = e.batches[-1]
+                parts.append(_KAFKA_ENTRY.pack(
+                    pid, e.epoch, b.last_seq, b.last_offset, b.last_offset - b.first_offset, b.max_timestamp,
+                    NO_COORDINATOR_EPOCH, NO_TXN_OFFSET,
+                ))
+            else:  # known only by its epoch (loaded from a Kafka snapshot without batch metadata)
+                parts.append(_KAFKA_ENTRY.pack(pid, e.epoch, -1, -1, 0, e.last_timestamp, NO_COORDINATOR_EPOCH, NO_TXN_OFFSET))
+        return _framed(parts)
 
     @staticmethod
     def decode(data: bytes, path: Path | str = "?") -> dict[int, ProducerEntry]:
-        """Parse a snapshot file's bytes; StorageError if it is not a whole, valid snapshot."""
-        if len(data) < _HEAD.size + _COUNT.size:
-            raise StorageError(path, "producer snapshot is too short")
-        version, crc = _HEAD.unpack_from(data, 0)
-        if version != _VERSION:
-            raise StorageError(path, f"unsupported producer snapshot version {version}")
-        body = memoryview(data)[_HEAD.size :]
-        if crc32c.crc32c(body) != crc:
-            raise StorageError(path, "producer snapshot CRC mismatch")
+        """Parse eventlog's own file's bytes; StorageError if it is not a whole, valid one."""
+        body = _unframed(data, path)
         (count,) = _COUNT.unpack_from(body, 0)
         pos = _COUNT.size
         producers: dict[int, ProducerEntry] = {}
@@ -267,44 +309,105 @@ class ProducerStateManager:
             raise StorageError(path, f"producer snapshot has {len(body) - pos} trailing bytes")
         return producers
 
+    @staticmethod
+    def decode_kafka(data: bytes, now_ms: int, path: Path | str = "?") -> dict[int, ProducerEntry]:
+        """Parse a Kafka `.snapshot`; StorageError if it is not a whole, valid one. Kafka's file
+        holds no append times: its producers count as active at `now_ms`, as replayed batches
+        do. Open transactions and coordinator epochs are not kept (eventlog has none)."""
+        body = _unframed(data, path)
+        (count,) = _COUNT.unpack_from(body, 0)
+        if count < 0 or len(body) != _COUNT.size + count * _KAFKA_ENTRY.size:
+            raise StorageError(path, f"not a Kafka producer snapshot: {len(body)} bytes for {count} producers")
+        producers: dict[int, ProducerEntry] = {}
+        for i in range(count):
+            pid, epoch, last_seq, last_offset, delta, ts, _coordinator, _txn = _KAFKA_ENTRY.unpack_from(
+                body, _COUNT.size + i * _KAFKA_ENTRY.size
+            )
+            if pid < 0 or delta < 0:
+                raise StorageError(path, f"not a Kafka producer snapshot: producer {pid}, offset delta {delta}")
+            entry = ProducerEntry(epoch, now_ms)
+            if last_offset >= 0:
+                entry.batches.append(BatchMetadata(
+                    first_sequence(last_seq, delta), last_seq, last_offset - delta, last_offset, ts,
+                ))
+            producers[pid] = entry
+        return producers
+
     def write_snapshot(self, offset: int, now_ms: int) -> None:
-        """Save the state (covering every batch below `offset`); keep the two newest files."""
+        """Save the state (covering every batch below `offset`): eventlog's `.producers`,
+        then Kafka's `.snapshot`; keep the two newest of each."""
         self.remove_expired(now_ms)
-        path = self.directory / snapshot_name(offset)
+        path = self.directory / snapshot_name(offset, STATE_SUFFIX)
         try:
             replace_file(path, self.encode())
+            path = self.directory / snapshot_name(offset)
+            replace_file(path, self.encode_kafka())
             # an old one that a crash brings back is harmless: loading takes the newest
-            for old in self.snapshot_offsets()[:-KEEP_SNAPSHOTS]:
-                (self.directory / snapshot_name(old)).unlink(missing_ok=True)
+            for suffix in (SNAPSHOT_SUFFIX, STATE_SUFFIX):
+                for old in self.snapshot_offsets(suffix)[:-KEEP_SNAPSHOTS]:
+                    (self.directory / snapshot_name(old, suffix)).unlink(missing_ok=True)
         except OSError as exc:
             raise StorageError(path, f"cannot write producer snapshot: {exc}") from exc
         self.snapshot_offset = offset
 
     def load(self, log_end_offset: int, now_ms: int) -> int:
-        """Load the newest valid snapshot at or below `log_end_offset`; returns its offset, or
-        -1 if there is none. Snapshots above the log end (a crash lost their data) and
-        unreadable ones are deleted."""
+        """Load the newest valid `.producers` file at or below `log_end_offset`, or without
+        one the newest valid `.snapshot` (Kafka's layout, or eventlog's own in data dirs written
+        before the split); returns its offset, or -1 if there is none. Files past the log end
+        (a crash lost their data) and unreadable ones are deleted."""
         self.producers = {}
         self.snapshot_offset = -1
         for name in os.listdir(self.directory):
-            if name.endswith(SNAPSHOT_SUFFIX + ".tmp"):
+            if name.endswith((SNAPSHOT_SUFFIX + ".tmp", STATE_SUFFIX + ".tmp")):
                 (self.directory / name).unlink(missing_ok=True)
-        for offset in reversed(self.snapshot_offsets()):
-            path = self.directory / snapshot_name(offset)
-            if offset > log_end_offset:
-                logger.warning("%s: deleting %s, which is past the log end %d", self.directory.name, path.name, log_end_offset)
-                path.unlink(missing_ok=True)
-                continue
-            try:
-                self.producers = self.decode(path.read_bytes(), path)
-            except (StorageError, OSError) as exc:
-                logger.warning("%s: ignoring unreadable producer snapshot %s: %s", self.directory.name, path.name, exc)
-                path.unlink(missing_ok=True)
-                continue
-            self.snapshot_offset = offset
-            break
+        for suffix in (STATE_SUFFIX, SNAPSHOT_SUFFIX):
+            for offset in reversed(self.snapshot_offsets(suffix)):
+                path = self.directory / snapshot_name(offset, suffix)
+                if offset > log_end_offset:
+                    logger.warning("%s: deleting %s, which is past the log end %d", self.directory.name, path.name, log_end_offset)
+                    path.unlink(missing_ok=True)
+                    continue
+                if self.snapshot_offset >= 0:
+                    continue  # loaded already; this pass only drops files past the end
+                try:
+                    self.producers = self._read(path, suffix, now_ms)
+                except (StorageError, OSError) as exc:
+                    logger.warning("%s: ignoring unreadable producer snapshot %s: %s", self.directory.name, path.name, exc)
+                    path.unlink(missing_ok=True)
+                    continue
+                self.snapshot_offset = offset
         self.remove_expired(now_ms)
         return self.snapshot_offset
+
+    def _read(self, path: Path, suffix: str, now_ms: int) -> dict[int, ProducerEntry]:
+        data = path.read_bytes()
+        if suffix == STATE_SUFFIX:
+            return self.decode(data, path)
+        try:
+            return self.decode_kafka(data, now_ms, path)
+        except StorageError as kafka_error:
+            try:
+                return self.decode(data, path)  # written by eventlog before the split
+            except StorageError:
+                raise kafka_error from None
+
+
+def _framed(parts: list[bytes]) -> bytes:
+    body = b"".join(parts)
+    return _HEAD.pack(_VERSION, crc32c.crc32c(body)) + body
+
+
+def _unframed(data: bytes, path: Path | str) -> memoryview:
+    """The body after version and CRC, both checked."""
+    if len(data) < _HEAD.size + _COUNT.size:
+        raise StorageError(path, "producer snapshot is too short")
+    version, crc = _HEAD.unpack_from(data, 0)
+    if version != _VERSION:
+        raise StorageError(path, f"unsupported producer snapshot version {version}")
+    body = memoryview(data)[_HEAD.size :]
+    if crc32c.crc32c(body) != crc:
+        raise StorageError(path, "producer snapshot CRC mismatch")
+    return body
 
 
 def rebuild(state: ProducerStateManager, segments: Sequence, log_end_offset: int, now_ms: int) -> int:

@@ -26,6 +26,11 @@ class TimeIndex(IndexFile):
     ENTRY_SIZE = 12
     DTYPE = np.dtype([("timestamp", ">i8"), ("relative_offset", ">i4")])
 
+    @classmethod
+    def read_entries(cls, data: bytes, base_offset: int) -> list[tuple[int, int]]:
+        """(timestamp, offset) of each entry in a time index file's bytes (decode_entries)."""
+        return [(ts, base_offset + rel) for ts, rel in cls.decode_entries(data).tolist()]
+
     @property
     def is_full(self) -> bool:
         # One slot stays free for the final entry written when the segment rolls.

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import struct
 import subprocess
 from pathlib import Path
 
 import anyio
 import pytest
+from crc32c import crc32c
 
 from engine import reader
 from engine.log_manager import EngineConfig, open_engine
+from workers.retention import run_retention
 
 from ..conftest import VENV_BIN, ServerProcess
-from .kafka_dirs import write_kafka_log_dir
+from ..kafka_oracle import build_batch
+from .kafka_dirs import KRAFT_CONFIGS, KRAFT_OFFSETS, T0, control_batch, write_kafka_log_dir, write_kraft_log_dir
 
 EVENTLOG = str(VENV_BIN / "eventlog")
 
@@ -94,9 +98,53 @@ def test_dump_log_prints_batches_records_and_index_entries(tmp_path: Path) -> No
     out = result.stdout
     assert "baseOffset: 0 lastOffset: 0 count: 1" in out
     assert "compresscodec: gzip" in out and "isvalid: true" in out
-    assert "| offset: 1 CreateTime: 1700000000001 keySize: 1 valueSize: 70 headerKeys: [h]" in out
+    assert "| offset: 1 CreateTime: 1700000000001 keySize: 1 valueSize: 70 sequence: -1 headerKeys: [h]" in out
     assert "offset: " in out and "position: " in out and "timestamp: " in out
     assert "no problems" in result.stderr
+
+
+def test_dump_log_prints_what_kafka_dump_log_prints(tmp_path: Path) -> None:
+    """The lines of current kafka-dump-log.sh (tools/DumpLogSegments.java): `sequence:` on
+    records, `deleteHorizonMs` on batches, decoded control records, values as text, and the
+    torn tail reported as Kafka's tool reports it."""
+    horizon = bytearray(build_batch([(b"gone", None, T0, [])], base_offset=4))
+    (attributes,) = struct.unpack_from(">h", horizon, 21)
+    struct.pack_into(">h", horizon, 21, attributes | 0x40)  # delete horizon set: baseTimestamp is it
+    struct.pack_into(">I", horizon, 17, crc32c(bytes(horizon[21:])))
+    batches = [
+        build_batch(
+            [(b"k", "välue".encode(), T0, [("h", b"1"), ("n", None)]), (None, b"x", T0 + 1, []), (b"k3", None, T0 + 2, [])],
+            producer_id=7, producer_epoch=0, base_sequence=2**31 - 2,
+        ),
+        control_batch(7, True),
+        bytes(horizon),
+    ]
+    data = bytearray()
+    offset = 0
+    for b in batches:
+        b = bytearray(b)
+        struct.pack_into(">q", b, 0, offset)
+        offset += struct.unpack_from(">i", b, 23)[0] + 1
+        data += b
+    log = tmp_path / "00000000000000000000.log"
+    log.write_bytes(bytes(data) + b"\x00" * 7)
+    result = run("dump-log", "--records", "--print-values", str(log))
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"Dumping {log}" and lines[1] == "Log starting offset: 0"
+    assert lines[2].startswith(
+        "baseOffset: 0 lastOffset: 2 count: 3 baseSequence: 2147483646 lastSequence: 0 producerId: 7 "
+        "producerEpoch: 0 partitionLeaderEpoch: 0 isTransactional: false isControl: false "
+        f"deleteHorizonMs: OptionalLong.empty position: 0 CreateTime: {T0 + 2} size: "
+    )
+    assert lines[3] == f"| offset: 0 CreateTime: {T0} keySize: 1 valueSize: 6 sequence: 2147483646 headerKeys: [h,n] key: k payload: välue"
+    assert lines[4] == f"| offset: 1 CreateTime: {T0 + 1} keySize: -1 valueSize: 1 sequence: 2147483647 headerKeys: [] payload: x"
+    assert lines[5] == f"| offset: 2 CreateTime: {T0 + 2} keySize: 2 valueSize: -1 sequence: 0 headerKeys: [] key: k3"
+    assert "isTransactional: true isControl: true deleteHorizonMs: OptionalLong.empty" in lines[6]
+    assert lines[7] == f"| offset: 3 CreateTime: {T0} keySize: 4 valueSize: 6 sequence: -1 headerKeys: [] endTxnMarker: COMMIT coordinatorEpoch: 3"
+    assert f"deleteHorizonMs: OptionalLong[{T0}] position: " in lines[8]
+    assert lines[10] == "Found 7 invalid bytes at the end of 00000000000000000000.log"
+    assert len(lines) == 11
+    assert result.returncode == 1 and "7 bytes" in result.stderr
 
 
 def test_dump_log_verify_reports_damage_and_exits_non_zero(tmp_path: Path) -> None:
@@ -131,11 +179,22 @@ def test_import_kafka_adopts_a_brokers_partitions(tmp_path: Path, link: bool) ->
     assert result.returncode == 0, result.stderr + result.stdout
     assert "2 topic(s) imported" in result.stdout
     assert "truncated" in result.stderr  # orders-1 had a torn tail
+    # a ZooKeeper-era dir holds no topic configs: retention is off, and the output says so
+    for topic in ("orders", "metrics.cpu"):
+        assert f"{topic}: retention off: retention.ms=-1, retention.bytes=-1" in result.stdout
+    assert "__consumer_offsets" in result.stdout  # not named: a hint how to merge its offsets
     assert _tree_hashes(kafka) == before  # Kafka's files are never modified, linked or not
+    orders0 = sorted(p.name for p in (kafka / "orders-0").glob("*.log"))
     if link:
-        src = kafka / "orders-0" / "00000000000000000000.log"
-        assert (data_dir / "orders-0" / "00000000000000000000.log").stat().st_ino == src.stat().st_ino
+        # closed segments are linked; the active one (which takes appends) is a copy
+        src = kafka / "orders-0" / orders0[0]
+        assert (data_dir / "orders-0" / orders0[0]).stat().st_ino == src.stat().st_ino
+        assert (data_dir / "orders-0" / orders0[-1]).stat().st_ino != (kafka / "orders-0" / orders0[-1]).stat().st_ino
         assert (data_dir / "orders-1" / "00000000000000000000.log").stat().st_ino != (kafka / "orders-1" / "00000000000000000000.log").stat().st_ino
+    for p in (0, 1, 2, 3):
+        directory = data_dir / f"orders-{p}"
+        assert (directory / "leader-epoch-checkpoint").read_text() == f"0\n1\n0 {5 if p == 0 else 0}\n"
+        assert (directory / "partition.metadata").read_text().count("\n") == 1  # Kafka's: no final newline
 
     async def check() -> None:
         async with open_engine(EngineConfig(log_dirs=(data_dir,))) as engine:
@@ -159,8 +218,18 @@ def test_import_kafka_adopts_a_brokers_partitions(tmp_path: Path, link: bool) ->
             log = engine.partition("orders", 0)
             result = await log.append(prepare_batches(encode_batch(0, [(b"k", b"new", 1, [])]), log.config))
             assert result.base_offset == expected["orders"][0].records[-1][0] + 1
+            # Kafka's producer snapshot came along: a retry of producer 42's last batch is seen
+            log3 = engine.partition("orders", 3)
+            retry = encode_batch(0, [(None, b"a", 1, []), (None, b"b", 1, [])], producer_id=42, producer_epoch=0, base_sequence=8)
+            again = await log3.append(prepare_batches(retry, log3.config))
+            assert again.duplicate and (again.base_offset, again.last_offset) == (4, 5)
+            # the records are from 2020: with Kafka's configs unknown, retention must keep them
+            assert (log.config.retention_ms, log.config.retention_bytes) == (-1, -1)
+            for p in expected["orders"]:
+                assert (await run_retention(engine.partition("orders", p))).segments_deleted == 0
 
     anyio.run(check)
+    assert _tree_hashes(kafka) == before, "appends after the import left Kafka's files alone"
     files = [str(p) for p in (data_dir / "orders-0").iterdir() if p.suffix in (".log", ".index", ".timeindex")]
     assert run("dump-log", "--verify", *files).returncode == 0
     # importing again refuses: the topics exist
@@ -176,3 +245,64 @@ def test_import_kafka_selected_topics_and_errors(tmp_path: Path) -> None:
     assert "1 topic(s) imported" in result.stdout
     missing = run("import-kafka", str(kafka), "--data-dir", str(tmp_path / "d2"), "--topics", "nope")
     assert missing.returncode == 1 and "nope" in missing.stderr
+
+
+async def _commit(data_dir: Path, group: str, offsets: list[tuple[str, int, int, str]]) -> None:
+    async with open_engine(EngineConfig(log_dirs=(data_dir,))) as engine:
+        await engine.groups.commit(group, offsets)
+
+
+def test_import_kafka_carries_kraft_configs_and_merges_consumer_offsets(tmp_path: Path) -> None:
+    kafka = tmp_path / "kafka"
+    expected = write_kraft_log_dir(kafka)
+    before = _tree_hashes(kafka)
+    data_dir = tmp_path / "data"
+    anyio.run(_commit, data_dir, "g0", [("x", 0, 1, "kept")])
+    anyio.run(_commit, data_dir, "g1", [("orders", 0, 99, "replaced")])
+    result = run("import-kafka", str(kafka), "--data-dir", str(data_dir))
+    assert result.returncode == 0, result.stderr + result.stdout
+    out = result.stdout
+    assert "2 topic(s) imported" in out
+    assert "orders: from __cluster_metadata: cleanup.policy=compact,delete, retention.ms=86400000, segment.bytes=1048576" in out
+    assert "orders: retention off: retention.bytes=-1" in out
+    assert "min.insync.replicas" in out  # named as not carried
+    assert "metrics.cpu: retention off: retention.ms=-1, retention.bytes=-1" in out
+    assert "--topics __consumer_offsets" in out  # how to merge the offsets it did not take
+    offsets = run("import-kafka", str(kafka), "--data-dir", str(data_dir), "--topics", "__consumer_offsets")
+    assert offsets.returncode == 0, offsets.stderr + offsets.stdout
+    assert "4 committed offset(s) of 2 group(s)" in offsets.stdout
+    assert _tree_hashes(kafka) == before
+
+    async def check() -> None:
+        async with open_engine(EngineConfig(log_dirs=(data_dir,))) as engine:
+            for topic, configs in KRAFT_CONFIGS.items():
+                overrides = dict(engine.topic(topic).meta.overrides)
+                assert overrides == {"retention.ms": "-1", "retention.bytes": "-1", **configs}
+                assert len(engine.topic(topic).partitions) == len(expected[topic])
+            got = {
+                (c.group, c.topic, c.partition): (c.offset, c.metadata, c.commit_timestamp)
+                for g in engine.groups.groups() for c in engine.groups.fetch(g)
+            }
+            assert got.pop(("g0", "x", 0))[:2] == (1, "kept")
+            assert got == KRAFT_OFFSETS
+
+    anyio.run(check)
+    # merged again (the same state): idempotent
+    again = run("import-kafka", str(kafka), "--data-dir", str(data_dir), "--topics", "__consumer_offsets")
+    assert again.returncode == 0, again.stderr
+    anyio.run(check)
+
+
+def test_import_kafka_refuses_kafkas_metadata_log_as_a_topic(tmp_path: Path) -> None:
+    kafka = tmp_path / "kafka"
+    write_kraft_log_dir(kafka)
+    result = run("import-kafka", str(kafka), "--data-dir", str(tmp_path / "d"), "--topics", "__cluster_metadata")
+    assert result.returncode == 1
+    assert "__cluster_metadata" in result.stderr and "configs" in result.stderr
+    assert "already exists" not in result.stderr
+    zk = tmp_path / "zk"
+    write_kafka_log_dir(zk)
+    merged = run("import-kafka", str(zk), "--data-dir", str(tmp_path / "fresh"), "--topics", "__consumer_offsets")
+    assert merged.returncode == 0, merged.stderr + merged.stdout
+    assert "already exists" not in merged.stderr
+    assert "1 committed offset(s) of 1 group(s)" in merged.stdout

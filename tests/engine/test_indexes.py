@@ -145,3 +145,28 @@ def test_sanity_checks_catch_corruption(tmp_path: Path) -> None:
         good.sanity_check(log_size=50)
     with pytest.raises(CorruptIndexError, match="multiple"):
         OffsetIndex.open_read_only(path, 0, 1024, 13)
+
+
+def test_entries_read_from_file_bytes_preallocated_or_trimmed(tmp_path: Path) -> None:
+    """dump-log reads loose index files through the index classes' own entry layouts."""
+    offsets = OffsetIndex.create_appendable(tmp_path / "0.index", BASE, 800)
+    times = TimeIndex.create_appendable(tmp_path / "0.timeindex", BASE, 840)
+    for i in range(1, 6):
+        offsets.append(BASE + 10 * i, 100 * i)
+        assert times.maybe_append(5_000 + i, BASE + 10 * i)
+    offsets.flush()
+    times.flush()
+    want_offsets = [(BASE + 10 * i, 100 * i) for i in range(1, 6)]
+    want_times = [(5_000 + i, BASE + 10 * i) for i in range(1, 6)]
+    # preallocated (a crashed broker's active segment): the zero tail is not entries
+    assert (tmp_path / "0.index").stat().st_size == 800
+    assert OffsetIndex.read_entries((tmp_path / "0.index").read_bytes(), BASE) == want_offsets
+    assert TimeIndex.read_entries((tmp_path / "0.timeindex").read_bytes(), BASE) == want_times
+    offsets.close_for_append()
+    times.close_for_append()
+    data = (tmp_path / "0.index").read_bytes()
+    assert len(data) == 40
+    assert OffsetIndex.read_entries(data, BASE) == want_offsets
+    assert OffsetIndex.read_entries(data + b"\x01\x02\x03", BASE) == want_offsets  # a partial entry
+    assert TimeIndex.read_entries((tmp_path / "0.timeindex").read_bytes(), BASE) == want_times
+    assert OffsetIndex.read_entries(b"", BASE) == []

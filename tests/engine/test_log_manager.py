@@ -253,3 +253,26 @@ async def test_the_server_partition_limit(tmp_path: Path) -> None:
             await engine.add_partitions("a", 6)
         await engine.add_partitions("a", 5)
         assert "b" not in engine.topics
+
+
+async def test_partition_directories_hold_kafkas_partition_files(tmp_path: Path) -> None:
+    """leader-epoch-checkpoint (eventlog writes leader epoch 0 into every batch) and
+    partition.metadata without a final newline, as a Kafka broker leaves them."""
+    async with open_engine(cfg(tmp_path)) as engine:
+        state = await engine.create_topic("t", 2)
+        await produce(engine, "t", 0, [b"a", b"b", b"c"])
+        await engine.partition("t", 0).delete_records(2)
+        topic_id = state.meta.topic_id
+    for p in (0, 1):
+        directory = tmp_path / f"t-{p}"
+        assert (directory / "partition.metadata").read_bytes() == f"version: 0\ntopic_id: {topic_id}".encode()
+        assert (directory / "leader-epoch-checkpoint").read_bytes() == b"0\n1\n0 0\n"
+    # a directory written before these files existed, with the old partition.metadata (final
+    # newline): it still names the topic, and the checkpoint starts at the log start offset
+    directory = tmp_path / "t-0"
+    (directory / "leader-epoch-checkpoint").unlink()
+    (directory / "partition.metadata").write_text(f"version: 0\ntopic_id: {topic_id}\n")
+    async with open_engine(cfg(tmp_path)) as engine:
+        assert engine.partition("t", 0).log_start_offset == 2
+    assert (directory / "leader-epoch-checkpoint").read_bytes() == b"0\n1\n0 2\n"
+    assert not list(tmp_path.rglob("*.tmp"))

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import shutil
+import struct
 from pathlib import Path
 
 import anyio
 import pytest
+from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -182,11 +184,14 @@ async def test_unreadable_or_too_new_snapshots_are_dropped(tmp_path: Path) -> No
         for i in range(8):
             await put(log, batch(1, 0, 3 * i))
     newest = snapshots(tmp_path)[-1]
-    (tmp_path / f"{newest:020d}.snapshot").write_bytes(b"\x00\x01garbage")
-    (tmp_path / f"{newest + 1000:020d}.snapshot").write_bytes(ProducerStateManager(tmp_path, 1).encode())
+    for suffix in (".snapshot", ".producers"):
+        (tmp_path / f"{newest:020d}{suffix}").write_bytes(b"\x00\x01garbage")
+        (tmp_path / f"{newest + 1000:020d}{suffix}").write_bytes(ProducerStateManager(tmp_path, 1).encode())
     async with running_log(tmp_path, config, clean_shutdown=False) as log:
         assert (await put(log, batch(1, 0, 21))).duplicate, "rebuilt from an older snapshot plus the log"
         assert newest + 1000 not in snapshots(tmp_path)
+        assert not (tmp_path / f"{newest + 1000:020d}.producers").exists()
+        assert not (tmp_path / f"{newest:020d}.producers").exists()
 
 
 async def test_producers_expire(tmp_path: Path) -> None:
@@ -251,3 +256,95 @@ def test_against_a_model(tmp_path_factory, ops) -> None:
         assert len(batches) == hw // 2
 
     anyio.run(run)
+
+
+# -- Kafka's snapshot layout -------------------------------------------------------------------
+# Written here from Kafka's schema (ProducerStateManager / ProducerSnapshot.json), independently
+# of engine/producer_state.py: int16 version 1, uint32 CRC-32C of everything after it, int32
+# count, then per producer int64 producer_id, int16 epoch, int32 last_sequence, int64
+# last_offset, int32 offset_delta, int64 timestamp, int32 coordinator_epoch, int64
+# current_txn_first_offset.
+
+_KAFKA_ENTRY = struct.Struct(">qhiqiqiq")
+
+
+def kafka_snapshot_entries(data: bytes) -> list[tuple[int, ...]]:
+    version, crc = struct.unpack_from(">hI", data, 0)
+    assert version == 1
+    assert crc32c(data[6:]) == crc
+    (count,) = struct.unpack_from(">i", data, 6)
+    assert len(data) == 10 + count * _KAFKA_ENTRY.size, "exactly Kafka's entries, nothing else"
+    return [_KAFKA_ENTRY.unpack_from(data, 10 + i * _KAFKA_ENTRY.size) for i in range(count)]
+
+
+def kafka_snapshot(entries: list[tuple[int, ...]]) -> bytes:
+    body = struct.pack(">i", len(entries)) + b"".join(_KAFKA_ENTRY.pack(*e) for e in entries)
+    return struct.pack(">hI", 1, crc32c(body)) + body
+
+
+def test_an_empty_snapshot_is_byte_for_byte_kafkas(tmp_path: Path) -> None:
+    state = ProducerStateManager(tmp_path, 10**12)
+    state.write_snapshot(0, T0)
+    assert (tmp_path / "00000000000000000000.snapshot").read_bytes() == bytes.fromhex("000148674bc700000000")
+
+
+async def test_snapshot_files_hold_kafkas_layout_and_our_state_has_its_own_file(tmp_path: Path) -> None:
+    async with running_log(tmp_path) as log:
+        await put(log, encode_batch(0, [(None, b"other", T0, [])]))
+        for i in range(7):
+            await put(log, batch(7, 2, 3 * i, ts=T0 + i))
+        await put(log, batch(8, 0, 2**31 - 2, n=4, ts=T0 + 99))  # sequences wrap: MAX-1 .. 1
+    entries = kafka_snapshot_entries((tmp_path / "00000000000000000026.snapshot").read_bytes())
+    assert sorted(entries) == [
+        # pid, epoch, last seq, last offset, offset delta, timestamp, coordinator epoch, txn first offset
+        (7, 2, 20, 21, 2, T0 + 6, -1, -1),
+        (8, 0, 1, 25, 3, T0 + 99, -1, -1),
+    ]
+    assert [p.name for p in sorted(tmp_path.glob("*.producers"))] == ["00000000000000000026.producers"]
+    # eventlog's own file keeps the last five batches: a retry of the third-newest is still seen
+    async with running_log(tmp_path, clean_shutdown=True) as log:
+        again = await put(log, batch(7, 2, 12))
+        assert again.duplicate and again.base_offset == 13
+
+
+async def test_a_snapshot_written_by_a_kafka_broker_loads(tmp_path: Path) -> None:
+    """An imported Kafka dir has only Kafka's `.snapshot`: its producers (here one whose batches
+    are no longer in the log) are remembered by their last batch."""
+    async with running_log(tmp_path) as log:
+        await put(log, encode_batch(0, [(None, b"x", T0, [])] * 10))
+    for p in list(tmp_path.glob("*.snapshot")) + list(tmp_path.glob("*.producers")):
+        p.unlink()
+    # producer 42, epoch 3, last batch: sequences 5..9 at offsets 4..8; one wrapped: MAX-1 .. 2
+    (tmp_path / "00000000000000000010.snapshot").write_bytes(kafka_snapshot([
+        (42, 3, 9, 8, 4, T0, -1, -1),
+        (43, 0, 2, 9, 4, T0, -1, -1),
+        (44, 1, -1, -1, 0, T0, 5, -1),  # no batch metadata (only markers were written)
+    ]))
+    async with running_log(tmp_path, clean_shutdown=True) as log:
+        again = await put(log, batch(42, 3, 5, n=5))
+        assert again.duplicate and (again.base_offset, again.last_offset) == (4, 8)
+        with pytest.raises(OutOfOrderSequenceError):
+            await put(log, batch(42, 3, 20))
+        with pytest.raises(ProducerFencedError):
+            await put(log, batch(42, 2, 0))
+        assert (await put(log, batch(42, 3, 10))).base_offset == 10
+        wrapped = await put(log, batch(43, 0, 2**31 - 2, n=5))
+        assert wrapped.duplicate and wrapped.base_offset == 5
+        assert (await put(log, batch(43, 0, 3))).base_offset == 13
+        with pytest.raises(ProducerFencedError):
+            await put(log, batch(44, 0, 0))
+
+
+async def test_a_snapshot_of_the_old_eventlog_layout_still_loads(tmp_path: Path) -> None:
+    """Data dirs written before the split hold eventlog's own layout under the Kafka name."""
+    async with running_log(tmp_path) as log:
+        for i in range(4):
+            await put(log, batch(7, 0, 3 * i))
+    state = ProducerStateManager(tmp_path, 10**12)
+    state.load(12, T0)
+    old = state.encode()
+    for p in list(tmp_path.glob("*.snapshot")) + list(tmp_path.glob("*.producers")):
+        p.unlink()
+    (tmp_path / "00000000000000000012.snapshot").write_bytes(old)
+    async with running_log(tmp_path, clean_shutdown=True) as log:
+        assert (await put(log, batch(7, 0, 0))).duplicate, "all five batches came back"
