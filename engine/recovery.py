@@ -10,13 +10,21 @@ Steps, in order (Kafka's LogLoader does the same):
    replace_segments): delete the live segment files whose base offset lies in
    [lowest swap base, highest swap next offset), then rename the .swap files to live names.
 4. Delete index files without a .log.
-5. Open every segment. After an unclean shutdown, every segment from the one holding the
-   recovery point on is scanned: each batch's framing and CRC checked, indexes rebuilt, and
-   the log truncated at the first invalid batch, after which all later segments are deleted.
-   After a clean shutdown nothing is scanned and indexes are mapped on first use. Either way
-   a segment whose index files are missing or have impossible sizes is rebuilt.
-6. If no segment is left, create an empty one at the log start offset.
-7. The last segment becomes the active one (indexes preallocated again).
+5. Open every segment. After an unclean shutdown (or a clean one whose marker does not cover
+   the partition, or whose last segment is not as the marker says: _tail_is_clean), every
+   segment from the one holding the recovery point on is scanned (LogSegment.recover): each
+   batch's framing, CRC and offsets checked, damaged bytes dropped where valid batches follow
+   them (the segment rewritten without them, repair.py) and a torn tail truncated; later
+   segments are kept; indexes rebuilt. After a clean shutdown nothing is scanned and indexes
+   are mapped on first use. Either way a segment whose index files are missing or have
+   impossible sizes is rebuilt.
+6. If segments existed and the log end is below an offset that may have been acknowledged (the
+   recovery point, or what a dropped batch's header claims), start an empty active segment at
+   that offset: a gap, never a reused offset.
+7. If no segment is left, create an empty one at the log start offset.
+8. The last segment becomes the active one (indexes preallocated again, .log opened for
+   writing). A failure here or above raises StorageError: the log manager takes the partition
+   offline.
 
 Blocking; the log manager runs it in worker threads, before the partition takes any request.
 """
