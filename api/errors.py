@@ -106,8 +106,9 @@ def engine_problem(exc: e.EngineError) -> Response:
         # a full disk refuses every append until space returns: the engine logs each undone
         # commit once; one line per refused request would flood the log
         logger.debug("%s: %s", code, exc)
-    elif status >= 500 and not isinstance(exc, e.PartitionOfflineError):
-        # (an offline partition was logged once, at start-up; a line per request would flood)
+    elif status >= 500 and not isinstance(exc, (e.PartitionOfflineError, e.CorruptDataError)):
+        # (an offline partition was logged once, at start-up, a corrupt batch by the read that
+        # met it; a second line per request would add nothing)
         logger.error("%s: %s", code, exc)
     return problem(status, code, str(exc), **extra)
 

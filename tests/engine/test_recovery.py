@@ -225,6 +225,11 @@ def test_a_crash_while_a_repaired_segment_is_written_repairs_it_again(tmp_path: 
     check_files(directory)
 
 
+def _load_clean(directory: Path, tail: CleanTail | None, end: int):
+    """load_log as after a clean shutdown whose marker says `tail` (None: an old empty one)."""
+    return load_log(directory, CONFIG, clean_shutdown=True, clean_tail=tail, recovery_point=end, log_start_offset=0, now_ms=T0)
+
+
 @pytest.mark.parametrize("marker", ["covers", "old_empty"])
 async def test_a_bad_tail_after_a_clean_shutdown_is_recovered_as_after_a_crash(tmp_path: Path, marker: str) -> None:
     """Issue 11: garbage past the end of the active segment after a clean shutdown stopped the
@@ -234,7 +239,7 @@ async def test_a_bad_tail_after_a_clean_shutdown_is_recovered_as_after_a_crash(t
     written = await _fill(directory)
     last = _logs(directory)[-1]
     tail = CleanTail(int(last.name[:20]), last.stat().st_size, len(written)) if marker == "covers" else None
-    loaded = load_log(directory, CONFIG, clean_shutdown=True, clean_tail=tail, recovery_point=len(written), log_start_offset=0, now_ms=T0)
+    loaded = _load_clean(directory, tail, len(written))
     assert loaded.stats.scanned_segments == 0  # as the marker says: nothing to scan
     for s in loaded.segments:
         s.close()
@@ -243,13 +248,13 @@ async def test_a_bad_tail_after_a_clean_shutdown_is_recovered_as_after_a_crash(t
         f.write(garbage)
     async with running_log(directory, CONFIG, clean_shutdown=True, recovery_point=len(written)) as log:
         pass  # (running_log passes no tail: an old marker; the header check finds the garbage)
-    loaded = load_log(directory, CONFIG, clean_shutdown=True, clean_tail=tail, recovery_point=len(written), log_start_offset=0, now_ms=T0)
+    loaded = _load_clean(directory, tail, len(written))
     assert loaded.stats.scanned_segments == 0 and loaded.stats.truncated_bytes == 0
     for s in loaded.segments:
         s.close()
     with open(last, "ab") as f:
         f.write(garbage)
-    loaded = load_log(directory, CONFIG, clean_shutdown=True, clean_tail=tail, recovery_point=len(written), log_start_offset=0, now_ms=T0)
+    loaded = _load_clean(directory, tail, len(written))
     assert loaded.stats.scanned_segments == 1 and loaded.stats.truncated_bytes == len(garbage)
     assert loaded.next_offset == len(written)
     for s in loaded.segments:
@@ -267,7 +272,7 @@ async def test_a_clean_marker_that_does_not_match_the_files_means_recovery(tmp_p
     batch[-1] ^= 0x01  # a whole frame, a wrong CRC
     with open(last, "ab") as f:
         f.write(bytes(batch))
-    loaded = load_log(directory, CONFIG, clean_shutdown=True, clean_tail=tail, recovery_point=len(written), log_start_offset=0, now_ms=T0)
+    loaded = _load_clean(directory, tail, len(written))
     assert loaded.stats.scanned_segments == 1 and loaded.stats.truncated_bytes == len(batch)
     assert loaded.stats.corrupt_batches == 1  # a whole batch frame: maybe acknowledged, so counted
     assert loaded.next_offset == len(written) + 1  # its claimed offset is never reused
