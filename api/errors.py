@@ -66,6 +66,9 @@ ENGINE_ERRORS: dict[type[e.EngineError], tuple[int, str]] = {
     e.StorageFullError: (507, "storage_full"),
     e.LogClosedError: (503, "unavailable"),
     e.CompactionFailedError: (500, "compaction_failed"),
+    # the server's own stored bytes are bad (not a bad gateway): 500, like storage_error
+    e.CorruptDataError: (500, "corrupt_data"),
+    e.PartitionOfflineError: (503, "partition_offline"),
     e.StorageError: (500, "storage_error"),
     e.DataDirError: (500, "storage_error"),
     e.EngineError: (500, "internal_error"),
@@ -161,11 +164,17 @@ def engine_problem(exc: e.EngineError, paths: ServerPaths | None = None) -> Resp
             "limit": exc.limit, "max_count": exc.max_count, "max_bytes": exc.max_bytes,
             "snapshots": exc.count, "snapshot_bytes": exc.held_bytes, "needed_bytes": exc.needed_bytes,
         }
+    elif isinstance(exc, e.CorruptDataError):
+        extra = {"first_offset": exc.first_offset, "last_offset": exc.last_offset}
+    elif isinstance(exc, e.PartitionOfflineError):
+        extra = {"topic": exc.topic, "partition": exc.partition, "reason": exc.reason}
     if status == 507:
         # a full disk refuses every append until space returns: the engine logs each undone
         # commit once; one line per refused request would flood the log
         logger.debug("%s: %s", code, exc)
-    elif status >= 500:
+    elif status >= 500 and not isinstance(exc, (e.PartitionOfflineError, e.CorruptDataError)):
+        # (an offline partition was logged once, at start-up, a corrupt batch by the read that
+        # met it; a second line per request would add nothing)
         logger.error("%s: %s", code, exc)
     detail = str(exc) if paths is None else paths.scrub(str(exc))
     return problem(status, code, detail, **extra)

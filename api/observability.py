@@ -12,7 +12,8 @@ One pure ASGI layer (no BaseHTTPMiddleware, which would buffer streaming respons
 
 Metrics (prometheus-client, one registry per app) also cover the engine: group-commit sizes
 and fsync latency via the log manager's hooks, produce/fetch counters from the routes, and
-per-partition gauges (high watermark, log start offset, size) read at scrape time.
+per-partition gauges (high watermark, log start offset, size, offline) and the damaged batches
+met (eventlog_corrupt_batches_total, where="recovery" or "read") read at scrape time.
 """
 
 from __future__ import annotations
@@ -98,6 +99,14 @@ class _PartitionCollector:
         start = GaugeMetricFamily("eventlog_partition_log_start_offset", "first readable offset", labels=["topic", "partition"])
         size = GaugeMetricFamily("eventlog_partition_size_bytes", "bytes in the partition's segments", labels=["topic", "partition"])
         segments = GaugeMetricFamily("eventlog_partition_segments", "segments in the partition", labels=["topic", "partition"])
+        offline = GaugeMetricFamily(
+            "eventlog_partition_offline", "1 if the partition could not be loaded at start-up and serves nothing",
+            labels=["topic", "partition"],
+        )
+        corrupt = CounterMetricFamily(
+            "eventlog_corrupt_batches", "damaged batches dropped by recovery or refused by reads",
+            labels=["topic", "partition", "where"],
+        )
         if engine is not None:
             for log in engine.all_partitions():
                 view = log.view
@@ -106,7 +115,12 @@ class _PartitionCollector:
                 start.add_metric(labels, view.log_start_offset)
                 size.add_metric(labels, view.size_bytes)
                 segments.add_metric(labels, len(view.segments))
-        return [hw, start, size, segments]
+                offline.add_metric(labels, 0)
+                for where, n in log.corrupt_batches.items():
+                    corrupt.add_metric([*labels, where], n)
+            for part in engine.offline_partitions():
+                offline.add_metric([part.topic, str(part.partition)], 1)
+        return [hw, start, size, segments, offline, corrupt]
 
 
 class _WorkerCollector:

@@ -23,6 +23,7 @@ from starlette.responses import Response, StreamingResponse
 
 from engine import compression
 from engine.errors import (
+    CorruptDataError,
     KeyRequiredError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
@@ -69,7 +70,7 @@ _produce_problems: dict[int | str, dict[str, Any]] = {
     413: {"model": Problem, "description": "record_too_large, request_too_large"},
     415: {"model": Problem, "description": "unsupported_media_type"},
     422: {"model": Problem, "description": "validation_error, key_required, idempotency_key_reused"},
-    503: {"model": Problem, "description": "unavailable: the server is shutting down"},
+    503: {"model": Problem, "description": "unavailable: the server is shutting down; partition_offline"},
     507: {"model": Problem, "description": "storage_full: the disk is full; nothing was written"},
 }
 
@@ -327,6 +328,8 @@ async def _read_body(request: Request) -> bytearray:
 
 
 def _stream_error(exc: Exception, position: int) -> dict[str, Any]:
+    if isinstance(exc, CorruptDataError):
+        return {"code": "corrupt_data", "detail": str(exc), "offset": position, "first_offset": exc.first_offset, "last_offset": exc.last_offset}
     if isinstance(exc, StorageError):
         return {"code": "storage_error", "detail": str(exc), "offset": position}
     if isinstance(exc, OffsetOutOfRangeError):
@@ -469,6 +472,8 @@ def _stamp_producer(batches: list[PreparedBatch], producer_id: int) -> list[Prep
         404: {"model": Problem, "description": "topic_not_found, partition_not_found"},
         416: {"model": Problem, "description": "offset_out_of_range"},
         422: {"model": Problem, "description": "validation_error, not_utf8, not_json"},
+        500: {"model": Problem, "description": "corrupt_data: a stored batch fails its CRC (JSON only; with first_offset, last_offset)"},
+        503: {"model": Problem, "description": "partition_offline: the partition could not be loaded at start-up"},
     },
     summary="Fetch records from an offset (JSON, or raw batches with Accept: " + RECORD_BATCH_MEDIA_TYPE + ")",
 )

@@ -63,12 +63,16 @@ class Topic(BaseModel):
 
 
 class PartitionInfo(BaseModel):
+    """Offsets and sizes of a partition; an offline partition has only `offline` and `error`."""
+
     partition: int
-    log_start_offset: int
-    high_watermark: int
-    log_end_offset: int
-    segments: int
-    size_bytes: int
+    log_start_offset: int | None = None
+    high_watermark: int | None = None
+    log_end_offset: int | None = None
+    segments: int | None = None
+    size_bytes: int | None = None
+    offline: bool | None = Field(None, description="true when the partition could not be loaded at start-up (absent otherwise)")
+    error: str | None = Field(None, description="why it is offline")
 
 
 class TopicDetail(BaseModel):

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from engine.config import is_internal
-from engine.log_manager import TopicState
+from engine.log_manager import OfflinePartition, TopicState
 from engine.metadata import INTERNAL_TOPICS
 
 from .auth import Admin, Describer, principal_of
@@ -41,6 +41,9 @@ def topic_model(state: TopicState) -> Topic:
 def topic_detail(state: TopicState) -> TopicDetail:
     partitions = []
     for log in state.partitions:
+        if isinstance(log, OfflinePartition):
+            partitions.append(PartitionInfo(partition=log.partition, offline=True, error=log.reason))
+            continue
         view = log.view
         partitions.append(
             PartitionInfo(
@@ -99,6 +102,7 @@ async def list_topics(
     "/{topic}",
     operation_id="describeTopic",
     response_model=TopicDetail,
+    response_model_exclude_none=True,
     responses={401: _problems[401], 403: _problems[403], 404: _problems[404]},
     summary="Describe a topic: configs and per-partition offsets and sizes",
 )

@@ -24,7 +24,9 @@
     └── StorageError
         ├── StorageFullError
         ├── CorruptIndexError
-        └── CorruptSegmentError
+        ├── CorruptSegmentError
+        ├── CorruptDataError
+        └── PartitionOfflineError
 
 Engine code never speaks HTTP; api/errors.py maps these classes to problem+json. Every class
 carries the offending values as attributes so that the mapping (and log lines) can show them.
@@ -268,3 +270,27 @@ class CorruptIndexError(StorageError):
 
 class CorruptSegmentError(StorageError):
     """Raised when a closed segment holds an invalid batch (dump-log --verify reports it)."""
+
+
+class CorruptDataError(StorageError):
+    """Raised when a stored batch fails its CRC-32C as a read is about to decode it: the bytes
+    changed on disk after they were written (recovery drops such batches; a read meets those
+    it did not scan). `first_offset`/`last_offset` are what the batch's header says."""
+
+    def __init__(self, path: Path | str, position: int, first_offset: int, last_offset: int, reason: str) -> None:
+        super().__init__(path, f"the batch of offsets {first_offset}-{last_offset} at byte {position} is damaged: {reason}")
+        self.position = position
+        self.first_offset = first_offset
+        self.last_offset = last_offset
+
+
+class PartitionOfflineError(StorageError):
+    """Raised when a request names a partition that could not be loaded at start-up (a file it
+    may not write, an I/O error, damage recovery cannot handle): it serves nothing until the
+    cause is fixed and the server restarted."""
+
+    def __init__(self, topic: str, partition: int, path: Path | str, reason: str) -> None:
+        super().__init__(path, reason)
+        self.args = (f"partition {topic}-{partition} is offline: {reason}",)
+        self.topic = topic
+        self.partition = partition

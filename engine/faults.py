@@ -13,6 +13,7 @@ Points:
     delete.after_deleted_rename delete_segments: segments renamed to .deleted
     clean.after_cleaned         a compaction pass wrote its .cleaned segments (in its process)
     clean.mid_recopy            a compaction pass is half way through writing a .cleaned segment
+    repair.after_cleaned        recovery wrote a repaired segment as .cleaned, not yet renamed
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@
     <20-digit base offset>.index            offset index
     <20-digit base offset>.timeindex        time index
     ... + ".cleaned" / ".swap" / ".deleted" transient suffixes of compaction and deletion
+    <base>.log.<position>.damaged           bytes recovery dropped, kept aside (repair.py)
     <topic>-<partition>.<uuid hex>-delete   a deleted topic's directory, removed at start-up
 
 Pure string functions; no I/O.

@@ -2,7 +2,8 @@
 
     .lock                     flock()ed by the process that owns the dir; holds its pid
     meta.properties           Java properties: version=1, node.id, cluster.id, directory.id
-    .kafka_cleanshutdown      present only between a clean shutdown and the next start
+    .kafka_cleanshutdown      present only between a clean shutdown and the next start; JSON
+                              saying what it covers, per partition (format_clean_shutdown)
     recovery-point-offset-checkpoint, log-start-offset-checkpoint, cleaner-offset-checkpoint
                               see checkpoints.py
 
@@ -12,18 +13,72 @@ Blocking; used by the log manager at start-up and shutdown.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
+from . import filenames
 from .checkpoints import CHECKPOINT_NAMES, read_checkpoint, write_checkpoint
 from .errors import DataDirError, DataDirLockedError
-from .fileutil import fsync_dir
+from .fileutil import fsync_dir, replace_file
 from .metadata import new_topic_id
+
+logger = logging.getLogger("eventlog.engine")
 
 LOCK_FILE = ".lock"
 META_PROPERTIES = "meta.properties"
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
+CLEAN_SHUTDOWN_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class CleanTail:
+    """What the clean-shutdown marker says of one partition: its last (active) segment's base
+    offset and size in bytes, and its log end offset, as they were when it closed cleanly."""
+
+    base_offset: int
+    size: int
+    log_end_offset: int
+
+
+def format_clean_shutdown(tails: dict[tuple[str, int], CleanTail]) -> bytes:
+    """The marker's content: {"version": 1, "partitions": {"<topic>-<n>": {"base_offset": ..,
+    "size": .., "log_end_offset": ..}, ...}}, one entry per partition that closed cleanly."""
+    partitions = {
+        filenames.partition_dir_name(topic, p): {"base_offset": t.base_offset, "size": t.size, "log_end_offset": t.log_end_offset}
+        for (topic, p), t in sorted(tails.items())
+    }
+    return orjson.dumps({"version": CLEAN_SHUTDOWN_VERSION, "partitions": partitions}) + b"\n"
+
+
+def parse_clean_shutdown(data: bytes) -> dict[tuple[str, int], CleanTail] | None:
+    """The partitions a marker covers; None when it does not say (an empty marker, as older
+    eventlog versions wrote, or Kafka's {"version": 0, "brokerEpoch": ..}): every partition
+    counts as clean. Raises ValueError for anything else that does not parse."""
+    if not data.strip():
+        return None
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    if "partitions" not in doc:
+        return None
+    if doc.get("version") != CLEAN_SHUTDOWN_VERSION or not isinstance(doc["partitions"], dict):
+        raise ValueError(f"unknown version {doc.get('version')!r}")
+    tails = {}
+    for name, entry in doc["partitions"].items():
+        tp = filenames.parse_partition_dir(name)
+        fields = [entry.get(k) if isinstance(entry, dict) else None for k in ("base_offset", "size", "log_end_offset")]
+        if tp is None or not all(type(v) is int and v >= 0 for v in fields):
+            raise ValueError(f"bad entry for {name!r}: {entry!r}")
+        tails[tp] = CleanTail(*fields)
+    return tails
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -58,6 +113,8 @@ class LogDir:
         self._lock_fd: int | None = None
         self.meta: dict[str, str] = {}
         self.had_clean_shutdown = False
+        # what the marker covers; None: it did not say (every partition counts as clean)
+        self.clean_tails: dict[tuple[str, int], CleanTail] | None = None
 
     def open(self, node_id: int, cluster_id: str | None) -> None:
         """Create if needed, take the lock, read or write meta.properties, and note (then
@@ -87,11 +144,35 @@ class LogDir:
         for name in CHECKPOINT_NAMES:
             if not (self.path / name).exists():
                 write_checkpoint(self.path / name, {})
-        self.had_clean_shutdown = (self.path / CLEAN_SHUTDOWN_FILE).exists()
+        self._read_clean_shutdown()
 
     @property
     def cluster_id(self) -> str:
         return self.meta["cluster.id"]
+
+    def _read_clean_shutdown(self) -> None:
+        marker = self.path / CLEAN_SHUTDOWN_FILE
+        try:
+            data = marker.read_bytes()
+        except FileNotFoundError:
+            self.had_clean_shutdown = False
+            return
+        except OSError as exc:
+            raise DataDirError(self.path, f"cannot read {CLEAN_SHUTDOWN_FILE}: {exc}") from exc
+        self.had_clean_shutdown = True
+        try:
+            self.clean_tails = parse_clean_shutdown(data)
+        except ValueError as exc:
+            logger.warning("%s: %s is unreadable (%s); every partition is recovered as after a crash", self.path, CLEAN_SHUTDOWN_FILE, exc)
+            self.clean_tails = {}
+
+    def was_clean(self, tp: tuple[str, int]) -> bool:
+        """Whether partition `tp` closed cleanly last time: the marker exists and covers it."""
+        return self.had_clean_shutdown and (self.clean_tails is None or tp in self.clean_tails)
+
+    def clean_tail(self, tp: tuple[str, int]) -> CleanTail | None:
+        """What the marker says of `tp`'s files (None: it does not say)."""
+        return None if self.clean_tails is None else self.clean_tails.get(tp)
 
     def clear_clean_shutdown(self) -> None:
         """Called once the dir is loaded: from now on a crash must be treated as unclean."""
@@ -100,11 +181,10 @@ class LogDir:
             marker.unlink()
             fsync_dir(self.path)
 
-    def mark_clean_shutdown(self) -> None:
-        marker = self.path / CLEAN_SHUTDOWN_FILE
-        with open(marker, "wb") as f:
-            os.fsync(f.fileno())
-        fsync_dir(self.path)
+    def mark_clean_shutdown(self, tails: dict[tuple[str, int], CleanTail]) -> None:
+        """Written last at shutdown, atomically, naming each partition of this dir that closed
+        cleanly (format_clean_shutdown); a partition it does not name is recovered next time."""
+        replace_file(self.path / CLEAN_SHUTDOWN_FILE, format_clean_shutdown(tails))
 
     def read_checkpoint(self, name: str) -> dict[tuple[str, int], int]:
         return read_checkpoint(self.path / name)

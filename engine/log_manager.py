@@ -5,13 +5,17 @@ Start-up (open_engine):
 2. Load __metadata-0 and replay it into the topic image.
 3. Remove directories of deleted topics ("*-delete", or a topic_id the image marks deleted).
 4. Load every partition of every topic in parallel worker threads (recovery.load_log): a
-   clean dir loads lazily, an unclean one scans from each partition's recovery point.
+   partition the clean-shutdown marker covers loads lazily (if its files are as the marker
+   says), any other scans from its recovery point. A partition that fails to load (a file it
+   may not write, an I/O error) is offline: every request on it raises PartitionOfflineError,
+   its checkpoint entries are kept, and the others serve.
 5. Start one writer task per partition, remove the clean-shutdown markers, start the
    checkpoint loop. Only then does open_engine yield.
 
 Shutdown (leaving open_engine): writers drain their queues and close their active segments
 (fsync, trimmed indexes); then recovery-point and log-start checkpoints are written, and
-finally the clean-shutdown marker, so the next start can skip the scan.
+finally the clean-shutdown marker naming each partition that closed cleanly and what its
+files were (log_dirs.CleanTail), so the next start can skip the scan of those.
 
 Topic changes are serialised by one lock; each appends its event to __metadata-0 (fsynced)
 before touching any directory, and start-up makes directories agree with the events.
@@ -41,12 +45,14 @@ from .errors import (
     InvalidPartitionsError,
     InvalidRequestError,
     PartitionNotFoundError,
+    PartitionOfflineError,
+    StorageError,
     TopicExistsError,
     TopicNotFoundError,
 )
 from . import kafka_import
 from .fileutil import fsync_dir, replace_file
-from .log_dirs import LogDir
+from .log_dirs import CleanTail, LogDir
 from .groups import CONSUMER_OFFSETS_CONFIG, GroupOffsets
 from .metadata import (
     CONSUMER_OFFSETS_TOPIC,
@@ -90,15 +96,41 @@ class EngineConfig:
     producer_id_expiration_ms: int = DEFAULT_EXPIRATION_MS
 
 
+@dataclass(eq=False)
+class OfflinePartition:
+    """A partition that could not be loaded at start-up: it holds its place in its topic's
+    partition list and serves nothing until the cause is fixed and the server restarted."""
+
+    topic: str
+    partition: int
+    directory: Path
+    log_dir: LogDir
+    config: LogConfig
+    error: StorageError
+    closed: bool = True  # the workers' loops pass over it like a log being deleted
+
+    @property
+    def name(self) -> str:
+        return filenames.partition_dir_name(self.topic, self.partition)
+
+    @property
+    def reason(self) -> str:
+        return self.error.args[0] if self.error.args else repr(self.error)
+
+
 @dataclass
 class TopicState:
     meta: TopicMeta
     config: LogConfig
-    partitions: list[PartitionLog] = field(default_factory=list)
+    partitions: list[PartitionLog | OfflinePartition] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return self.meta.name
+
+    @property
+    def online_partitions(self) -> list[PartitionLog]:
+        return [p for p in self.partitions if isinstance(p, PartitionLog)]
 
 
 class LogManager:
@@ -125,6 +157,7 @@ class LogManager:
         self.fsync_hooks: list[Callable[[PartitionLog, float], None]] = []
         self.groups: GroupOffsets | None = None  # set once __consumer_offsets is loaded
         self._recovery_points: dict[tuple[str, int], int] = {}
+        self._offline: dict[tuple[str, int], OfflinePartition] = {}
         self._log_starts: dict[tuple[str, int], int] = {}
         # the compactor's first dirty offset per partition (cleaner-offset-checkpoint)
         self._cleaner_offsets: dict[tuple[str, int], int] = {}
@@ -138,13 +171,21 @@ class LogManager:
         return state
 
     def partition(self, topic: str, partition: int) -> PartitionLog:
+        """The partition's log; PartitionOfflineError if it could not be loaded at start-up."""
         state = self.topic(topic)
         if not 0 <= partition < len(state.partitions):
             raise PartitionNotFoundError(topic, partition, len(state.partitions))
-        return state.partitions[partition]
+        log = state.partitions[partition]
+        if isinstance(log, OfflinePartition):
+            raise PartitionOfflineError(topic, partition, log.directory, log.reason)
+        return log
 
     def all_partitions(self) -> list[PartitionLog]:
-        return [p for state in self.topics.values() for p in state.partitions]
+        """Every partition log that serves (offline partitions are not among them)."""
+        return [p for state in self.topics.values() for p in state.partitions if isinstance(p, PartitionLog)]
+
+    def offline_partitions(self) -> list[OfflinePartition]:
+        return list(self._offline.values())
 
     def log_dir_of(self, log: PartitionLog) -> LogDir:
         return self._partition_dir[log]
@@ -159,7 +200,11 @@ class LogManager:
         loaded: list[tuple[TopicState, int, PartitionLog]] = []
 
         async def load_one(state: TopicState, p: int) -> None:
-            log = await self._load_partition(state.name, p, state.config, state.meta.topic_id)
+            try:
+                log = await self._load_partition(state.name, p, state.config, state.meta.topic_id)
+            except Exception as exc:  # noqa: BLE001 -- one partition's failure must not stop the others
+                self._set_offline(state, p, exc)
+                return
             loaded.append((state, p, log))
 
         states = []
@@ -175,6 +220,8 @@ class LogManager:
             self.topics[state.name] = state
         for state, p, log in loaded:
             state.partitions[p] = log
+        for (topic, p), offline in self._offline.items():
+            self.topics[topic].partitions[p] = offline
         for state, p, log in loaded:
             await tg.start(log.run)
         await self._open_group_offsets()
@@ -183,8 +230,22 @@ class LogManager:
         tg.start_soon(self._checkpoint_loop)
         self.ready = True
         logger.info(
-            "engine ready: %d topic(s), %d partition(s), %s shutdown",
-            len(self.image.topics), len(self.all_partitions()), "clean" if clean else "unclean",
+            "engine ready: %d topic(s), %d partition(s), %d offline, %s shutdown",
+            len(self.image.topics), len(self.all_partitions()), len(self._offline), "clean" if clean else "unclean",
+        )
+
+    def _set_offline(self, state: TopicState, p: int, exc: Exception) -> None:
+        """Start-up could not load partition p of `state`: keep its place, serve nothing."""
+        tp = (state.name, p)
+        log_dir = self._find_partition_dir(state.name, p) or self._pick_dir()
+        directory = log_dir.path / filenames.partition_dir_name(state.name, p)
+        error = exc if isinstance(exc, StorageError) else StorageError(directory, f"cannot load: {exc!r}")
+        offline = OfflinePartition(state.name, p, directory, log_dir, state.config, error)
+        self._offline[tp] = offline
+        logger.error(
+            "partition %s is offline: %s. It serves nothing until the cause is fixed and the server restarted; "
+            "the other partitions serve.",
+            offline.name, offline.reason,
         )
 
     def _open_dirs(self) -> None:
@@ -233,7 +294,8 @@ class LogManager:
             loaded = load_log(
                 directory,
                 config,
-                clean_shutdown=log_dir.had_clean_shutdown,
+                clean_shutdown=log_dir.was_clean(tp),
+                clean_tail=log_dir.clean_tail(tp),
                 recovery_point=self._recovery_points.get(tp, 0),
                 log_start_offset=self._log_starts.get(tp, 0),
                 now_ms=self.clock(),
@@ -265,6 +327,7 @@ class LogManager:
             on_fsync=self._on_fsync,
             producer_state=producers,
         )
+        log.corrupt_batches["recovery"] += loaded.stats.corrupt_batches
         self._partition_dir[log] = log_dir
         return log
 
@@ -411,13 +474,19 @@ class LogManager:
             state = self._user_topic(name)
             await self._append_event("topic_deleted", name, state.meta.topic_id)
             del self.topics[name]
-            for log in state.partitions:
+            logs = state.online_partitions
+            for log in logs:
                 await log.close()
-            for log in state.partitions:
+            for log in logs:
                 await log.stopped.wait()
             doomed = []
             for log in state.partitions:
-                log_dir = self._partition_dir.pop(log)
+                if isinstance(log, OfflinePartition):
+                    log_dir = self._offline.pop((log.topic, log.partition)).log_dir
+                    if not log.directory.exists():
+                        continue
+                else:
+                    log_dir = self._partition_dir.pop(log)
                 target = log.directory.with_name(f"{log.directory.name}.{state.meta.topic_id}{filenames.DELETE_DIR_SUFFIX}")
                 await anyio.to_thread.run_sync(os.replace, log.directory, target)
                 await anyio.to_thread.run_sync(fsync_dir, log_dir.path)
@@ -531,6 +600,12 @@ class LogManager:
             ]
             recovery = {(log.topic, log.partition): log.recovery_point for log in logs}
             starts = {(log.topic, log.partition): log.log_start_offset for log in logs}
+            for tp, offline in self._offline.items():  # what they had, until they load again
+                if offline.log_dir is log_dir and tp not in exclude:
+                    if tp in self._recovery_points:
+                        recovery[tp] = self._recovery_points[tp]
+                    if tp in self._log_starts:
+                        starts[tp] = self._log_starts[tp]
             await anyio.to_thread.run_sync(log_dir.write_checkpoint, RECOVERY_POINT, recovery)
             await anyio.to_thread.run_sync(log_dir.write_checkpoint, LOG_START_OFFSET, starts)
 
@@ -594,12 +669,19 @@ class LogManager:
             await log.close()
         for log in logs:
             await log.stopped.wait()
-        clean = all(log.failed is None for log in logs)
+        unclean = [log.name for log in logs if log.failed is not None] + [o.name for o in self._offline.values()]
         for d in self.dirs:
             await self._write_checkpoints(d)
-            if clean:
-                await anyio.to_thread.run_sync(d.mark_clean_shutdown)
-        logger.info("engine closed (%s)", "clean" if clean else "with failed partitions: next start recovers")
+            tails = {
+                (log.topic, log.partition): CleanTail(log.view.active.base_offset, log.view.active.size, log.high_watermark)
+                for log, log_dir in self._partition_dir.items()
+                if log_dir is d and log.failed is None and log.stopped.is_set()
+            }
+            await anyio.to_thread.run_sync(d.mark_clean_shutdown, tails)
+        if unclean:
+            logger.info("engine closed; the next start recovers %s as after a crash", ", ".join(sorted(unclean)))
+        else:
+            logger.info("engine closed (clean)")
 
 
 @asynccontextmanager

@@ -39,6 +39,7 @@ from . import filenames
 from .config import LogConfig
 from .errors import (
     CorruptBatchError,
+    CorruptDataError,
     EngineError,
     KeyRequiredError,
     LogClosedError,
@@ -247,6 +248,9 @@ class PartitionLog:
         # held while segment files are renamed away (retention, compaction) or linked into a
         # snapshot, so a snapshot never links a file that is leaving; appends never take it
         self.files_lock = anyio.Lock()
+        # damaged batches met (eventlog_corrupt_batches_total): dropped by recovery at start-up,
+        # refused by reads since
+        self.corrupt_batches = {"recovery": 0, "read": 0}
         self.view = LogView.build(self._segments, self._log_start_offset, self._next_offset, active.size)
 
     @property
@@ -723,6 +727,10 @@ class PartitionLog:
                 return await anyio.to_thread.run_sync(reader.read_records, view, offset, max_records, max_bytes)
         except OSError as exc:
             raise self._read_error(exc) from exc
+        except CorruptDataError as exc:
+            self.corrupt_batches["read"] += 1
+            logger.error("%s: read refused: %s", self.name, exc)
+            raise
 
     def _read_error(self, exc: OSError) -> StorageError:
         """A failed read (EIO: a bad sector) fails that request only; the log stays usable."""
@@ -783,6 +791,8 @@ class PartitionLog:
                 await anyio.to_thread.run_sync(self._close_sync)
             except EngineError as exc:
                 logger.error("closing %s: %s", self.name, exc)
+                if isinstance(exc, StorageError):
+                    self._failed = exc  # not closed cleanly: the next start recovers it
         self._publish()  # wake long-pollers
         self.stopped.set()
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import OffsetOutOfRangeError
+from .errors import CorruptDataError, OffsetOutOfRangeError
 from .fileutil import FileHandle, pread_exact, read_if_cached
-from .format import CONTROL_BIT, HEADER_SIZE, NO_TIMESTAMP, parse_header
+from .format import CONTROL_BIT, HEADER_SIZE, MIN_BATCH_LENGTH, NO_TIMESTAMP, compute_crc, parse_header
 from .records import Record, decode_records
 from .segment import LogSegment
 from .segments import LogView
@@ -94,7 +94,13 @@ def read_records(
 ) -> RecordsResult:
     """Decode up to `max_records` records with offset >= `offset` from about `max_bytes` of
     batches (at least one batch). Control batches (transaction markers) are skipped, as Kafka
-    consumers skip them. next_offset is where the following read should start."""
+    consumers skip them. next_offset is where the following read should start (the high
+    watermark when only a gap in the offsets is left before it).
+
+    Every batch's CRC-32C is checked before it is decoded. A damaged batch ends the read: the
+    records before it are returned (next_offset then points at it), and a read that meets it
+    first raises CorruptDataError naming its offsets.
+    """
     records: list[Record] = []
     next_offset = offset
     bytes_read = 0
@@ -103,7 +109,10 @@ def read_records(
         if bytes_read and budget <= 0:
             break
         slice_ = fetch_slice(view, next_offset, max(budget, 1))
-        if slice_ is None or (bytes_read and slice_.size > budget):
+        if slice_ is None:
+            next_offset = view.high_watermark  # nothing below it: a gap (damage, compaction) ends the log
+            break
+        if bytes_read and slice_.size > budget:
             break  # only the first batch of a read may exceed max_bytes
         if cached_only and slice_.size > CACHED_CHECK_BYTES:
             data = slice_.read_if_cached()
@@ -116,6 +125,11 @@ def read_records(
         full = False
         while position < len(data) and not full:
             header = parse_header(data, position, slice_.position + position)
+            damage = _damage(data, position, header)
+            if damage is not None:
+                if records:
+                    return RecordsResult(records, records[-1].offset + 1, view.high_watermark, view.log_start_offset, bytes_read)
+                raise CorruptDataError(slice_.segment.log_path, header.position, header.base_offset, header.last_offset, damage)
             if not header.attributes & CONTROL_BIT:
                 for record in decode_records(data, header, position):
                     if record.offset < offset:
@@ -130,6 +144,16 @@ def read_records(
             break
         next_offset = slice_.next_offset
     return RecordsResult(records, next_offset, view.high_watermark, view.log_start_offset, bytes_read)
+
+
+def _damage(data: bytes | memoryview, position: int, header) -> str | None:  # noqa: ANN001 -- a BatchHeader
+    """Why the stored batch at `position` of `data` cannot be decoded; None if it is whole."""
+    if header.batch_length < MIN_BATCH_LENGTH or position + header.size > len(data):
+        return f"batch length {header.batch_length} does not fit the {len(data) - position} bytes read"
+    actual = compute_crc(data, position, header.size)
+    if actual != header.crc:
+        return f"CRC-32C mismatch: stored {header.crc:#010x}, computed {actual:#010x}"
+    return None
 
 
 def offset_for_timestamp(view: LogView, timestamp: int) -> tuple[int, int] | None:

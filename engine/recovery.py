@@ -10,13 +10,21 @@ Steps, in order (Kafka's LogLoader does the same):
    replace_segments): delete the live segment files whose base offset lies in
    [lowest swap base, highest swap next offset), then rename the .swap files to live names.
 4. Delete index files without a .log.
-5. Open every segment. After an unclean shutdown, every segment from the one holding the
-   recovery point on is scanned: each batch's framing and CRC checked, indexes rebuilt, and
-   the log truncated at the first invalid batch, after which all later segments are deleted.
-   After a clean shutdown nothing is scanned and indexes are mapped on first use. Either way
-   a segment whose index files are missing or have impossible sizes is rebuilt.
-6. If no segment is left, create an empty one at the log start offset.
-7. The last segment becomes the active one (indexes preallocated again).
+5. Open every segment. After an unclean shutdown (or a clean one whose marker does not cover
+   the partition, or whose last segment is not as the marker says: _tail_is_clean), every
+   segment from the one holding the recovery point on is scanned (LogSegment.recover): each
+   batch's framing, CRC and offsets checked, damaged bytes dropped where valid batches follow
+   them (the segment rewritten without them, repair.py) and a torn tail truncated; later
+   segments are kept; indexes rebuilt. After a clean shutdown nothing is scanned and indexes
+   are mapped on first use. Either way a segment whose index files are missing or have
+   impossible sizes is rebuilt.
+6. If segments existed and the log end is below an offset that may have been acknowledged (the
+   recovery point, or what a dropped batch's header claims), start an empty active segment at
+   that offset: a gap, never a reused offset.
+7. If no segment is left, create an empty one at the log start offset.
+8. The last segment becomes the active one (indexes preallocated again, .log opened for
+   writing). A failure here or above raises StorageError: the log manager takes the partition
+   offline.
 
 Blocking; the log manager runs it in worker threads, before the partition takes any request.
 """
@@ -32,6 +40,8 @@ from . import filenames
 from .config import LogConfig
 from .errors import CorruptIndexError, StorageError
 from .fileutil import fsync_dir
+from .log_dirs import CleanTail
+from .repair import DAMAGED_SUFFIX, DamagedRange
 from .segment import LogSegment
 
 logger = logging.getLogger("eventlog.recovery")
@@ -45,6 +55,8 @@ class LoadStats:
     truncated_bytes: int = 0
     deleted_segments: int = 0
     rebuilt_indexes: int = 0
+    corrupt_batches: int = 0  # damaged batches (or bytes that were no batch) dropped, not torn tails
+    offset_gap: tuple[int, int] | None = None  # [from, to): offsets left unused to never reuse one
     resolved_files: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -119,8 +131,14 @@ def load_log(
     recovery_point: int,
     log_start_offset: int,
     now_ms: int,
+    clean_tail: CleanTail | None = None,
 ) -> LoadedLog:
-    """Steps 1-7 above; returns the segments with the last one open for appends."""
+    """Steps 1-8 above; returns the segments with the last one open for appends.
+
+    `clean_shutdown`: the clean-shutdown marker covers this partition; `clean_tail`: what it
+    says of the partition's files (None: an old marker that does not say). Raises
+    StorageError when the files cannot be read or changed as recovery must.
+    """
     stats = LoadStats()
     directory.mkdir(parents=True, exist_ok=True)
     resolve_transient_files(directory, config, stats)
@@ -143,39 +161,32 @@ def load_log(
         segment.index_interval_bytes = config.index_interval_bytes
         segments.append(segment)
 
-    # which segments to scan
+    # which segments to scan: after a clean shutdown none, unless the tail is not what it was
+    clean = clean_shutdown and (not segments or _tail_is_clean(directory, segments[-1], clean_tail))
     first_unflushed = len(segments)
-    if not clean_shutdown and segments:
+    if not clean and segments:
         first_unflushed = 0
         for i, segment in enumerate(segments):
             if segment.base_offset <= recovery_point:
                 first_unflushed = i
-    truncated_at: int | None = None
+    acknowledged_end = 0  # the log end must not fall below this (step 6)
     for i, segment in enumerate(segments):
         last = i == len(segments) - 1
         if i >= first_unflushed or segment.base_offset in needs_rebuild:
-            result = segment.recover(config.index_interval_bytes, active=last, max_index_bytes=config.segment_index_bytes)
+            next_base = None if last else segments[i + 1].base_offset
+            result = segment.recover(
+                config.index_interval_bytes, active=last, max_index_bytes=config.segment_index_bytes,
+                next_base_offset=next_base,
+            )
             stats.scanned_segments += 1
             stats.scanned_bytes += result.valid_bytes + result.truncated_bytes
             if segment.base_offset in needs_rebuild:
                 stats.rebuilt_indexes += 1
-            if result.truncated_bytes:
-                stats.truncated_bytes += result.truncated_bytes
-                stats.errors.append(f"{segment.name}: {result.error} at byte {result.valid_bytes}; truncated {result.truncated_bytes} bytes")
-                logger.warning("%s/%s: truncated %d bytes at byte %d (%s)", directory.name, segment.name, result.truncated_bytes, result.valid_bytes, result.error)
-                if i >= first_unflushed:
-                    truncated_at = i
-                    break
-    if truncated_at is not None:
-        for segment in segments[truncated_at + 1 :]:
-            logger.warning("%s: deleting %s after a truncated segment", directory.name, segment.name)
-            segment.close()
-            segment.delete_files()
-            stats.deleted_segments += 1
-        segments = segments[: truncated_at + 1]
-        fsync_dir(directory)
-        if not segments[-1].offset_index.appendable:
-            segments[-1].open_for_append()
+            stats.truncated_bytes += result.truncated_bytes
+            for damaged in result.damaged:
+                _report_damage(directory, segment, damaged, last, stats)
+                if damaged.last_offset is not None:
+                    acknowledged_end = max(acknowledged_end, damaged.last_offset + 1)
 
     if not segments:
         base = max(log_start_offset, 0)
@@ -185,7 +196,13 @@ def load_log(
         active = segments[-1]
         if not active.offset_index.appendable:
             active.open_for_append()
+        # Offsets below the recovery point were fsynced, so may have been acknowledged; what
+        # an old partition lost below it (damage, not a torn write) becomes a gap.
+        acknowledged_end = max(acknowledged_end, recovery_point)
+        if acknowledged_end > max(active.next_offset, active.base_offset):
+            _leave_gap(directory, config, segments, acknowledged_end, now_ms, stats)
 
+    _check_writable(segments[-1])
     next_offset = segments[-1].next_offset
     # an empty active segment after the others (a roll that got no data): its base is the end
     next_offset = max(next_offset, segments[-1].base_offset)
@@ -197,6 +214,78 @@ def load_log(
     # Everything below next_offset is now on disk and verified: either flushed before the
     # shutdown, or scanned and fsynced by recover().
     return LoadedLog(segments, next_offset, start, next_offset, stats)
+
+
+def _tail_is_clean(directory: Path, active: LogSegment, tail: CleanTail | None) -> bool:
+    """After a clean shutdown: whether the last segment is as the marker says (base offset,
+    size, log end) and its tail after the last index entry is a run of batch headers. If not,
+    the partition is recovered as after a crash (bytes appended or cut since, a torn tail)."""
+    if tail is not None and (tail.base_offset, tail.size) != (active.base_offset, active.size):
+        logger.warning(
+            "%s: %s is %d bytes, the clean-shutdown marker says segment %d of %d bytes: recovering as after a crash",
+            directory.name, active.name, active.size, tail.base_offset, tail.size,
+        )
+        return False
+    try:
+        end = active.next_offset
+    except StorageError as exc:
+        logger.warning("%s: the tail of %s is damaged (%s): recovering as after a crash", directory.name, active.name, exc.reason)
+        return False
+    if tail is not None and end != tail.log_end_offset:
+        logger.warning(
+            "%s: %s ends at offset %d, the clean-shutdown marker says %d: recovering as after a crash",
+            directory.name, active.name, end, tail.log_end_offset,
+        )
+        return False
+    return True
+
+
+def _report_damage(directory: Path, segment: LogSegment, damaged: DamagedRange, last: bool, stats: LoadStats) -> None:
+    """Log what recovery dropped; count it unless it was the torn tail a crash leaves."""
+    where = f"{directory.name}/{segment.name}"
+    if damaged.tail and last and not damaged.framed:
+        stats.errors.append(f"{segment.name}: {damaged.reason} at byte {damaged.position}; truncated {damaged.size} bytes")
+        logger.warning("%s: truncated %d bytes at byte %d (%s)", where, damaged.size, damaged.position, damaged.reason)
+        return
+    stats.corrupt_batches += 1
+    aside = f"; kept in {segment.name}.{damaged.position}{DAMAGED_SUFFIX}" if damaged.keep_aside else ""
+    stats.errors.append(f"{segment.name}: {damaged.reason} at byte {damaged.position}; dropped {damaged.size} bytes ({damaged.offsets})")
+    logger.warning(
+        "%s: dropped %d damaged bytes at byte %d (%s; %s)%s",
+        where, damaged.size, damaged.position, damaged.reason, damaged.offsets, aside,
+    )
+
+
+def _leave_gap(
+    directory: Path, config: LogConfig, segments: list[LogSegment], end: int, now_ms: int, stats: LoadStats
+) -> None:
+    """Make `end` the log end: a new, empty active segment based there (an empty active
+    segment below it is replaced). The offsets in between are a gap; none is ever reused."""
+    active = segments[-1]
+    was = max(active.next_offset, active.base_offset)
+    logger.warning(
+        "%s: the log ends at offset %d after recovery, but offsets up to %d may have been acknowledged "
+        "(the recovery point or a damaged batch's header says so); the next append gets offset %d",
+        directory.name, was, end - 1, end,
+    )
+    if active.size == 0:
+        active.close()
+        active.delete_files()
+        segments.pop()
+    else:
+        active.close_for_append()
+    segments.append(LogSegment.create(directory, end, max_index_bytes=config.segment_index_bytes, now_ms=now_ms))
+    fsync_dir(directory)
+    stats.offset_gap = (was, end)
+
+
+def _check_writable(active: LogSegment) -> None:
+    """Open the active .log for writing once now: a file the process may not write (chattr +i,
+    a read-only mount) fails the load of its partition at start-up, not its first append."""
+    try:
+        os.close(os.open(active.log_path, os.O_RDWR))
+    except OSError as exc:
+        raise StorageError(active.log_path, f"cannot open segment for appends: {exc}") from exc
 
 
 def _scan_next_offset(directory: Path, base: int) -> int:

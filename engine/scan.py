@@ -3,8 +3,9 @@
 BatchScanner reads [start, end) of a file in chunks and yields each batch's header (with its
 file position) and, when asked, a memoryview of the whole batch. It stops at the first batch
 that fails framing, magic or CRC checks and records why in `error`; `valid_end` is then the
-position where the valid prefix ends. That is the torn-tail rule of recovery: a .log file is
-valid up to its first invalid batch, and everything after it is dropped.
+position where the valid prefix ends. Recovery (LogSegment.recover) then asks repair.py where
+whole valid batches start again: only the bytes in between are dropped, and a file with none
+after them is truncated there (the torn-tail rule).
 
 Blocking (pread); call from a worker thread for anything larger than a few pages.
 """

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from . import filenames
+from . import filenames, repair
 from .errors import CorruptBatchError, CorruptIndexError, CorruptSegmentError, StorageError
 from .fileutil import FileHandle, fdatasync, pread_exact, pwrite_all
 from .format import HEADER_SIZE, NO_TIMESTAMP, BatchHeader, parse_header
@@ -59,11 +59,12 @@ class AppendBatch:
 
 @dataclass(frozen=True, slots=True)
 class RecoveryResult:
-    valid_bytes: int
-    truncated_bytes: int
+    valid_bytes: int  # the segment's size after recovery
+    truncated_bytes: int  # bytes dropped, at the tail and in between
     next_offset: int | None  # None when the segment holds no batch
     batches: int
-    error: str | None
+    error: str | None  # why the first dropped bytes were dropped
+    damaged: tuple[repair.DamagedRange, ...] = ()  # every dropped range, in file order
 
 
 class LogSegment:
@@ -486,44 +487,88 @@ class LogSegment:
 
     # -- recovery (writer / loader only, no concurrent readers) ------------------------------
 
-    def recover(self, index_interval_bytes: int, *, active: bool, max_index_bytes: int) -> RecoveryResult:
-        """Scan the whole .log: check every batch, rebuild both indexes, truncate at the first
-        invalid batch (a torn write). `active` leaves the indexes preallocated for appends."""
+    def recover(
+        self, index_interval_bytes: int, *, active: bool, max_index_bytes: int, next_base_offset: int | None = None,
+    ) -> RecoveryResult:
+        """Scan the whole .log: check every batch, drop damaged bytes, rebuild both indexes.
+
+        A batch that fails framing, magic or CRC, whose offsets go backwards, or whose last
+        offset does not fit the segment (int32 relative offsets, below `next_base_offset`) is
+        damage. Where a whole valid batch starts again after it (repair.find_next_batch), only
+        the bytes in between are dropped and the file is rewritten without them; where nothing
+        valid follows, the file is truncated at the damage (a torn tail). Dropped bytes that
+        may have held acknowledged records are kept aside (repair.save_aside). `active` leaves
+        the indexes preallocated for appends. Raises StorageError if the files cannot be
+        changed (a read-only file, an I/O error).
+        """
         handle = self.open_handle()
-        size = os.fstat(handle.fd).st_size
+        fd = handle.fd
+        size = os.fstat(fd).st_size
+        limit = self.base_offset + INT32_MAX + 1
+        if next_base_offset is not None:
+            limit = min(limit, max(next_base_offset, self.base_offset))
         builder = IndexBuilder(self.base_offset, index_interval_bytes, max_index_bytes)
-        scanner = BatchScanner(handle, 0, size, with_data=True, check_crc=True)
-        position = 0
+        damaged: list[repair.DamagedRange] = []
+        runs: list[tuple[int, int]] = []  # [start, end) of the kept bytes, in file order
         next_offset: int | None = None
         batches = 0
-        error: str | None = None
-        for header, _data in scanner:
-            if header.base_offset < (self.base_offset if next_offset is None else next_offset):
-                error = f"offset {header.base_offset} goes backwards"
-                break
-            if not self.can_hold(header.last_offset):
-                error = f"offset {header.last_offset} does not fit the segment's int32 relative offsets"
-                break
-            builder.add(header.last_offset, position, header.size, header.max_timestamp)
-            position += header.size
-            next_offset = header.next_offset
-            batches += 1
-        if error is None:
-            error = scanner.error
-        truncated = size - position
-        if truncated:
-            self._truncate_file(position)
-        else:
-            try:
-                os.fsync(handle.fd)  # what survived a process crash in the page cache
-            except OSError as exc:
-                raise StorageError(self.log_path, f"fsync failed: {exc}") from exc
-        self.size = position
+        start = 0
+        dropped = 0  # bytes dropped before the current run: kept batches move down by this much
+        try:
+            while True:
+                scanner = BatchScanner(handle, start, size, with_data=True, check_crc=True)
+                position = start
+                error: str | None = None
+                for header, _data in scanner:
+                    floor = self.base_offset if next_offset is None else next_offset
+                    if header.base_offset < floor:
+                        error = f"offset {header.base_offset} goes backwards (expected at least {floor})"
+                        break
+                    if header.last_offset >= limit:
+                        error = f"offset {header.last_offset} does not belong to the segment (limit {limit})"
+                        break
+                    builder.add(header.last_offset, position - dropped, header.size, header.max_timestamp)
+                    position += header.size
+                    next_offset = header.next_offset
+                    batches += 1
+                if error is None:
+                    error = scanner.error
+                runs.append((start, position))
+                if error is None or position >= size:
+                    break
+                floor = self.base_offset if next_offset is None else next_offset
+                resume = repair.find_next_batch(fd, position + 1, size, floor, limit)
+                end = size if resume is None else resume
+                claimed = repair.claimed_offsets(fd, position, end, floor, limit)
+                damaged.append(repair.DamagedRange(
+                    position, end - position, error,
+                    None if claimed is None else claimed[0], None if claimed is None else claimed[1],
+                    repair.is_framed(fd, position, size), resume is None,
+                ))
+                if resume is None:
+                    break
+                dropped += resume - position
+                start = resume
+            for d in damaged:
+                if d.keep_aside:
+                    repair.save_aside(self.log_path, fd, d)
+            kept = sum(end - begin for begin, end in runs)
+            if damaged and not damaged[0].tail:
+                repair.rewrite(self.log_path, fd, [r for r in runs if r[1] > r[0]])
+                with self._fd_lock:
+                    self._file = None  # the old file, renamed over; a fresh handle opens the new one
+            elif damaged:
+                self._truncate_file(kept)
+            else:
+                os.fsync(fd)  # what survived a process crash in the page cache
+        except OSError as exc:
+            raise StorageError(self.log_path, f"recovery cannot read or change the segment: {exc}") from exc
+        self.size = kept
         self._next_offset = self.base_offset if next_offset is None else next_offset
         self._max_timestamp = builder.max_timestamp
         self._offset_of_max_timestamp = builder.offset_of_max_timestamp
         self._first_timestamp = builder.first_timestamp
-        self._bytes_since_last_index_entry = builder.bytes_since_last_entry
+        self._bytes_since_last_entry = builder.bytes_since_last_entry
         index_path, time_path = self._offset_index.path, self._time_index.path
         self._offset_index.release()
         self._time_index.release()
@@ -534,7 +579,9 @@ class LogSegment:
         else:
             self._offset_index, self._time_index = builder.write_closed(index_path, time_path, max_index_bytes)
         self._indexes_verified = True
-        return RecoveryResult(position, truncated, next_offset, batches, error if truncated else None)
+        truncated = size - kept
+        first_error = damaged[0].reason if damaged else None
+        return RecoveryResult(kept, truncated, next_offset, batches, first_error, tuple(damaged))
 
     def _truncate_file(self, size: int) -> None:
         try:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import datetime as dt
 import errno
+import logging
 import os
 import re
 import secrets
@@ -72,6 +73,8 @@ from .segments import LogView
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 _ID_RE = re.compile(r"^\d{8}T\d{9}Z-[0-9a-f]{6}$")
+
+logger = logging.getLogger("eventlog.engine")
 
 
 def new_snapshot_id(now_ms: int) -> str:
@@ -126,9 +129,10 @@ def topic_infos(engine: Any, names: Sequence[str]) -> list[TopicInfo]:
     infos = []
     for name in dict.fromkeys(names):
         state = engine.topic(name)
-        infos.append(
-            TopicInfo(name, state.meta.topic_id, state.meta.internal, state.config.to_kafka(), list(state.partitions))
-        )
+        online = state.online_partitions
+        if len(online) < len(state.partitions):  # an offline partition serves nothing, so has nothing to show
+            logger.warning("snapshot of %s leaves out its offline partition(s)", name)
+        infos.append(TopicInfo(name, state.meta.topic_id, state.meta.internal, state.config.to_kafka(), online))
     return infos
 
 

@@ -17,10 +17,11 @@ from engine.errors import (
     InvalidRequestError,
     InvalidTopicNameError,
     PartitionNotFoundError,
+    PartitionOfflineError,
     TopicExistsError,
     TopicNotFoundError,
 )
-from engine.log_dirs import read_properties
+from engine.log_dirs import parse_clean_shutdown, read_properties
 from engine.log_manager import EngineConfig, open_engine
 from engine.metadata import METADATA_TOPIC
 from engine.partition_log import prepare_batches
@@ -276,3 +277,59 @@ async def test_partition_directories_hold_kafkas_partition_files(tmp_path: Path)
         assert engine.partition("t", 0).log_start_offset == 2
     assert (directory / "leader-epoch-checkpoint").read_bytes() == b"0\n1\n0 2\n"
     assert not list(tmp_path.rglob("*.tmp"))
+# -- offline partitions (issue 11: a segment file the server may not write stopped the start) ----
+
+
+async def test_a_partition_that_fails_to_load_goes_offline_alone(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)) as engine:
+        await engine.create_topic("a", 2)
+        await engine.create_topic("b", 1)
+        for p in (0, 1):
+            await produce(engine, "a", p, [b"x", b"y", b"z"])
+        await engine.partition("a", 0).delete_records(1)
+        await produce(engine, "b", 0, [b"b1"])
+    active = sorted((tmp_path / "a-0").glob("*.log"))[-1]
+    aside = active.with_name("aside")
+    os.replace(active, aside)
+    active.mkdir()  # a .log the loader can stat but never open for appends (EISDIR)
+    try:
+        async with open_engine(cfg(tmp_path)) as engine:
+            with pytest.raises(PartitionOfflineError, match="partition a-0 is offline") as caught:
+                engine.partition("a", 0)
+            assert (caught.value.topic, caught.value.partition) == ("a", 0)
+            assert [o.name for o in engine.offline_partitions()] == ["a-0"]
+            assert "a-0" not in [log.name for log in engine.all_partitions()]
+            assert len(engine.topic("a").partitions) == 2 and len(engine.topic("a").online_partitions) == 1
+            assert values_of(engine, "a", 1) == [b"x", b"y", b"z"]
+            await produce(engine, "b", 0, [b"b2"])
+            assert values_of(engine, "b", 0) == [b"b1", b"b2"]
+            await engine.checkpoint()  # its checkpoint entries are kept for when it loads again
+            assert read_checkpoint(tmp_path / "recovery-point-offset-checkpoint")[("a", 0)] == 3
+            assert read_checkpoint(tmp_path / "log-start-offset-checkpoint")[("a", 0)] == 1
+        tails = parse_clean_shutdown((tmp_path / ".kafka_cleanshutdown").read_bytes())
+        assert ("a", 0) not in tails and ("a", 1) in tails  # it is recovered as after a crash next time
+    finally:
+        active.rmdir()
+        os.replace(aside, active)
+    async with open_engine(cfg(tmp_path)) as engine:
+        assert engine.load_stats["a-0"].scanned_segments == 1
+        assert engine.partition("a", 0).log_start_offset == 1
+        assert values_of(engine, "a", 0) == [b"y", b"z"]
+        assert not engine.offline_partitions()
+
+
+async def test_a_topic_with_an_offline_partition_can_be_deleted(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)) as engine:
+        await engine.create_topic("a", 2)
+        await produce(engine, "a", 0, [b"x"])
+    active = sorted((tmp_path / "a-0").glob("*.log"))[-1]
+    active.unlink()
+    active.mkdir()
+    async with open_engine(cfg(tmp_path)) as engine:
+        assert [o.name for o in engine.offline_partitions()] == ["a-0"]
+        await engine.delete_topic("a")
+        assert not engine.offline_partitions()
+        await engine.create_topic("a", 1)
+        assert engine.partition("a", 0).high_watermark == 0
+    async with open_engine(cfg(tmp_path)) as engine:
+        assert not engine.offline_partitions() and engine.partition("a", 0).high_watermark == 0

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
 from engine import filenames, reader
 from engine.config import LogConfig
+from engine.log_dirs import CleanTail
 from engine.recovery import load_log
 from engine.records import encode_batch
+
+from ..conftest import REPO
 
 from .helpers import append_records, running_log
 from .test_partition_log import check_files
@@ -73,23 +80,204 @@ async def test_appended_garbage_and_zero_tail_are_removed(tmp_path: Path) -> Non
     check_files(directory)
 
 
-async def test_flipped_byte_truncates_there_and_drops_later_segments(tmp_path: Path) -> None:
+def _flip(path: Path, position: int, count: int = 4) -> bytes:
+    """Invert `count` bytes at `position`; returns the file's bytes after."""
+    data = bytearray(path.read_bytes())
+    for i in range(position, position + count):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def _spans(path: Path) -> list[tuple[int, int]]:
+    """(position, size) of each batch in a .log file."""
+    data = path.read_bytes()
+    out, position = [], 0
+    while position < len(data):
+        size = int.from_bytes(data[position + 8 : position + 12], "big") + 12
+        out.append((position, size))
+        position += size
+    return out
+
+
+@pytest.mark.parametrize("victim_batch", [0, 1, 2])
+async def test_flipped_bytes_in_a_closed_segment_drop_only_that_batch(tmp_path: Path, victim_batch: int) -> None:
+    """Issue 11: recovery used to truncate the segment there and delete every later one (and
+    the next append reused offsets readers had seen). Now only the damaged batch goes."""
     directory = tmp_path / "t-0"
     written = await _fill(directory)
     logs = _logs(directory)
-    assert len(logs) >= 4
     victim = logs[1]
-    data = bytearray(victim.read_bytes())
-    data[70] ^= 0x40  # inside the first batch's records: CRC mismatch
-    victim.write_bytes(bytes(data))
-    base = int(victim.name[:20])
+    spans = _spans(victim)
+    assert len(logs) >= 4 and len(spans) == 3
+    position, size = spans[victim_batch]
+    damaged = _flip(victim, position + 70)[position : position + size]
+    lost = int(victim.name[:20]) + victim_batch
+    before = victim.stat().st_size
     async with running_log(directory, CONFIG, recovery_point=0) as log:
-        assert log.load_stats.deleted_segments == len(logs) - 2
-        assert any("CRC" in e for e in log.load_stats.errors)
-        assert _values(log) == [w for w in written if w[0] < base]
-        assert [s.base_offset for s in log.view.segments] == [0, base]
-    assert _logs(directory) == logs[:2]
+        stats = log.load_stats
+        assert stats.corrupt_batches == 1 and stats.truncated_bytes == size and stats.deleted_segments == 0
+        assert any("CRC" in e and f"offsets {lost}-{lost}" in e for e in stats.errors)
+        assert _values(log) == [w for w in written if w[0] != lost]
+        assert [s.base_offset for s in log.view.segments] == [int(p.name[:20]) for p in logs]
+        assert reader.read_records(log.view, lost, 1, 1).records[0].offset == lost + 1  # readers step over the gap
+        assert (await append_records(log, [(b"k", b"after", T0, [])])).base_offset == len(written)
+    assert _logs(directory) == logs and victim.stat().st_size == before - size
+    assert (directory / f"{victim.name}.{position}.damaged").read_bytes() == damaged
     check_files(directory)
+    async with running_log(directory, CONFIG, recovery_point=0) as log:  # a second recovery finds nothing
+        assert log.load_stats.truncated_bytes == 0 and log.load_stats.corrupt_batches == 0
+
+
+async def test_bytes_that_are_no_batch_between_batches_are_dropped(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    victim = _logs(directory)[2]
+    data = victim.read_bytes()
+    cut = _spans(victim)[1][0]
+    junk = bytes(range(7, 57)) + b"\x02" * 30  # magic bytes, but nothing that frames a batch
+    victim.write_bytes(data[:cut] + junk + data[cut:])
+    async with running_log(directory, CONFIG, recovery_point=0) as log:
+        assert log.load_stats.corrupt_batches == 1 and log.load_stats.truncated_bytes == len(junk)
+        assert _values(log) == written  # nothing lost
+    assert victim.read_bytes() == data
+    assert (directory / f"{victim.name}.{cut}.damaged").read_bytes() == junk
+    check_files(directory)
+
+
+async def test_a_base_offset_that_goes_backwards_is_damage(tmp_path: Path) -> None:
+    """baseOffset is outside the CRC: a flipped one is caught by the offsets' order."""
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    victim = _logs(directory)[1]
+    data = bytearray(victim.read_bytes())
+    second = _spans(victim)[1][0]
+    data[second : second + 8] = (0).to_bytes(8, "big")
+    victim.write_bytes(bytes(data))
+    lost = int(victim.name[:20]) + 1
+    async with running_log(directory, CONFIG, recovery_point=0) as log:
+        assert log.load_stats.corrupt_batches == 1
+        assert any("goes backwards" in e for e in log.load_stats.errors)
+        assert _values(log) == [w for w in written if w[0] != lost]
+    check_files(directory)
+
+
+async def test_damage_in_the_last_batch_of_the_active_segment_never_reuses_its_offsets(tmp_path: Path) -> None:
+    """The batch was whole (it may have been acknowledged): it is dropped, and the next append
+    gets an offset above the ones its header claims."""
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    last = _logs(directory)[-1]
+    position = _spans(last)[-1][0]
+    _flip(last, last.stat().st_size - 20)
+    async with running_log(directory, CONFIG, recovery_point=0) as log:
+        assert log.load_stats.corrupt_batches == 1 and log.load_stats.offset_gap == (len(written) - 1, len(written))
+        assert _values(log) == written[:-1]
+        assert log.high_watermark == len(written)
+        assert reader.read_records(log.view, len(written) - 1, 10, 10**6).records == []
+        assert (await append_records(log, [(b"k", b"after", T0, [])])).base_offset == len(written)
+        assert _values(log)[-1] == (len(written), b"after")
+    assert (directory / f"{last.name}.{position}.damaged").exists()
+    check_files(directory)
+
+
+async def test_the_log_end_never_falls_below_the_recovery_point(tmp_path: Path) -> None:
+    """Offsets below the recovery point were fsynced: if damage took them (here the last
+    batch's length is destroyed, so its header says nothing), the end stays where it was."""
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    last = _logs(directory)[-1]
+    data = bytearray(last.read_bytes())
+    position = _spans(last)[-1][0]
+    data[position + 8 : position + 12] = b"\x7f\xff\xff\xff"
+    last.write_bytes(bytes(data))
+    async with running_log(directory, CONFIG, recovery_point=len(written)) as log:
+        assert log.load_stats.offset_gap == (len(written) - 1, len(written))
+        assert _values(log) == written[:-1]
+        assert (await append_records(log, [(b"k", b"after", T0, [])])).base_offset == len(written)
+    check_files(directory)
+
+
+def test_a_crash_while_a_repaired_segment_is_written_repairs_it_again(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    written = anyio.run(_fill, directory)
+    victim = _logs(directory)[1]
+    before = victim.stat().st_size
+    size = _spans(victim)[1][1]
+    damaged = _flip(victim, _spans(victim)[1][0] + 70)
+    code = (
+        "import sys; from pathlib import Path; from engine.config import LogConfig; from engine.recovery import load_log; "
+        "load_log(Path(sys.argv[1]), LogConfig(segment_bytes=400, index_interval_bytes=100), clean_shutdown=False, "
+        "recovery_point=0, log_start_offset=0, now_ms=0)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(directory)], cwd=REPO, capture_output=True, text=True,
+        env={**os.environ, "EVENTLOG_CRASH_AT": "repair.after_cleaned"},
+    )
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    cleaned = victim.with_name(victim.name + filenames.CLEANED_SUFFIX)
+    assert cleaned.stat().st_size == before - size and victim.read_bytes() == damaged  # not swapped in yet
+    loaded = load_log(directory, CONFIG, clean_shutdown=False, recovery_point=0, log_start_offset=0, now_ms=T0)
+    assert not cleaned.exists() and victim.stat().st_size == before - size
+    assert loaded.stats.corrupt_batches == 1 and loaded.next_offset == len(written)
+    for s in loaded.segments:
+        s.close()
+    check_files(directory)
+
+
+def _load_clean(directory: Path, tail: CleanTail | None, end: int):
+    """load_log as after a clean shutdown whose marker says `tail` (None: an old empty one)."""
+    return load_log(directory, CONFIG, clean_shutdown=True, clean_tail=tail, recovery_point=end, log_start_offset=0, now_ms=T0)
+
+
+@pytest.mark.parametrize("marker", ["covers", "old_empty"])
+async def test_a_bad_tail_after_a_clean_shutdown_is_recovered_as_after_a_crash(tmp_path: Path, marker: str) -> None:
+    """Issue 11: garbage past the end of the active segment after a clean shutdown stopped the
+    start ("batch of 651 bytes runs past the end"). The marker says what it covers; a partition
+    whose files differ (or whose tail does not parse) is recovered as after a crash."""
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    last = _logs(directory)[-1]
+    tail = CleanTail(int(last.name[:20]), last.stat().st_size, len(written)) if marker == "covers" else None
+    loaded = _load_clean(directory, tail, len(written))
+    assert loaded.stats.scanned_segments == 0  # as the marker says: nothing to scan
+    for s in loaded.segments:
+        s.close()
+    garbage = (651 - 12).to_bytes(8, "big") * 2 + bytes(range(256)) * 2
+    with open(last, "ab") as f:
+        f.write(garbage)
+    async with running_log(directory, CONFIG, clean_shutdown=True, recovery_point=len(written)) as log:
+        pass  # (running_log passes no tail: an old marker; the header check finds the garbage)
+    loaded = _load_clean(directory, tail, len(written))
+    assert loaded.stats.scanned_segments == 0 and loaded.stats.truncated_bytes == 0
+    for s in loaded.segments:
+        s.close()
+    with open(last, "ab") as f:
+        f.write(garbage)
+    loaded = _load_clean(directory, tail, len(written))
+    assert loaded.stats.scanned_segments == 1 and loaded.stats.truncated_bytes == len(garbage)
+    assert loaded.next_offset == len(written)
+    for s in loaded.segments:
+        s.close()
+    check_files(directory)
+
+
+async def test_a_clean_marker_that_does_not_match_the_files_means_recovery(tmp_path: Path) -> None:
+    """Bytes appended that happen to parse as batch headers: only the marker's size shows it."""
+    directory = tmp_path / "t-0"
+    written = await _fill(directory)
+    last = _logs(directory)[-1]
+    tail = CleanTail(int(last.name[:20]), last.stat().st_size, len(written))
+    batch = bytearray(encode_batch(len(written), [(b"k", b"v", T0, [])]))
+    batch[-1] ^= 0x01  # a whole frame, a wrong CRC
+    with open(last, "ab") as f:
+        f.write(bytes(batch))
+    loaded = _load_clean(directory, tail, len(written))
+    assert loaded.stats.scanned_segments == 1 and loaded.stats.truncated_bytes == len(batch)
+    assert loaded.stats.corrupt_batches == 1  # a whole batch frame: maybe acknowledged, so counted
+    assert loaded.next_offset == len(written) + 1  # its claimed offset is never reused
+    for s in loaded.segments:
+        s.close()
 
 
 async def test_clean_shutdown_scans_nothing_and_maps_nothing(tmp_path: Path) -> None:
