@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .errors import OffsetOutOfRangeError
 from .fileutil import FileHandle, pread_exact, read_if_cached
 from .format import CONTROL_BIT, HEADER_SIZE, NO_TIMESTAMP, parse_header
-from .records import Record, decode_records
+from .records import Record, batch_records_bytes, decode_block
 from .segment import LogSegment
 from .segments import LogView
 
@@ -94,13 +94,19 @@ def read_records(
 ) -> RecordsResult:
     """Decode up to `max_records` records with offset >= `offset` from about `max_bytes` of
     batches (at least one batch). Control batches (transaction markers) are skipped, as Kafka
-    consumers skip them. next_offset is where the following read should start."""
+    consumers skip them. next_offset is where the following read should start.
+
+    Compressed batches are inflated one at a time (each up to compression.MAX_RECORDS_BYTES),
+    and `max_bytes` also bounds what they inflate to: once the records blocks decoded so far
+    reach it, the read ends after the batch that got there (a small compressed batch can
+    inflate a thousandfold, so a read of a few such batches would otherwise hold gigabytes)."""
     records: list[Record] = []
     next_offset = offset
     bytes_read = 0
+    inflated = 0
     while len(records) < max_records and next_offset < view.high_watermark:
         budget = max_bytes - bytes_read
-        if bytes_read and budget <= 0:
+        if bytes_read and budget <= 0 or records and inflated >= max_bytes:
             break
         slice_ = fetch_slice(view, next_offset, max(budget, 1))
         if slice_ is None or (bytes_read and slice_.size > budget):
@@ -116,16 +122,28 @@ def read_records(
         full = False
         while position < len(data) and not full:
             header = parse_header(data, position, slice_.position + position)
-            if not header.attributes & CONTROL_BIT:
-                for record in decode_records(data, header, position):
-                    if record.offset < offset:
-                        continue
-                    if len(records) >= max_records:
-                        next_offset = record.offset
-                        full = True
-                        break
-                    records.append(record)
             position += header.size
+            if header.attributes & CONTROL_BIT:
+                continue
+            block = batch_records_bytes(data, header, position - header.size)
+            inflated += len(block)
+            try:
+                decoded = decode_block(block, header)
+            finally:
+                if isinstance(block, memoryview):
+                    block.release()
+            del block
+            for record in decoded:
+                if record.offset < offset:
+                    continue
+                if len(records) >= max_records:
+                    next_offset = record.offset
+                    full = True
+                    break
+                records.append(record)
+            if not full and inflated >= max_bytes and records and position < len(data):
+                next_offset = header.next_offset  # the batches after it wait for the next read
+                full = True
         if full:
             break
         next_offset = slice_.next_offset
