@@ -190,7 +190,7 @@ def _parse_records(
             raise ApiError(422, "validation_error", f"records[{i}].headers: must be a list")
         partition = rec.get("partition")
         if fixed_partition is not None:
-            if partition is not None and partition != fixed_partition:
+            if partition is not None and (type(partition) is not int or partition != fixed_partition):
                 raise ApiError(422, "validation_error", f"records[{i}].partition: this endpoint writes partition {fixed_partition}")
             partition = fixed_partition
         elif partition is None:
