@@ -13,6 +13,13 @@ A record's timestamp is baseTimestamp + timestampDelta, except in LogAppendTime 
 every record reports the batch's maxTimestamp (as the Java client does). Its offset is
 baseOffset + offsetDelta.
 
+Three ways in: decode_records() builds Records (fetches); _walk() walks records without
+building them, checking every field as it goes, for check_records_framing() (produce
+validation: offset deltas must be 0..n-1, and compressed blocks are walked as they inflate),
+split_records() (compaction's fields: stored batches, offset gaps allowed) and
+find_record_at_or_after() (time lookups). Encoding: encode_batch(), and frame_batch() /
+encode_record_tails() for batches re-formed from stored records.
+
 Pure functions, safe from any thread.
 """
 
