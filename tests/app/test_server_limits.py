@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import uvicorn
