@@ -56,6 +56,8 @@ ENGINE_ERRORS: dict[type[e.EngineError], tuple[int, str]] = {
     e.InvalidConfigError: (422, "invalid_config"),
     e.InvalidPartitionsError: (422, "invalid_partitions"),
     e.CorruptBatchError: (400, "corrupt_batch"),
+    e.TransactionsUnsupportedError: (400, "transactions_unsupported"),
+    e.InflatedTooLargeError: (413, "request_too_large"),
     e.KeyRequiredError: (422, "key_required"),
     e.RecordTooLargeError: (413, "record_too_large"),
     e.InvalidRequestError: (400, "invalid_request"),

@@ -64,10 +64,10 @@ _auth_problems: dict[int | str, dict[str, Any]] = {
 }
 _produce_problems: dict[int | str, dict[str, Any]] = {
     **_auth_problems,
-    400: {"model": Problem, "description": "invalid_json, corrupt_batch, invalid_request (an internal topic)"},
+    400: {"model": Problem, "description": "invalid_json, corrupt_batch, transactions_unsupported, invalid_request (an internal topic)"},
     404: {"model": Problem, "description": "topic_not_found, partition_not_found"},
     409: {"model": Problem, "description": "offset_mismatch (expected_offset / If-Match), out_of_order_sequence, producer_fenced"},
-    413: {"model": Problem, "description": "record_too_large, request_too_large"},
+    413: {"model": Problem, "description": "record_too_large, request_too_large (the body, or what its compressed batches inflate to)"},
     415: {"model": Problem, "description": "unsupported_media_type"},
     422: {"model": Problem, "description": "validation_error, key_required, idempotency_key_reused"},
     503: {"model": Problem, "description": "unavailable: the server is shutting down; partition_offline"},
@@ -191,7 +191,7 @@ def _parse_records(
             raise ApiError(422, "validation_error", f"records[{i}].headers: must be a list")
         partition = rec.get("partition")
         if fixed_partition is not None:
-            if partition is not None and partition != fixed_partition:
+            if partition is not None and (type(partition) is not int or partition != fixed_partition):
                 raise ApiError(422, "validation_error", f"records[{i}].partition: this endpoint writes partition {fixed_partition}")
             partition = fixed_partition
         elif partition is None:
@@ -410,12 +410,14 @@ async def produce_to_partition(
     if content_type == RECORD_BATCH_MEDIA_TYPE:
         expected_offset = _expected_offset(request, None)
         producer_id = idempotent_producer_id(principal, request)
+        validate = functools.partial(
+            prepare_batches, body, log.config, topic=log.topic,
+            max_inflated_bytes=request.app.state.settings.max_inflated_bytes_per_request,
+        )
         if len(body) > VALIDATE_IN_THREAD_BYTES:
-            batches = await anyio.to_thread.run_sync(
-                functools.partial(prepare_batches, body, log.config, topic=log.topic)
-            )
+            batches = await anyio.to_thread.run_sync(validate)
         else:
-            batches = prepare_batches(body, log.config, topic=log.topic)
+            batches = validate()
         if producer_id >= 0:
             batches = _stamp_producer(batches, producer_id)
         try:

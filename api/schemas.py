@@ -2,6 +2,10 @@
 
 Hot request bodies (produce) are parsed with orjson and checked by hand in records.py; the
 models here still describe them, so generated SDKs get real types.
+
+Request models are strict where the document says integer: a JSON string ("3"), a float (3.0)
+or a boolean (true for 1) is refused with 422 validation_error, never coerced (StrictInt; the
+JSON schema is the same). records.py's hand-parsed produce bodies are held to the same rule.
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 
 class Problem(BaseModel):
@@ -33,12 +37,13 @@ class Format(str, Enum):
     json = "json"
 
 
-ConfigValue = str | int | float
+ConfigValue = StrictStr | StrictInt | StrictFloat
+"""A topic config's value: Kafka's string, or a JSON number (never a boolean)."""
 
 
 class TopicCreate(BaseModel):
     name: str = Field(min_length=1, max_length=249, examples=["orders"])
-    partitions: int | None = Field(None, ge=1, le=10_000, description="default: the server's num.partitions (1)")
+    partitions: StrictInt | None = Field(None, ge=1, le=10_000, description="default: the server's num.partitions (1)")
     configs: dict[str, ConfigValue] = Field(default_factory=dict, examples=[{"cleanup.policy": "compact"}])
     model_config = ConfigDict(extra="forbid")
 
@@ -94,8 +99,8 @@ class ProduceRecord(BaseModel):
     key: Any = None
     value: Any = None
     headers: list[RecordHeader] = Field(default_factory=list)
-    timestamp: int | None = Field(None, ge=0, le=2**63 - 1, description="CreateTime in ms; default: now")
-    partition: int | None = Field(None, ge=0, description="default: murmur2(key), or spread when keyless")
+    timestamp: StrictInt | None = Field(None, ge=0, le=2**63 - 1, description="CreateTime in ms; default: now")
+    partition: StrictInt | None = Field(None, ge=0, description="default: murmur2(key), or spread when keyless")
     model_config = ConfigDict(extra="forbid")
 
 
@@ -103,6 +108,10 @@ class ProduceRequest(BaseModel):
     records: list[ProduceRecord] = Field(min_length=1)
     key_format: Format = Format.string
     value_format: Format = Format.string
+    expected_offset: StrictInt | None = Field(
+        None, ge=0, description="conditional append: the partition's next offset must be this (as If-Match); "
+        "the records must all go to one partition",
+    )
     model_config = ConfigDict(extra="forbid")
 
 
@@ -155,7 +164,7 @@ class OffsetSpec(str, Enum):
 
 
 class DeleteRecordsRequest(BaseModel):
-    before_offset: int = Field(ge=-1, description="the new log start offset; -1 means the high watermark")
+    before_offset: StrictInt = Field(ge=-1, description="the new log start offset; -1 means the high watermark")
     model_config = ConfigDict(extra="forbid")
 
 
@@ -180,8 +189,8 @@ class SegmentList(BaseModel):
 
 class GroupOffset(BaseModel):
     topic: str
-    partition: int = Field(ge=0)
-    offset: int = Field(ge=0, le=2**63 - 1)
+    partition: StrictInt = Field(ge=0)
+    offset: StrictInt = Field(ge=0, le=2**63 - 1)
     metadata: str = Field("", max_length=4096)
     model_config = ConfigDict(extra="forbid")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictInt
 from starlette.responses import Response
 
 from engine.config import is_internal
@@ -128,7 +128,7 @@ async def alter_configs(topic: str, body: ConfigsPatch, engine: Engine, _princip
 
 
 class PartitionsIncrease(BaseModel):
-    count: int = Field(ge=1, le=10_000, description="the new total number of partitions")
+    count: StrictInt = Field(ge=1, le=10_000, description="the new total number of partitions")
 
 
 @router.post(

@@ -9,9 +9,13 @@ The protocol classes made here add both limits, for httptools and h11 alike:
                    within header_timeout_ms of opening, or of the first byte of its next
                    request: otherwise 408 `request_timeout` (or, if nothing came, just the
                    close) and the connection ends.
-    head size      more than max_header_bytes before the head is complete: 431
-                   `headers_too_large` and the connection ends (h11 also gets the same limit
-                   as its h11_max_incomplete_event_size).
+    head size      a request line + headers over max_header_bytes: 431 `headers_too_large`
+                   and the connection ends, the request never routed. Counted twice: the bytes
+                   of a head still incomplete after each read (a client trickling an endless
+                   head), and the parsed head itself once complete (a whole 70 KB head read in
+                   one go completes before any count after the read could see it; so can one
+                   following a keep-alive request). h11 also gets the limit as its
+                   h11_max_incomplete_event_size, and its overflow is answered the same way.
     stalled reader a response the client takes nothing of for request_timeout_ms (the
                    transport's write buffer above its high-water mark and not shrinking) ends
                    the connection at once (abort: the buffered bytes are dropped). Without it a
@@ -74,9 +78,12 @@ class _HeadGuard:
             return
         self._head_bytes += n
         if self._head_bytes > self.max_header_bytes:
-            self._head_done()
-            self._refuse(431, "Request Header Fields Too Large", "headers_too_large",
-                         f"request line and headers exceed {self.max_header_bytes} bytes")
+            self._head_too_large()
+
+    def _head_too_large(self) -> None:
+        self._head_done()
+        self._refuse(431, "Request Header Fields Too Large", "headers_too_large",
+                     f"request line and headers exceed {self.max_header_bytes} bytes")
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
@@ -142,11 +149,17 @@ def _httptools_guarded() -> type:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class GuardedHttpTools(_HeadGuard, HttpToolsProtocol):
+        _refused = False  # a head was refused: the rest of what the client sent is dropped
+        _read_bytes = 0  # of the read being parsed
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm_head()
 
         def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
+            self._read_bytes = len(data)
             super().data_received(data)
             self._count_head(len(data))
 
@@ -155,8 +168,28 @@ def _httptools_guarded() -> type:
             self._arm_head()
 
         def on_headers_complete(self) -> None:
+            # what came before this read, plus this read, bounds the head: only a head that may
+            # be too large is measured (from what the parser collected)
+            may_exceed = self._head_bytes + self._read_bytes > self.max_header_bytes
             self._head_done()
+            if may_exceed and self._parsed_head_bytes() > self.max_header_bytes:
+                self._refused = True
+                self._head_too_large()
+                return
             super().on_headers_complete()
+
+        def _parsed_head_bytes(self) -> int:
+            # "<method> <url> HTTP/1.1\r\n", "<name>: <value>\r\n" each, "\r\n"
+            request_line = len(self.parser.get_method()) + len(self.url) + 12
+            return request_line + sum(len(name) + len(value) + 4 for name, value in self.headers) + 2
+
+        def on_body(self, body: bytes) -> None:
+            if not self._refused:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if not self._refused:
+                super().on_message_complete()
 
     return GuardedHttpTools
 
@@ -165,9 +198,36 @@ def _h11_guarded() -> type:
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
+    class HeadLimitedConnection(h11.Connection):
+        """h11's connection, answering a head over the limit with the guard's 431: a complete
+        one as its Request event comes out, an incomplete one when h11 finds its buffer too
+        long (which it reports as a protocol error, answered 400 by uvicorn)."""
+
+        def __init__(self, guard: _HeadGuard, limit: int) -> None:
+            super().__init__(h11.SERVER, max_incomplete_event_size=limit)
+            self._guard = guard
+            self._limit = limit
+
+        def next_event(self):  # type: ignore[no-untyped-def]
+            try:
+                event = super().next_event()
+            except h11.RemoteProtocolError as exc:
+                if exc.error_status_hint != 431:
+                    raise
+                self._guard._head_too_large()
+                return h11.PAUSED  # uvicorn stops reading; the connection is closing
+            if type(event) is h11.Request:
+                size = len(event.method) + len(event.target) + 12 + 2
+                size += sum(len(name) + len(value) + 4 for name, value in event.headers)
+                if size > self._limit:
+                    self._guard._head_too_large()
+                    return h11.PAUSED
+            return event
+
     class GuardedH11(_HeadGuard, H11Protocol):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self.conn = HeadLimitedConnection(self, self.max_header_bytes)
             self._arm_head()
 
         def data_received(self, data: bytes) -> None:
@@ -182,14 +242,17 @@ def _h11_guarded() -> type:
     return GuardedH11
 
 
-def protocol_class(settings: Settings) -> type:
-    """uvicorn's own choice (httptools when installed, else h11), with the head limits."""
-    try:
-        import httptools  # noqa: F401
-    except ImportError:  # pragma: no cover - uvicorn[standard] brings httptools
-        base = _h11_guarded()
-    else:
-        base = _httptools_guarded()
+def protocol_class(settings: Settings, implementation: str = "auto") -> type:
+    """uvicorn's own choice (httptools when installed, else h11), with the head limits;
+    `implementation` "httptools" or "h11" picks one (tests check both)."""
+    if implementation == "auto":
+        try:
+            import httptools  # noqa: F401
+        except ImportError:  # pragma: no cover - uvicorn[standard] brings httptools
+            implementation = "h11"
+        else:
+            implementation = "httptools"
+    base = _h11_guarded() if implementation == "h11" else _httptools_guarded()
     return type(base.__name__, (base,), {
         "header_timeout_s": settings.header_timeout_ms / 1000,
         "max_header_bytes": settings.max_header_bytes,

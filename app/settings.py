@@ -51,6 +51,11 @@ class Settings(BaseSettings):
     access_log: bool = Field(True, description="one JSON line per request on the eventlog.access logger")
     auth_file: Path | None = Field(None, description="JSON file of bearer tokens, roles and topic prefixes; unset: no auth")
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest request body accepted")
+    max_inflated_bytes_per_request: int = Field(
+        64 * 1024 * 1024, ge=1024 * 1024,
+        description="most bytes the compressed batches of one raw produce request may inflate to while their records "
+        "are checked (413 request_too_large past it); default: 64 x Kafka's default max.message.bytes",
+    )
     # -- limits and quotas (api/limits.py, api/quotas.py, app/server.py) --
     request_timeout_ms: int = Field(
         30_000, ge=100, description="time to receive a request's body; for GETs also to start the answer "

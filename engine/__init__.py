@@ -6,7 +6,8 @@ What other packages may use:
     PartitionLog, prepare_batches, AppendResult partition_log.py: appends and reads
     reader                                      lock-free reads over a LogView
     LogConfig                                   config.py: topic configs (Kafka names)
-    encode_batch, decode_batch, Record          records.py: v2 batches
+    encode_batch, decode_batch, Record          records.py: v2 batches (split_records, frame_batch,
+                                                encode_record_tails: what compaction re-frames)
     errors                                      the error classes API code maps to HTTP
 
 Names are imported lazily, so `import engine.format` (all analytics/ may use) stays free of

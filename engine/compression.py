@@ -13,6 +13,9 @@ Only the concatenated records of a batch are compressed; the 61-byte header stay
 Decompression is bounded: a records block that inflates past MAX_RECORDS_BYTES is corrupt
 (a few KiB of zstd can claim gigabytes), and so is a raw snappy block whose length preamble
 is more than snappy's best ratio allows; neither is allocated first and checked after.
+decompress() returns a whole block (reads: one batch at a time); inflate_chunks() yields it in
+pieces of about INFLATE_CHUNK_BYTES (produce validation walks the records as they come, so a
+bomb costs one piece of memory, not the block).
 Pure functions, safe from any thread.
 """
 
@@ -23,12 +26,13 @@ import io
 import struct
 import threading
 import zlib
+from typing import Iterator
 
 import cramjam
 import lz4.frame
 import zstandard
 
-from .errors import CorruptBatchError
+from .errors import CorruptBatchError, InflateLimitError
 
 NONE = 0
 GZIP = 1
@@ -45,6 +49,9 @@ _BE_I32 = struct.Struct(">i")
 
 MAX_RECORDS_BYTES = 256 * 1024 * 1024
 """The most a batch's records block may inflate to; past it the batch is corrupt."""
+
+INFLATE_CHUNK_BYTES = 1024 * 1024
+"""inflate_chunks()'s piece size (a raw snappy block comes whole: at most 22 x its size)."""
 
 # A snappy copy element writes at most 64 bytes from 3 input bytes (literals never expand),
 # so no valid raw block inflates to more than 22 times its size (plus a short literal).
@@ -119,9 +126,99 @@ def decompress(codec: int, data: bytes | bytearray | memoryview, max_bytes: int 
     raise CorruptBatchError(f"unknown compression codec {codec}")
 
 
+def inflate_chunks(
+    codec: int, data: bytes | bytearray | memoryview, max_bytes: int = MAX_RECORDS_BYTES,
+    chunk_bytes: int = INFLATE_CHUNK_BYTES,
+) -> Iterator[bytes | bytearray]:
+    """Inflate a compressed records block in pieces of at most `chunk_bytes` (a raw snappy block
+    whole), never holding more than one piece. Raises CorruptBatchError on bad input, and
+    InflateLimitError as soon as the pieces add up past `max_bytes`. Close the generator
+    (or exhaust it) in the thread that started it: zstd's decompressor is per thread."""
+    chunker = _CHUNKERS.get(codec)
+    if chunker is None:
+        raise CorruptBatchError(f"unknown compression codec {codec}")
+    name = NAMES[codec]
+    pieces = chunker(data, max_bytes, chunk_bytes)
+    total = 0
+    try:
+        for piece in pieces:
+            total += len(piece)
+            _check_size(codec, total, max_bytes)
+            if piece:
+                yield piece
+    except CorruptBatchError:
+        raise
+    except MemoryError:
+        raise
+    except Exception as exc:  # zlib.error, zstandard.ZstdError, RuntimeError, cramjam's own type
+        raise CorruptBatchError(f"cannot decompress {name} records: {exc}") from exc
+    finally:
+        pieces.close()
+
+
+def _gzip_chunks(data: bytes | bytearray | memoryview, max_bytes: int, chunk_bytes: int) -> Iterator[bytes]:
+    rest = bytes(data)
+    while True:
+        rest = rest.lstrip(b"\x00")  # zero padding after the last member
+        if not rest:
+            return
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip header and trailer
+        pending = rest
+        while not inflater.eof:
+            out = inflater.decompress(pending, chunk_bytes)
+            pending = inflater.unconsumed_tail
+            if not out and not pending and not inflater.eof:
+                raise CorruptBatchError("cannot decompress gzip records: the stream is truncated")
+            yield out
+        rest = inflater.unused_data
+
+
+def _lz4_chunks(data: bytes | bytearray | memoryview, max_bytes: int, chunk_bytes: int) -> Iterator[bytes]:
+    decompressor = lz4.frame.LZ4FrameDecompressor()
+    yield decompressor.decompress(data, max_length=chunk_bytes)
+    while not decompressor.eof:
+        if decompressor.needs_input:
+            raise CorruptBatchError("cannot decompress lz4 records: the frame is truncated")
+        yield decompressor.decompress(b"", max_length=chunk_bytes)
+
+
+def _zstd_chunks(data: bytes | bytearray | memoryview, max_bytes: int, chunk_bytes: int) -> Iterator[bytes]:
+    with _zstd_decompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as reader:
+        while piece := reader.read(chunk_bytes):
+            yield piece
+
+
+def _snappy_chunks(data: bytes | bytearray | memoryview, max_bytes: int, chunk_bytes: int) -> Iterator[bytearray]:
+    view = memoryview(data)
+    if bytes(view[:8]) != _XERIAL_MAGIC:
+        yield _snappy_raw_into(view, 0, max_bytes)
+        return
+    position, end, before = 16, len(view), 0
+    while position < end:
+        if end - position < 4:
+            raise CorruptBatchError("truncated xerial snappy block length")
+        (length,) = _BE_I32.unpack_from(view, position)
+        position += 4
+        if length < 0 or position + length > end:
+            raise CorruptBatchError("xerial snappy block runs past the end")
+        block = _snappy_raw_into(view[position : position + length], before, max_bytes)
+        before += len(block)
+        position += length
+        yield block
+
+
+def _snappy_raw_into(block: memoryview, before: int, max_bytes: int) -> bytearray:
+    """One raw snappy block into a buffer of its checked, declared size."""
+    out = bytearray(_snappy_declared(block, before, max_bytes))
+    written = cramjam.snappy.decompress_raw_into(block, out)
+    if written != len(out):
+        raise CorruptBatchError(f"cannot decompress snappy records: {written} bytes, the block declares {len(out)}")
+    return out
+
+
 def _check_size(codec: int, size: int, max_bytes: int) -> None:
     if size > max_bytes:
-        raise CorruptBatchError(f"{NAMES.get(codec, codec)} records inflate past {max_bytes} bytes")
+        raise InflateLimitError(str(NAMES.get(codec, codec)), max_bytes)
 
 
 def _gzip_decompress(data: bytes | bytearray | memoryview, max_bytes: int) -> bytes:
@@ -173,6 +270,13 @@ def _snappy_raw(block: memoryview, before: int, max_bytes: int):
     """One raw snappy block, after checking its length preamble (a varint): cramjam allocates
     what the preamble says, and aborts the process if that allocation fails. `before` bytes
     were inflated from earlier blocks."""
+    _snappy_declared(block, before, max_bytes)
+    return cramjam.snappy.decompress_raw(block)
+
+
+def _snappy_declared(block: memoryview, before: int, max_bytes: int) -> int:
+    """The length a raw snappy block's preamble (a varint) declares, once it is plausible for
+    the block's size and within `max_bytes` after `before` bytes."""
     declared = 0
     for i in range(min(len(block), 5)):
         declared |= (block[i] & 0x7F) << (7 * i)
@@ -183,7 +287,8 @@ def _snappy_raw(block: memoryview, before: int, max_bytes: int):
     if declared > _SNAPPY_MAX_RATIO * len(block) + _SNAPPY_SLACK:
         raise CorruptBatchError(f"cannot decompress snappy records: a {len(block)}-byte block claims {declared} bytes")
     _check_size(SNAPPY, before + declared, max_bytes)
-    return cramjam.snappy.decompress_raw(block)
+    return declared
 
 
 NAMES = {value: name for name, value in CODECS.items()}
+_CHUNKERS = {GZIP: _gzip_chunks, SNAPPY: _snappy_chunks, LZ4: _lz4_chunks, ZSTD: _zstd_chunks}

@@ -44,6 +44,27 @@ def validate_topic_name(name: str) -> None:
         raise InvalidTopicNameError(name, "only ASCII letters, digits, '.', '_' and '-' are allowed")
 
 
+# Kafka's own topics (common/internals/Topic.java: its internal topics, and the KRaft metadata
+# log, which CreateTopics refuses by name) and eventlog's (engine/metadata.py): a user topic of
+# one of these names would pass for the real thing to a tool, a mirror or an import.
+RESERVED_TOPICS: dict[str, str] = {
+    "__cluster_metadata": "Kafka's KRaft metadata log",
+    "__consumer_offsets": "the internal topic of committed group offsets",
+    "__transaction_state": "Kafka's internal topic of transaction state",
+    "__share_group_state": "Kafka's internal topic of share group state",
+    "__metadata": "eventlog's internal topic of topic metadata",
+}
+
+
+def validate_new_topic_name(name: str) -> None:
+    """validate_topic_name(), and not a name Kafka or eventlog reserves (RESERVED_TOPICS). Other
+    names starting with '__' stay allowed, as in Kafka."""
+    validate_topic_name(name)
+    why = RESERVED_TOPICS.get(name)
+    if why is not None:
+        raise InvalidTopicNameError(name, f"reserved: {why} has this name, and it is created by the server only")
+
+
 def is_internal(name: str) -> bool:
     return name.startswith(INTERNAL_PREFIX)
 

@@ -11,7 +11,10 @@
     ├── InvalidConfigError
     ├── InvalidRequestError
     │   ├── CorruptBatchError
+    │   │   └── InflateLimitError
+    │   ├── TransactionsUnsupportedError
     │   ├── RecordTooLargeError
+    │   ├── InflatedTooLargeError
     │   └── InvalidPartitionsError
     ├── OffsetOutOfRangeError
     ├── ConflictError
@@ -144,6 +147,29 @@ class CorruptBatchError(InvalidRequestError):
         self.position = position
 
 
+class InflateLimitError(CorruptBatchError):
+    """Raised when a compressed records block inflates past a limit: compression.MAX_RECORDS_BYTES
+    for one batch, or what is left of a request's allowance (see InflatedTooLargeError)."""
+
+    def __init__(self, codec_name: str, limit: int, position: int = 0) -> None:
+        super().__init__(f"{codec_name} records inflate past {limit} bytes", position)
+        self.limit = limit
+
+
+class TransactionsUnsupportedError(InvalidRequestError):
+    """Raised when a produced batch is transactional (attribute bit 4): eventlog has no
+    transaction coordinator, so no marker would ever commit or abort it, and readers would
+    have to hold it back (read_committed) for ever."""
+
+    def __init__(self, producer_id: int, position: int = 0) -> None:
+        super().__init__(
+            f"record batch at byte {position} is transactional (producerId {producer_id}): "
+            "transactions are not supported; produce without transactional.id"
+        )
+        self.producer_id = producer_id
+        self.position = position
+
+
 class RecordTooLargeError(InvalidRequestError):
     """Raised when a batch is larger than the topic's max.message.bytes or segment.bytes."""
 
@@ -152,6 +178,19 @@ class RecordTooLargeError(InvalidRequestError):
         self.size = size
         self.limit = limit
         self.what = what
+
+
+class InflatedTooLargeError(InvalidRequestError):
+    """Raised when the compressed batches of one produce request inflate past the server's
+    per-request limit (their records are walked to validate them, so inflating costs memory
+    and CPU); nothing was written."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the compressed records of this request inflate past {limit} bytes "
+            "(EVENTLOG_MAX_INFLATED_BYTES_PER_REQUEST); send fewer or smaller batches per request"
+        )
+        self.limit = limit
 
 
 class KeyRequiredError(InvalidRequestError):

@@ -23,6 +23,14 @@ appended; offsets are assigned by rewriting baseOffset (and partitionLeaderEpoch
 the CRC does not cover, so no re-encoding happens on append. Setting LogAppendTime changes the
 attributes and maxTimestamp, which the CRC covers, so that rewrite recomputes the CRC.
 
+Two levels of checks. validate_batch() is what every reader of stored bytes applies (recovery,
+the scanner, reads): framing, magic, CRC. Stored batches may legally have lastOffsetDelta past
+their last record and gaps between their records' offsets (compaction keeps a batch's original
+lastOffsetDelta, as Kafka's cleaner does), so nothing more is asked of them. check_produced()
+adds what Kafka's LogValidator asks of a client's batch: at least one record, lastOffsetDelta =
+recordsCount - 1, a sequence with a producer id, and (eventlog has no transaction coordinator)
+no transactional bit. records.check_records_framing() then checks the records themselves.
+
 Everything here is pure and thread-safe; it never touches files.
 """
 
@@ -33,7 +41,7 @@ from typing import Iterator, NamedTuple
 
 from crc32c import crc32c
 
-from .errors import CorruptBatchError
+from .errors import CorruptBatchError, TransactionsUnsupportedError
 
 MAGIC_V2 = 2
 HEADER_SIZE = 61
@@ -56,6 +64,8 @@ CREATE_TIME = 0
 LOG_APPEND_TIME = 1
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
+_BEFORE_CRC = struct.Struct(">qiib")  # baseOffset, batchLength, partitionLeaderEpoch, magic
+_AFTER_CRC = struct.Struct(">hiqqqhii")  # attributes .. recordsCount: the start of the CRC's range
 _PREFIX = struct.Struct(">qi")  # baseOffset, batchLength
 _BASE_AND_LENGTH_AND_EPOCH = struct.Struct(">qii")
 _I64 = struct.Struct(">q")
@@ -199,6 +209,32 @@ def validate_batch(
     return header
 
 
+def check_produced(header: BatchHeader) -> None:
+    """Kafka's LogValidator checks on a v2 batch from a client, after validate_batch(): the
+    record count is positive and lastOffsetDelta is recordsCount - 1 (so one batch cannot claim
+    more offsets than it has records), a producer id comes with a sequence, and the batch is
+    not transactional. Raises CorruptBatchError, or TransactionsUnsupportedError.
+
+    Never applied to stored batches: see the module docstring.
+    """
+    count = header.records_count
+    if count <= 0:
+        raise CorruptBatchError(f"Invalid reported count for record batch: {count}", header.position)
+    if header.last_offset_delta != count - 1:
+        raise CorruptBatchError(
+            f"Inconsistent batch offset range [{header.base_offset}, {header.last_offset}] and count of "
+            f"records {count}",
+            header.position,
+        )
+    if header.producer_id >= 0 and header.base_sequence < 0:
+        raise CorruptBatchError(
+            f"Invalid sequence number {header.base_sequence} in record batch with producerId {header.producer_id}",
+            header.position,
+        )
+    if header.attributes & TRANSACTIONAL_BIT:
+        raise TransactionsUnsupportedError(header.producer_id, header.position)
+
+
 def iter_batches(
     buf: bytes | bytearray | memoryview, *, check_crc: bool = True
 ) -> Iterator[BatchHeader]:
@@ -226,6 +262,39 @@ def scan_valid_prefix(buf: bytes | bytearray | memoryview, *, check_crc: bool = 
         headers.append(header)
         position += header.size
     return headers, position, None
+
+
+def pack_header(
+    buf: bytearray,
+    position: int,
+    size: int,
+    *,
+    base_offset: int,
+    attributes: int,
+    last_offset_delta: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    records_count: int,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = -1,
+    base_sequence: int = NO_SEQUENCE,
+    partition_leader_epoch: int = 0,
+) -> None:
+    """Write the header of the `size`-byte batch at `position` of `buf`, whose records block is
+    already in place after the 61 header bytes, and its CRC."""
+    _BEFORE_CRC.pack_into(buf, position, base_offset, size - LOG_OVERHEAD, partition_leader_epoch, MAGIC_V2)
+    _AFTER_CRC.pack_into(
+        buf, position + CRC_START, attributes, last_offset_delta, base_timestamp, max_timestamp,
+        producer_id, producer_epoch, base_sequence, records_count,
+    )
+    _U32.pack_into(buf, position + 17, compute_crc(buf, position, size))
+
+
+def set_last_offset_delta(buf: bytearray | memoryview, position: int, size: int, delta: int) -> None:
+    """Make the batch claim the offsets up to baseOffset + `delta` (what Kafka's cleaner does to
+    a segment's last batch), then recompute the CRC."""
+    _LAST_OFFSET_DELTA.pack_into(buf, position + 23, delta)
+    _U32.pack_into(buf, position + 17, compute_crc(buf, position, size))
 
 
 def set_base_offset(buf: bytearray | memoryview, position: int, base_offset: int, leader_epoch: int = 0) -> None:

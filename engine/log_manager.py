@@ -36,7 +36,7 @@ from anyio.abc import TaskGroup
 
 from . import filenames
 from .checkpoints import CLEANER_OFFSET, LEADER_EPOCH, LOG_START_OFFSET, RECOVERY_POINT, write_leader_epoch_checkpoint
-from .config import CONFIG_DEFS, LogConfig, normalise_overrides, validate_topic_name
+from .config import CONFIG_DEFS, LogConfig, normalise_overrides, validate_new_topic_name, validate_topic_name
 from .errors import (
     DataDirError,
     EngineError,
@@ -401,9 +401,10 @@ class LogManager:
     ) -> TopicState:
         """Validate, record topic_created, then create the partition directories.
 
-        Internal topics (__metadata, __consumer_offsets) are created by the server only.
+        Internal topics (__metadata, __consumer_offsets) are created by the server only; their
+        names and Kafka's other reserved ones are refused otherwise (config.RESERVED_TOPICS).
         """
-        validate_topic_name(name)
+        (validate_topic_name if internal else validate_new_topic_name)(name)
         count = self.config.default_partitions if partitions is None else partitions
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_PARTITIONS:
             raise InvalidPartitionsError(count if isinstance(count, int) else -1)

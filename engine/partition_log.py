@@ -41,6 +41,7 @@ from .errors import (
     CorruptBatchError,
     CorruptDataError,
     EngineError,
+    InflatedTooLargeError,
     KeyRequiredError,
     LogClosedError,
     OffsetMismatchError,
@@ -55,12 +56,13 @@ from .fileutil import fsync_dir
 from .format import (
     CONTROL_BIT,
     BatchHeader,
+    check_produced,
     iter_batches,
     set_base_offset,
     set_log_append_time,
 )
 from .producer_state import DEFAULT_EXPIRATION_MS, ProducerEntry, ProducerStateManager
-from .records import check_records_framing, decode_records
+from .records import check_records_framing
 from .segment import AppendBatch, LogSegment
 from . import reader
 from .reader import FetchSlice
@@ -128,31 +130,44 @@ def prepare_batches(
     check_records: bool = True,
     allow_control: bool = False,
     topic: str | None = None,
+    max_inflated_bytes: int | None = None,
 ) -> list[PreparedBatch]:
     """Validate one or more concatenated v2 batches for appending; nothing is written.
 
-    Raises CorruptBatchError (framing, magic, CRC, record framing, no records, control batches
-    from a client), RecordTooLargeError (a batch above max.message.bytes or segment.bytes), or,
-    on a compacted topic, KeyRequiredError (a record without a key; the batch is decoded to
-    see). The returned views share one writable copy of `body`.
+    Every batch gets Kafka's checks of a client's batch (format.check_produced: a record count
+    that matches lastOffsetDelta, no transactions) and, with `check_records`, of its records
+    (records.check_records_framing: framing, offset deltas 0..n-1, keys on a compacted topic).
+    Compressed batches are inflated while their records are walked, at most
+    `max_inflated_bytes` for all of them together (default: only the per-batch cap).
+    check_records=False is for batches the server encodes itself.
+
+    Raises CorruptBatchError (framing, magic, CRC, offsets, record framing, no records, control
+    batches from a client), TransactionsUnsupportedError, RecordTooLargeError (a batch above
+    max.message.bytes or segment.bytes), InflatedTooLargeError, or, on a compacted topic,
+    KeyRequiredError (a record without a key). The returned views share one writable copy of
+    `body`.
     """
     buf = body if isinstance(body, bytearray) else bytearray(body)
     view = memoryview(buf)
     limit = config.max_batch_bytes
+    inflate_left = max_inflated_bytes
     out = []
     for header in iter_batches(buf):
         if header.size > limit:
             what = "max.message.bytes" if limit == config.max_message_bytes else "segment.bytes"
             raise RecordTooLargeError(header.size, limit, what)
-        if header.records_count < 1:
-            raise CorruptBatchError("a batch must hold at least one record", header.position)
         if header.attributes & CONTROL_BIT and not allow_control:
             raise CorruptBatchError("control batches are written by the log, not by producers", header.position)
+        check_produced(header)
         if check_records:
-            check_records_framing(buf, header)
-            if config.compact and not header.attributes & CONTROL_BIT:
-                if any(r.key is None for r in decode_records(buf, header)):
-                    raise KeyRequiredError(topic or "?", header.position)
+            try:
+                inflated, keyless = check_records_framing(buf, header, max_inflated_bytes=inflate_left)
+            except InflatedTooLargeError:
+                raise InflatedTooLargeError(max_inflated_bytes or 0) from None  # the request's limit, not what was left
+            if inflate_left is not None:
+                inflate_left -= inflated
+            if keyless and config.compact and not header.attributes & CONTROL_BIT:
+                raise KeyRequiredError(topic or "?", header.position)
         out.append(PreparedBatch(view[header.position : header.position + header.size], header))
     return out
 

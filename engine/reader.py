@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .errors import CorruptDataError, OffsetOutOfRangeError
 from .fileutil import FileHandle, pread_exact, read_if_cached
 from .format import CONTROL_BIT, HEADER_SIZE, MIN_BATCH_LENGTH, NO_TIMESTAMP, compute_crc, parse_header
-from .records import Record, decode_records
+from .records import Record, batch_records_bytes, decode_block
 from .segment import LogSegment
 from .segments import LogView
 
@@ -100,13 +100,19 @@ def read_records(
     Every batch's CRC-32C is checked before it is decoded. A damaged batch ends the read: the
     records before it are returned (next_offset then points at it), and a read that meets it
     first raises CorruptDataError naming its offsets.
+
+    Compressed batches are inflated one at a time (each up to compression.MAX_RECORDS_BYTES),
+    and `max_bytes` also bounds what they inflate to: once the records blocks decoded so far
+    reach it, the read ends after the batch that got there (a small compressed batch can
+    inflate a thousandfold, so a read of a few such batches would otherwise hold gigabytes).
     """
     records: list[Record] = []
     next_offset = offset
     bytes_read = 0
+    inflated = 0
     while len(records) < max_records and next_offset < view.high_watermark:
         budget = max_bytes - bytes_read
-        if bytes_read and budget <= 0:
+        if bytes_read and budget <= 0 or records and inflated >= max_bytes:
             break
         slice_ = fetch_slice(view, next_offset, max(budget, 1))
         if slice_ is None:
@@ -130,16 +136,28 @@ def read_records(
                 if records:
                     return RecordsResult(records, records[-1].offset + 1, view.high_watermark, view.log_start_offset, bytes_read)
                 raise CorruptDataError(slice_.segment.log_path, header.position, header.base_offset, header.last_offset, damage)
-            if not header.attributes & CONTROL_BIT:
-                for record in decode_records(data, header, position):
-                    if record.offset < offset:
-                        continue
-                    if len(records) >= max_records:
-                        next_offset = record.offset
-                        full = True
-                        break
-                    records.append(record)
             position += header.size
+            if header.attributes & CONTROL_BIT:
+                continue
+            block = batch_records_bytes(data, header, position - header.size)
+            inflated += len(block)
+            try:
+                decoded = decode_block(block, header)
+            finally:
+                if isinstance(block, memoryview):
+                    block.release()
+            del block
+            for record in decoded:
+                if record.offset < offset:
+                    continue
+                if len(records) >= max_records:
+                    next_offset = record.offset
+                    full = True
+                    break
+                records.append(record)
+            if not full and inflated >= max_bytes and records and position < len(data):
+                next_offset = header.next_offset  # the batches after it wait for the next read
+                full = True
         if full:
             break
         next_offset = slice_.next_offset

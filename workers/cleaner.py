@@ -41,29 +41,27 @@ import math
 import os
 import resource
 import signal
-import struct
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from crc32c import crc32c
 
-from engine import compression, filenames
+from engine import filenames
 from engine.faults import crash_point
 from engine.format import (
     COMPRESSION_MASK,
     CONTROL_BIT,
     DELETE_HORIZON_BIT,
-    HEADER_SIZE,
-    LOG_OVERHEAD,
-    MAGIC_V2,
     NO_PRODUCER_ID,
     TIMESTAMP_TYPE_BIT,
+    TRANSACTIONAL_BIT,
     BatchHeader,
+    parse_header,
+    set_last_offset_delta,
 )
-from engine.records import batch_records_bytes, read_varint, varint_bytes
+from engine.records import encode_record_tails, frame_batch, split_records
 from engine.scan import BatchScanner
 from engine.segment import AppendBatch, LogSegment
 
@@ -74,13 +72,6 @@ INT32_MAX = 2**31 - 1
 REBUILT_BATCH_BYTES = 1024 * 1024  # target size of a batch re-formed from survivors
 CHUNK_RECORDS = 8192  # records decided together (one map lookup)
 MIN_MAP_BYTES = 16 * 24  # tests use tiny maps; settings ask for at least 1 MiB
-
-_HEADER_BEFORE_CRC = struct.Struct(">qiib")
-_HEADER_AFTER_CRC = struct.Struct(">hiqqqhii")
-_LAST_OFFSET_DELTA = struct.Struct(">i")
-_U32 = struct.Struct(">I")
-_VARINT = [varint_bytes(n) for n in range(16384)]
-_ZIGZAG1 = [(b >> 1) ^ -(b & 1) for b in range(128)]  # one-byte zigzag varints
 
 
 class CleanerError(Exception):
@@ -149,75 +140,24 @@ class CleanOutcome:
 
 
 class _Batch:
-    """One source batch read during recopying, with its records parsed."""
+    """One source batch read during recopying, with its records' fields (records.split_records)."""
 
     __slots__ = ("header", "keys", "offsets", "raw", "tails", "timestamps", "tombstones")
 
-    def __init__(self, header: BatchHeader, raw: bytes) -> None:
+    def __init__(self, header: BatchHeader, raw: bytes, with_tails: bool) -> None:
+        fields = split_records(raw, header, 0, with_tails=with_tails)
         self.header = header
         self.raw = raw
-        self.offsets: list[int] = []
-        self.timestamps: list[int] = []
-        self.keys: list[bytes | None] = []
-        self.tombstones: list[bool] = []
-        self.tails: list[bytes] = []  # each record from its key length to its end
+        self.offsets: list[int] = fields.offsets
+        self.timestamps: list[int] = fields.timestamps
+        self.keys: list[bytes | None] = fields.keys  # type: ignore[assignment]
+        self.tombstones: list[bool] = fields.tombstones
+        self.tails: list[bytes] = fields.tails or []  # each record from its key length to its end
 
 
 def parse_batch(header: BatchHeader, raw: bytes, *, with_tails: bool) -> _Batch:
-    """Parse the records of one non-control batch (raw = the whole batch's bytes)."""
-    batch = _Batch(header, raw)
-    data = batch_records_bytes(raw, header, 0)
-    base_offset = header.base_offset
-    log_append = header.attributes & TIMESTAMP_TYPE_BIT
-    base_ts = header.base_timestamp
-    max_ts = header.max_timestamp
-    rv = read_varint
-    zz = _ZIGZAG1
-    if not isinstance(data, bytes):
-        data = bytes(data)  # indexing bytes is cheaper than indexing a memoryview
-    offsets, timestamps, keys, tombstones, tails = batch.offsets, batch.timestamps, batch.keys, batch.tombstones, batch.tails
-    pos = 0
-    # one-byte varints (values -64..63, nearly all lengths and deltas here) are decoded inline
-    for _ in range(header.records_count):
-        b = data[pos]
-        if b < 0x80:
-            length = zz[b]
-            pos += 1
-        else:
-            length, pos = rv(data, pos)
-        end = pos + length
-        b = data[pos + 1]  # after the attributes byte
-        if b < 0x80:
-            ts_delta = zz[b]
-            pos += 2
-        else:
-            ts_delta, pos = rv(data, pos + 1)
-        b = data[pos]
-        if b < 0x80:
-            offset_delta = zz[b]
-            pos += 1
-        else:
-            offset_delta, pos = rv(data, pos)
-        tail_start = pos
-        b = data[pos]
-        if b < 0x80:
-            klen = zz[b]
-            pos += 1
-        else:
-            klen, pos = rv(data, pos)
-        if klen < 0:
-            keys.append(None)
-        else:
-            keys.append(data[pos : pos + klen])
-            pos += klen
-        b = data[pos]
-        tombstones.append(b == 1)  # zigzag(-1): a null value
-        offsets.append(base_offset + offset_delta)
-        timestamps.append(max_ts if log_append else base_ts + ts_delta)
-        if with_tails:
-            tails.append(data[tail_start:end])
-        pos = end
-    return batch
+    """The records of one non-control batch (raw = the whole batch's bytes)."""
+    return _Batch(header, raw, with_tails)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,11 +185,10 @@ class _SegmentWriter:
         self.held = batch
 
     def _stage(self, data: bytes | bytearray) -> None:
-        base, = struct.unpack_from(">q", data, 0)
-        last_delta, = _LAST_OFFSET_DELTA.unpack_from(data, 23)
-        max_ts, = struct.unpack_from(">q", data, 35)
+        header = parse_header(data)
         self.segment.stage(
-            AppendBatch(data, base, base + last_delta, max_ts, len(data)), self.request.index_interval_bytes
+            AppendBatch(data, header.base_offset, header.last_offset, header.max_timestamp, len(data)),
+            self.request.index_interval_bytes,
         )
         self.bytes_written += len(data)
         self.throttler.maybe_throttle(len(data))
@@ -261,11 +200,9 @@ class _SegmentWriter:
         """Raise the held batch's last offset to end_offset - 1, write it, fsync all three files."""
         assert self.held is not None
         data = bytearray(self.held)
-        base, = struct.unpack_from(">q", data, 0)
-        last_delta, = _LAST_OFFSET_DELTA.unpack_from(data, 23)
-        if base + last_delta < end_offset - 1:
-            _LAST_OFFSET_DELTA.pack_into(data, 23, end_offset - 1 - base)
-            _U32.pack_into(data, 17, crc32c(memoryview(data)[21:]))
+        header = parse_header(data)
+        if header.last_offset < end_offset - 1:
+            set_last_offset_delta(data, 0, len(data), end_offset - 1 - header.base_offset)
         self._stage(data)
         self.held = None
         segment = self.segment
@@ -307,11 +244,11 @@ class _Rebuilder:
         log_append = bool(h.attributes & TIMESTAMP_TYPE_BIT)
         horizon = h.base_timestamp if h.attributes & DELETE_HORIZON_BIT else None
         producer = h.producer_id != NO_PRODUCER_ID
-        key = (codec, log_append, h.max_timestamp if log_append else None, horizon, h.attributes & 0x10)
+        key = (codec, log_append, h.max_timestamp if log_append else None, horizon, h.attributes & TRANSACTIONAL_BIT)
         if producer or key != self.key or self.pending_bytes >= REBUILT_BATCH_BYTES:
             self.flush()
         self.key = key
-        self.attributes = h.attributes & (COMPRESSION_MASK | TIMESTAMP_TYPE_BIT | 0x10)
+        self.attributes = h.attributes & (COMPRESSION_MASK | TIMESTAMP_TYPE_BIT | TRANSACTIONAL_BIT)
         self.horizon = horizon
         self.max_ts_override = h.max_timestamp if log_append else None
         for i in indices:
@@ -341,32 +278,13 @@ class _Rebuilder:
         else:
             base_ts = min(r[1] for r in records)
         max_ts = self.max_ts_override if self.max_ts_override is not None else max(r[1] for r in records)
-        V = _VARINT
-        small = len(V)
-        vb = varint_bytes
-        parts: list[bytes] = []
-        append = parts.append
-        for offset, ts, tail in records:
-            td = ts - base_ts
-            od = offset - base_offset
-            head = b"\x00" + (V[td] if 0 <= td < small else vb(td)) + (V[od] if od < small else vb(od))
-            n = len(head) + len(tail)
-            append(V[n] if n < small else vb(n))
-            append(head)
-            append(tail)
-        body = b"".join(parts)
-        codec = attributes & COMPRESSION_MASK
-        payload = compression.compress(codec, body) if codec else body
         last_offset = self.override_last if self.override_last is not None else records[-1][0]
-        out = bytearray(HEADER_SIZE)
-        out += payload
-        _HEADER_BEFORE_CRC.pack_into(out, 0, base_offset, len(out) - LOG_OVERHEAD, 0, MAGIC_V2)
         pid, epoch, seq = self.producer
-        _HEADER_AFTER_CRC.pack_into(
-            out, 21, attributes, last_offset - base_offset, base_ts, max_ts, pid, epoch, seq, len(records)
-        )
-        _U32.pack_into(out, 17, crc32c(memoryview(out)[21:]))
-        self.add(out)
+        self.add(frame_batch(
+            encode_record_tails(records, base_offset, base_ts), base_offset=base_offset, attributes=attributes,
+            last_offset_delta=last_offset - base_offset, base_timestamp=base_ts, max_timestamp=max_ts,
+            records_count=len(records), producer_id=pid, producer_epoch=epoch, base_sequence=seq,
+        ))
         self.outcome.batches_rebuilt += 1
         self._reset()
 

@@ -122,8 +122,9 @@ async def test_validation_errors_change_nothing(tmp_path: Path) -> None:
         await engine.create_topic("a.b", 1)
         with pytest.raises(InvalidTopicNameError, match="collides"):
             await engine.create_topic("a_b", 1)
-        with pytest.raises(TopicExistsError):
-            await engine.create_topic(METADATA_TOPIC, 1)
+        for reserved in (METADATA_TOPIC, "__consumer_offsets", "__cluster_metadata", "__transaction_state"):
+            with pytest.raises(InvalidTopicNameError, match="reserved"):
+                await engine.create_topic(reserved, 1)
         with pytest.raises(InvalidPartitionsError, match="only grow"):
             await engine.add_partitions("t", 2)
         with pytest.raises(InvalidRequestError):
