@@ -57,6 +57,8 @@ ENGINE_ERRORS: dict[type[e.EngineError], tuple[int, str]] = {
     e.OutOfOrderSequenceError: (409, "out_of_order_sequence"),
     e.ProducerFencedError: (409, "producer_fenced"),
     e.StorageFullError: (507, "storage_full"),
+    e.TooManyOpenFilesError: (503, "too_many_open_files"),
+    e.OpenFilesLimitError: (507, "open_files_limit"),
     e.LogClosedError: (503, "unavailable"),
     e.CompactionFailedError: (500, "compaction_failed"),
     e.StorageError: (500, "storage_error"),
@@ -95,13 +97,16 @@ def engine_problem(exc: e.EngineError) -> Response:
             extra["last_sequence"] = exc.last_seq
     elif isinstance(exc, e.ProducerFencedError):
         extra = {"producer_id": exc.producer_id, "producer_epoch": exc.epoch, "current_epoch": exc.current_epoch}
+    elif isinstance(exc, e.OpenFilesLimitError):
+        extra = {"partitions": exc.partitions, "max_partitions": exc.max_partitions, "open_files_limit": exc.limit}
+    headers = {"Retry-After": "1"} if isinstance(exc, e.TooManyOpenFilesError) else None
     if status == 507:
         # a full disk refuses every append until space returns: the engine logs each undone
         # commit once; one line per refused request would flood the log
         logger.debug("%s: %s", code, exc)
     elif status >= 500:
         logger.error("%s: %s", code, exc)
-    return problem(status, code, str(exc), **extra)
+    return problem(status, code, str(exc), headers=headers, **extra)
 
 
 async def _engine_handler(_request: Request, exc: Exception) -> Response:
