@@ -66,6 +66,8 @@ ENGINE_ERRORS: dict[type[e.EngineError], tuple[int, str]] = {
     e.OutOfOrderSequenceError: (409, "out_of_order_sequence"),
     e.ProducerFencedError: (409, "producer_fenced"),
     e.StorageFullError: (507, "storage_full"),
+    e.TooManyOpenFilesError: (503, "too_many_open_files"),
+    e.OpenFilesLimitError: (507, "open_files_limit"),
     e.LogClosedError: (503, "unavailable"),
     e.CompactionFailedError: (500, "compaction_failed"),
     # the server's own stored bytes are bad (not a bad gateway): 500, like storage_error
@@ -170,6 +172,9 @@ def engine_problem(exc: e.EngineError, paths: ServerPaths | None = None) -> Resp
         extra = {"first_offset": exc.first_offset, "last_offset": exc.last_offset}
     elif isinstance(exc, e.PartitionOfflineError):
         extra = {"topic": exc.topic, "partition": exc.partition, "reason": exc.reason}
+    elif isinstance(exc, e.OpenFilesLimitError):
+        extra = {"partitions": exc.partitions, "max_partitions": exc.max_partitions, "open_files_limit": exc.limit}
+    headers = {"Retry-After": "1"} if isinstance(exc, e.TooManyOpenFilesError) else None
     if status == 507:
         # a full disk refuses every append until space returns: the engine logs each undone
         # commit once; one line per refused request would flood the log
@@ -179,7 +184,7 @@ def engine_problem(exc: e.EngineError, paths: ServerPaths | None = None) -> Resp
         # met it; a second line per request would add nothing)
         logger.error("%s: %s", code, exc)
     detail = str(exc) if paths is None else paths.scrub(str(exc))
-    return problem(status, code, detail, **extra)
+    return problem(status, code, detail, headers=headers, **extra)
 
 
 async def _engine_handler(request: Request, exc: Exception) -> Response:

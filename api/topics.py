@@ -25,6 +25,12 @@ _problems: dict[int | str, dict[str, Any]] = {
     404: {"model": Problem, "description": "topic_not_found"},
     422: {"model": Problem, "description": "invalid_topic_name, invalid_config, invalid_partitions, validation_error"},
 }
+# topic changes create files: all or nothing (engine/log_manager.py)
+_change_problems: dict[int | str, dict[str, Any]] = {
+    **_problems,
+    503: {"model": Problem, "description": "too_many_open_files (Retry-After): nothing was created; unavailable: shutting down"},
+    507: {"model": Problem, "description": "storage_full, open_files_limit: nothing was created"},
+}
 
 
 def topic_model(state: TopicState) -> Topic:
@@ -70,7 +76,7 @@ def topic_detail(state: TopicState) -> TopicDetail:
     operation_id="createTopic",
     status_code=201,
     response_model=Topic,
-    responses={409: {"model": Problem, "description": "topic_exists"}, **_problems},
+    responses={409: {"model": Problem, "description": "topic_exists"}, **_change_problems},
     summary="Create a topic",
 )
 async def create_topic(body: TopicCreate, engine: Engine, _principal: Admin) -> Topic:
@@ -135,7 +141,7 @@ class PartitionsIncrease(BaseModel):
     "/{topic}/partitions",
     operation_id="addPartitions",
     response_model=Topic,
-    responses=_problems,
+    responses=_change_problems,
     summary="Grow a topic's partition count",
 )
 async def add_partitions(topic: str, body: PartitionsIncrease, engine: Engine, _principal: Admin) -> Topic:

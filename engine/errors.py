@@ -22,10 +22,13 @@
     │   ├── OutOfOrderSequenceError
     │   └── ProducerFencedError
     ├── LogClosedError
+    ├── OpenFilesLimitError
     ├── DataDirError
     │   └── DataDirLockedError
     └── StorageError
-        ├── StorageFullError
+        ├── TransientStorageError
+        │   ├── StorageFullError
+        │   └── TooManyOpenFilesError
         ├── CorruptIndexError
         ├── CorruptSegmentError
         ├── CorruptDataError
@@ -297,10 +300,35 @@ class StorageError(EngineError):
         self.reason = reason
 
 
-class StorageFullError(StorageError):
-    """Raised when the disk is full (ENOSPC, EDQUOT) during an append or a snapshot: the append
-    was undone (the partition keeps serving reads) or the snapshot's directory removed; either
-    succeeds again once space returns."""
+class TransientStorageError(StorageError):
+    """Raised when the file system refuses a call for a reason that passes by itself (a full
+    disk, an exhausted descriptor table): what the call was part of is undone, and the
+    partition, topic or snapshot stays as it was and usable; a retry may succeed."""
+
+
+class StorageFullError(TransientStorageError):
+    """Raised when the disk is full (ENOSPC, EDQUOT): an append, topic change or snapshot was
+    undone; reads go on, and writes succeed again once space returns."""
+
+
+class TooManyOpenFilesError(TransientStorageError):
+    """Raised when the process or the system is out of file descriptors (EMFILE, ENFILE): the
+    request was undone; it may succeed once other descriptors are closed."""
+
+
+class OpenFilesLimitError(EngineError):
+    """Raised when a topic change would give the server more partitions than its open-files
+    limit can keep open at once (each active partition holds three descriptors)."""
+
+    def __init__(self, partitions: int, max_partitions: int, limit: int) -> None:
+        super().__init__(
+            f"{partitions} partitions would pass what the open-files limit of {limit} descriptors allows "
+            f"({max_partitions} partitions, 3 descriptors each plus a reserve for connections); "
+            "raise the limit (ulimit -n, LimitNOFILE) and restart"
+        )
+        self.partitions = partitions
+        self.max_partitions = max_partitions
+        self.limit = limit
 
 
 class CorruptIndexError(StorageError):

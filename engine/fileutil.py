@@ -1,12 +1,45 @@
-"""Small blocking file helpers shared by the engine (call from worker threads)."""
+"""Small blocking file helpers shared by the engine (call from worker threads).
+
+The one place where OSError becomes the engine's storage errors (as Kafka's
+maybeHandleIOException): storage_error() and io_errors(). A full disk and an exhausted
+descriptor table are transient (StorageFullError, TooManyOpenFilesError: the caller undoes what
+it started and the partition stays usable); anything else is a StorageError.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
+from .descriptors import BUDGET
+from .errors import StorageError, StorageFullError, TooManyOpenFilesError
 from .faults import io_fault
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+NO_DESCRIPTOR_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+
+
+def storage_error(exc: OSError, path: Path | str | None, what: str) -> StorageError:
+    """The engine's error for `exc`, met while doing `what` (e.g. "cannot create segment")."""
+    where = path if path is not None else (exc.filename or "?")
+    reason = f"{what}: {exc.strerror or exc}"
+    if exc.errno in DISK_FULL_ERRNOS:
+        return StorageFullError(where, reason)
+    if exc.errno in NO_DESCRIPTOR_ERRNOS:
+        return TooManyOpenFilesError(where, reason)
+    return StorageError(where, reason)
+
+
+@contextmanager
+def io_errors(path: Path | str | None, what: str) -> Iterator[None]:
+    """Translate OSError raised inside the block with storage_error()."""
+    try:
+        yield
+    except OSError as exc:
+        raise storage_error(exc, path, what) from exc
 
 
 def fsync_dir(directory: Path) -> None:
@@ -18,21 +51,30 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def replace_file(path: Path, data: bytes) -> None:
+def replace_file(path: Path, data: bytes | bytearray | memoryview, *, sync_dir: bool = True) -> None:
     """Atomically replace `path` with `data`: "<name>.tmp" written and fsynced, renamed over
-    `path`, directory fsynced. After a crash the file is the old one or the new one. Raises
-    OSError."""
+    `path`, directory fsynced (unless the caller fsyncs it once for several files). After a
+    crash the file is the old one or the new one; if writing fails (a full disk), the temp file
+    is removed and `path` is untouched. The engine's one atomic file writer. Raises OSError."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)
 
 
 def fdatasync(fd: int) -> None:
@@ -123,13 +165,25 @@ class FileHandle:
     """An open descriptor that closes when the last reference to it goes away.
 
     Segments hand these to readers, so a segment that is deleted or closed while a read is in
-    flight cannot have its descriptor number reused under that read.
+    flight cannot have its descriptor number reused under that read. Open handles count
+    against the engine's descriptor budget (descriptors.py); opening one when the budget is
+    spent, or when the process is out of descriptors (EMFILE), first closes the least recently
+    used segments' handles. Raises OSError.
     """
 
     __slots__ = ("fd", "__weakref__")
 
     def __init__(self, path: Path | str, flags: int, mode: int = 0o644) -> None:
-        self.fd = os.open(path, flags, mode)
+        self.fd = -1
+        BUDGET.opening()
+        try:
+            fd = os.open(path, flags, mode)
+        except OSError as exc:
+            if exc.errno not in NO_DESCRIPTOR_ERRNOS or not BUDGET.evict(16):
+                raise
+            fd = os.open(path, flags, mode)  # once more, with some descriptors given back
+        BUDGET.opened()
+        self.fd = fd
 
     def fileno(self) -> int:
         return self.fd
@@ -138,6 +192,7 @@ class FileHandle:
         fd = getattr(self, "fd", -1)  # -1 when os.open failed in __init__
         self.fd = -1
         if fd >= 0:
+            BUDGET.closed()
             try:
                 os.close(fd)
             except OSError:

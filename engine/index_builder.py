@@ -2,9 +2,8 @@
 
 Used by recovery and by the lazy rebuild of a damaged index: the same placement rule as the
 writer (see segment.py), applied to headers as a scan meets them, with the entries collected
-in bytearrays rather than written one by one into a freshly preallocated mapping, and the
-files written whole at the end: trimmed, fsynced and renamed into place for a closed segment,
-preallocated and mapped for the active one.
+in bytearrays and the files written whole at the end: atomically (temp file, fsync, rename) for
+a closed segment, as the first entries of an appendable index for the active one.
 
 If a segment holds more batches than its indexes can index (a Kafka segment written with a
 larger segment.index.bytes), entries stop at capacity: lookups in the tail scan further, and
@@ -13,13 +12,17 @@ no data is dropped.
 
 from __future__ import annotations
 
-import os
+import logging
 import struct
 from pathlib import Path
 
+from .errors import TransientStorageError
+from .fileutil import fsync_dir, io_errors, replace_file
 from .format import NO_TIMESTAMP
 from .offset_index import OffsetIndex
 from .time_index import TimeIndex
+
+logger = logging.getLogger("eventlog.engine")
 
 _OFFSET_ENTRY = struct.Struct(">ii")
 _TIME_ENTRY = struct.Struct(">qi")
@@ -64,23 +67,35 @@ class IndexBuilder:
         if self.max_timestamp != NO_TIMESTAMP and self._time_count < self.max_time_entries:
             self._maybe_time_entry()
 
-    def write_closed(self, index_path: Path, time_path: Path, max_index_bytes: int) -> tuple[OffsetIndex, TimeIndex]:
-        """Trimmed files, each written to a temp file, fsynced and renamed into place."""
+    def write_closed(
+        self, index_path: Path, time_path: Path, max_index_bytes: int, *, in_memory_if_full: bool = False
+    ) -> tuple[OffsetIndex, TimeIndex]:
+        """Trimmed files, each written atomically (fileutil.replace_file). With
+        `in_memory_if_full`, a full disk (or no descriptor to write with) leaves the old files
+        as they were and returns indexes held in memory, so that recovery and a lazy rebuild
+        still serve reads on a full disk; the next recovery writes the files."""
         self.finish_closed()
-        for path, data in ((index_path, self.offset_entries), (time_path, self.time_entries)):
-            tmp = path.with_name(path.name + ".tmp")
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+        try:
+            with io_errors(index_path, "cannot write rebuilt indexes"):
+                replace_file(index_path, self.offset_entries, sync_dir=False)
+                replace_file(time_path, self.time_entries, sync_dir=False)
+                fsync_dir(index_path.parent)
+        except TransientStorageError as exc:
+            if not in_memory_if_full:
+                raise
+            logger.warning("%s: rebuilt indexes kept in memory: %s", index_path.parent.name, exc)
+            return (
+                OffsetIndex.in_memory(index_path, self.base_offset, max_index_bytes, self.offset_entries),
+                TimeIndex.in_memory(time_path, self.base_offset, max_index_bytes, self.time_entries),
+            )
         return (
             OffsetIndex.open_read_only(index_path, self.base_offset, max_index_bytes, len(self.offset_entries)),
             TimeIndex.open_read_only(time_path, self.base_offset, max_index_bytes, len(self.time_entries)),
         )
 
     def write_active(self, index_path: Path, time_path: Path, max_index_bytes: int) -> tuple[OffsetIndex, TimeIndex]:
-        """Files preallocated and mapped for appends, holding the entries built so far."""
+        """Appendable indexes holding the entries built so far (written to their files now, or
+        with the next append on a full disk)."""
         return (
             OffsetIndex.create_appendable(index_path, self.base_offset, max_index_bytes, bytes(self.offset_entries)),
             TimeIndex.create_appendable(time_path, self.base_offset, max_index_bytes, bytes(self.time_entries)),

@@ -1,16 +1,23 @@
-"""Memory-mapped file of fixed-size, big-endian index entries: the base of both indexes.
+"""File of fixed-size, big-endian index entries: the base of both indexes.
 
 An index is in one of two modes:
 
-* appendable (the active segment's): the file is preallocated to max_index_bytes rounded
-  down to a whole entry, mapped read-write; entries [0, entries) are valid, the rest zeros.
+* appendable (the active segment's): the entries live in memory (a numpy buffer that grows by
+  doubling, up to max_index_bytes), and new ones reach the file with pwrite when the segment's
+  batches are written (write_pending(), called by the writer with its data write). The file
+  holds exactly the entries written so far, no preallocated tail: nothing is ever written
+  through a memory map, so a full disk is an ENOSPC from pwrite (the append is undone), never a
+  SIGBUS. Its descriptor is opened on the first write and may be closed under descriptor
+  pressure (release_handle(); the next write reopens it).
 * read-only (closed segments'): the file holds exactly `entries` entries and is mapped lazily,
-  on the first lookup, so opening a data dir after a clean shutdown maps nothing.
+  on the first lookup, with a map that holds no descriptor (mapping.py), so opening a data dir
+  after a clean shutdown maps nothing and a thousand mapped indexes cost no descriptors. An
+  index whose file could not be written (a full disk during recovery) stays in memory instead.
 
-close_for_append() trims the file to its entries. The old read-write mapping is not unmapped:
-a reader may still hold it, and every entry a reader can reach lies below the new file size,
-so the mapping stays safe until the garbage collector drops it. Entries are never rewritten in
-place, so a reader that loads `entries` and then reads below it always sees complete entries.
+close_for_append() writes what is pending, trims the file to its entries, fsyncs it and
+switches to read-only mode. Readers that took the appendable buffer keep it; entries are never
+rewritten in place, so a reader that loads `entries` and then the columns always sees complete
+entries below that count (the buffer is replaced, never resized in place, when it grows).
 
 Writer task only (through its worker thread), except the lookups and the entry views, which
 are safe from any task or thread.
@@ -18,7 +25,7 @@ are safe from any task or thread.
 
 from __future__ import annotations
 
-import mmap
+import logging
 import os
 import threading
 from pathlib import Path
@@ -26,9 +33,14 @@ from pathlib import Path
 import numpy as np
 
 from .errors import CorruptIndexError, StorageError
+from .fileutil import FileHandle, io_errors, pwrite_all, storage_error
+from .mapping import map_read_only
+
+logger = logging.getLogger("eventlog.engine")
 
 # Kafka searches the last 8 KiB of an index first: those pages are hot in the page cache.
 WARM_SECTION_BYTES = 8192
+_FIRST_CAPACITY = 64  # entries of a new appendable buffer
 
 
 class IndexFile:
@@ -40,11 +52,13 @@ class IndexFile:
         self.base_offset = base_offset
         self.max_entries = max(max_index_bytes // self.ENTRY_SIZE, 1)
         self._entries = 0
-        self._mm: mmap.mmap | None = None
-        self._array: np.ndarray | None = None  # structured view of the whole mapping
+        self._array: np.ndarray | None = None  # structured view: the buffer, the mapping, or the in-memory entries
         self._columns: tuple[np.ndarray, ...] = ()  # one view per field, for binary search
         self._appendable = False
-        self._loaded = False
+        self._buffer: np.ndarray | None = None  # appendable: uint8 bytes of the buffer
+        self._written = 0  # appendable: entries already on the file
+        self._handle: FileHandle | None = None  # appendable: for pwrite, opened on first write
+        self._in_memory: np.ndarray | None = None  # read-only entries whose file could not be written
         self._load_lock = threading.Lock()
 
     @classmethod
@@ -74,72 +88,80 @@ class IndexFile:
         return index
 
     @classmethod
+    def in_memory(cls, path: Path, base_offset: int, max_index_bytes: int, entries: bytes | bytearray):
+        """A read-only index of `entries` held in memory: its file could not be written (a full
+        disk during recovery). Lookups work as usual; the next recovery writes the file."""
+        index = cls(path, base_offset, max_index_bytes)
+        index._in_memory = np.frombuffer(bytes(entries), dtype=cls.DTYPE)
+        index._entries = len(index._in_memory)
+        index._set_array(index._in_memory)
+        return index
+
+    @classmethod
     def create_appendable(cls, path: Path, base_offset: int, max_index_bytes: int, entries: bytes = b""):
-        """Create (or overwrite) the file with `entries`, preallocated for appends."""
+        """Create (or overwrite) the file and hold `entries` for appends. On a full disk the
+        entries stay pending in memory and are written with the next append."""
         index = cls(path, base_offset, max_index_bytes)
         if len(entries) % cls.ENTRY_SIZE:
             raise ValueError("partial entry")
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        with io_errors(path, "cannot create index"):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+        index._load_buffer(entries, written=0)
+        index._appendable = True
+        if entries:
             try:
-                if entries:
-                    os.pwrite(fd, entries, 0)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise StorageError(path, f"cannot create index: {exc}") from exc
-        index._entries = len(entries) // cls.ENTRY_SIZE
-        index.open_for_append()
+                index.write_pending()
+            except StorageError as exc:  # the entries stay pending; the next append writes them
+                logger.warning("%s: index entries not written yet: %s", path.name, exc.reason)
         return index
 
     def open_for_append(self) -> None:
-        """Preallocate the file to its maximum size and map it read-write."""
+        """Read the file's entries into memory for appends (a read-only index becoming active
+        again). A tail past the valid entries (a preallocated file, a partial entry) is
+        overwritten by later appends and trimmed on close."""
         if self._appendable:
             return
-        length = self.max_entries * self.ENTRY_SIZE
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                os.ftruncate(fd, length)
-                # the mapping keeps its own duplicate of the descriptor: ours closes now, so an
-                # active partition costs one descriptor per index, not two
-                self._set_mapping(mmap.mmap(fd, length, access=mmap.ACCESS_WRITE))
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise StorageError(self.path, f"cannot map index for appends: {exc}") from exc
+        with io_errors(self.path, "cannot open index for appends"):
+            with open(self.path, "rb") as f:
+                data = f.read()
+        count = self._valid_entries(data)
+        self._load_buffer(data[: count * self.ENTRY_SIZE], written=count)
         self._appendable = True
-        self._loaded = True
 
     def close_for_append(self) -> None:
-        """Trim the file to its entries, fsync it, and switch to lazy read-only mode."""
+        """Write what is pending, trim the file to its entries, fsync it, and switch to lazy
+        read-only mode."""
         if not self._appendable:
             return
-        assert self._mm is not None
-        try:
-            self._mm.flush()
-            fd = os.open(self.path, os.O_RDWR)
-            try:
-                os.ftruncate(fd, self._entries * self.ENTRY_SIZE)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise StorageError(self.path, f"cannot trim index: {exc}") from exc
+        self.write_pending()
+        with io_errors(self.path, "cannot trim index"):
+            handle = self._writable_handle()
+            os.ftruncate(handle.fd, self._entries * self.ENTRY_SIZE)
+            os.fsync(handle.fd)
         self._appendable = False
-        self._set_mapping(None)  # the old mapping lives on for any reader still holding it
-        self._loaded = False
+        self._handle = None
+        self._buffer = None
+        self._set_array(None)  # readers holding the buffer keep it
 
     def flush(self) -> None:
-        """msync the mapped entries (the file's size does not change until it is trimmed)."""
-        if self._appendable and self._mm is not None:
-            self._mm.flush()
+        """Write pending entries (not fsynced: recovery rebuilds an index after a crash)."""
+        self.write_pending()
+
+    def release_handle(self) -> bool:
+        """Let go of the write descriptor (descriptor pressure); the next write reopens it.
+        True if one was held."""
+        held = self._handle is not None
+        self._handle = None
+        return held
 
     def release(self) -> None:
-        """Forget the mapping (files are being deleted or renamed); lookups remap lazily."""
+        """Forget the buffer or mapping and the descriptor (files are being deleted or renamed,
+        or rebuilt); lookups map the file again lazily. Pending entries are dropped."""
         self._appendable = False
-        self._set_mapping(None)
-        self._loaded = False
+        self._handle = None
+        self._buffer = None
+        self._in_memory = None
+        self._set_array(None)
 
     def pin(self) -> None:
         """Map the file now (a read-only index maps lazily), so that lookups no longer need
@@ -168,30 +190,65 @@ class IndexFile:
     def appendable(self) -> bool:
         return self._appendable
 
-    def _set_mapping(self, mm: mmap.mmap | None) -> None:
-        if mm is None:
-            self._mm, self._array, self._columns = None, None, ()
+    @property
+    def pending_entries(self) -> int:
+        """Entries in memory that the file does not hold yet (appendable only)."""
+        return self._entries - self._written if self._appendable else 0
+
+    def _valid_entries(self, data: bytes) -> int:
+        """Entries of `data` before the first all-zero entry after entry 0 (Kafka's rule for a
+        preallocated index), ignoring a partial entry at the end."""
+        count = len(data) // self.ENTRY_SIZE
+        if count <= 1:
+            return count
+        rows = np.frombuffer(data, dtype=np.uint8, count=count * self.ENTRY_SIZE).reshape(count, self.ENTRY_SIZE)
+        zero = ~rows[1:].any(axis=1)
+        first_zero = int(np.argmax(zero))
+        return first_zero + 1 if zero[first_zero] else count
+
+    def _load_buffer(self, entries: bytes | bytearray, written: int) -> None:
+        count = len(entries) // self.ENTRY_SIZE
+        capacity = min(max(_FIRST_CAPACITY, count * 2), max(self.max_entries, count))
+        buffer = np.zeros(capacity * self.ENTRY_SIZE, dtype=np.uint8)
+        buffer[: len(entries)] = np.frombuffer(bytes(entries), dtype=np.uint8)
+        self._buffer = buffer
+        self._set_array(buffer.view(self.DTYPE))
+        self._entries = count
+        self._written = written
+
+    def _grow(self) -> None:
+        """A buffer twice as large with the same entries, published before any entry lands in
+        it; readers holding the old one keep reading it."""
+        assert self._buffer is not None
+        old = self._buffer
+        capacity = min(2 * len(old) // self.ENTRY_SIZE, self.max_entries)
+        buffer = np.zeros(capacity * self.ENTRY_SIZE, dtype=np.uint8)
+        buffer[: len(old)] = old
+        self._buffer = buffer
+        self._set_array(buffer.view(self.DTYPE))
+
+    def _set_array(self, array: np.ndarray | None) -> None:
+        if array is None:
+            self._array, self._columns = None, ()
             return
-        array = np.frombuffer(mm, dtype=self.DTYPE)
         columns = tuple(array[name] for name in self.DTYPE.names or ())
-        # publish the columns last: readers take `_columns` and then read below `entries`
-        self._mm, self._array, self._columns = mm, array, columns
+        # publish the columns last: readers take `entries` first, then `_columns`
+        self._array, self._columns = array, columns
 
     def _mapped_columns(self) -> tuple[np.ndarray, ...]:
-        """Field views of the mapping, created on first use for read-only indexes; () when
-        the index is empty. Readers hold the returned views, which keep the mapping alive."""
+        """Field views of the entries (the buffer, the in-memory entries, or a mapping made on
+        first use for read-only indexes); () when the index is empty. Readers hold the
+        returned views, which keep a mapping alive."""
         columns = self._columns
         if columns or self._entries == 0:
             return columns
         with self._load_lock:
             if not self._columns:
                 try:
-                    with open(self.path, "rb") as f:
-                        mm = mmap.mmap(f.fileno(), self._entries * self.ENTRY_SIZE, access=mmap.ACCESS_READ)
+                    pages = map_read_only(self.path, self._entries * self.ENTRY_SIZE)
                 except (OSError, ValueError) as exc:
                     raise StorageError(self.path, f"cannot map index: {exc}") from exc
-                self._set_mapping(mm)
-                self._loaded = True
+                self._set_array(pages.view(self.DTYPE))
             return self._columns
 
     def view(self) -> np.ndarray:
@@ -231,19 +288,44 @@ class IndexFile:
     # -- writing ------------------------------------------------------------------------------
 
     def truncate_entries(self, count: int) -> None:
-        """Forget the entries from `count` on (an undone append); the mapping stays. Readers
-        only use entries that point below the published end, which these never did."""
+        """Forget the entries from `count` on (an undone append). Readers only use entries that
+        point below the published end, which these never did. Entries already on the file are
+        overwritten by the next writes, and trimmed on close (the file never shrinks under a
+        reader)."""
         assert self._appendable and 0 <= count <= self._entries
         self._entries = count
+        self._written = min(self._written, count)
 
     def _append_raw(self, packed: bytes) -> None:
-        mm = self._mm
-        assert self._appendable and mm is not None
+        assert self._appendable and self._buffer is not None
         if self._entries >= self.max_entries:
             raise CorruptIndexError(self.path, f"index is full at {self._entries} entries")
         at = self._entries * self.ENTRY_SIZE
-        mm[at : at + self.ENTRY_SIZE] = packed
+        if at + self.ENTRY_SIZE > len(self._buffer):
+            self._grow()
+        self._buffer[at : at + self.ENTRY_SIZE] = np.frombuffer(packed, dtype=np.uint8)
         self._entries += 1  # publish after the bytes are in place
+
+    def write_pending(self) -> None:
+        """pwrite the entries the file does not hold yet (the writer's data write does this for
+        every group commit). Raises StorageError (StorageFullError on a full disk: the caller
+        undoes its append, which truncates these entries too)."""
+        written, count = self._written, self._entries
+        if not self._appendable or written >= count:
+            return
+        assert self._buffer is not None
+        view = memoryview(self._buffer)[written * self.ENTRY_SIZE : count * self.ENTRY_SIZE]
+        try:
+            pwrite_all(self._writable_handle().fd, [view], written * self.ENTRY_SIZE)
+        except OSError as exc:
+            raise storage_error(exc, self.path, "cannot write index entries") from exc
+        self._written = count
+
+    def _writable_handle(self) -> FileHandle:
+        handle = self._handle
+        if handle is None:
+            handle = self._handle = FileHandle(self.path, os.O_RDWR | os.O_CREAT)
+        return handle
 
     # -- binary search ------------------------------------------------------------------------
 

@@ -96,13 +96,7 @@ def read_properties(path: Path) -> dict[str, str]:
 def write_properties(path: Path, props: dict[str, str]) -> None:
     lines = ["#", f"#{time.strftime('%a %b %d %H:%M:%S UTC %Y', time.gmtime())}"]
     lines += [f"{k}={v}" for k, v in props.items()]
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    replace_file(path, ("\n".join(lines) + "\n").encode("utf-8"))
 
 
 class LogDir:
@@ -205,8 +199,11 @@ class LogDir:
             raise DataDirLockedError(
                 self.path, f"already in use by another eventlog process (pid {holder}); stop it or pick another --data-dir"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:  # the holder's pid, for the message above; a full disk must not stop a start
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
         self._lock_fd = fd
 
     def unlock(self) -> None:

@@ -17,8 +17,17 @@ Shutdown (leaving open_engine): writers drain their queues and close their activ
 finally the clean-shutdown marker naming each partition that closed cleanly and what its
 files were (log_dirs.CleanTail), so the next start can skip the scan of those.
 
-Topic changes are serialised by one lock; each appends its event to __metadata-0 (fsynced)
-before touching any directory, and start-up makes directories agree with the events.
+Topic changes are serialised by one lock and are all or nothing. Creating a topic or adding
+partitions first creates the partition directories and starts their writers, then appends the
+event to __metadata-0 (fsynced), and only then publishes the topic (or the new partitions) to
+requests; a failure on the way (a full disk, no descriptors left) removes what was created.
+A crash before the event leaves directories holding no records, which start-up removes.
+Deleting a topic appends its event first, then removes the directories; start-up finishes a
+removal a crash interrupted.
+
+Descriptors (descriptors.py): open_engine() raises the soft open-files limit to the hard one;
+partitions open their files lazily, so a server starts with any number of them; topic changes
+that would pass what the limit keeps open at once are refused (OpenFilesLimitError).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from anyio.abc import TaskGroup
 from . import filenames
 from .checkpoints import CLEANER_OFFSET, LEADER_EPOCH, LOG_START_OFFSET, RECOVERY_POINT, write_leader_epoch_checkpoint
 from .config import CONFIG_DEFS, LogConfig, normalise_overrides, validate_new_topic_name, validate_topic_name
+from .descriptors import BUDGET, raise_open_files_limit
 from .errors import (
     DataDirError,
     EngineError,
@@ -44,6 +54,7 @@ from .errors import (
     InvalidTopicNameError,
     InvalidPartitionsError,
     InvalidRequestError,
+    OpenFilesLimitError,
     PartitionNotFoundError,
     PartitionOfflineError,
     StorageError,
@@ -51,7 +62,7 @@ from .errors import (
     TopicNotFoundError,
 )
 from . import kafka_import
-from .fileutil import fsync_dir, replace_file
+from .fileutil import fsync_dir, io_errors, replace_file
 from .log_dirs import CleanTail, LogDir
 from .groups import CONSUMER_OFFSETS_CONFIG, GroupOffsets
 from .metadata import (
@@ -229,10 +240,19 @@ class LogManager:
             await anyio.to_thread.run_sync(d.clear_clean_shutdown)
         tg.start_soon(self._checkpoint_loop)
         self.ready = True
+        partitions = len(self.all_partitions())
         logger.info(
-            "engine ready: %d topic(s), %d partition(s), %d offline, %s shutdown",
-            len(self.image.topics), len(self.all_partitions()), len(self._offline), "clean" if clean else "unclean",
+            "engine ready: %d topic(s), %d partition(s), %d offline, %s shutdown; open-files limit %d "
+            "(%d partitions at once)",
+            len(self.image.topics), partitions, len(self._offline), "clean" if clean else "unclean",
+            BUDGET.limit, BUDGET.max_partitions,
         )
+        if partitions > BUDGET.max_partitions:
+            logger.warning(
+                "%d partitions, but the open-files limit of %d keeps only %d open at once: idle partitions' "
+                "descriptors are closed and reopened as needed, and no partitions can be added; raise the limit",
+                partitions, BUDGET.limit, BUDGET.max_partitions,
+            )
 
     def _set_offline(self, state: TopicState, p: int, exc: Exception) -> None:
         """Start-up could not load partition p of `state`: keep its place, serve nothing."""
@@ -291,6 +311,15 @@ class LogManager:
 
         def load() -> Any:
             existed = directory.is_dir()
+            try:
+                with io_errors(directory, "cannot load partition"):
+                    return load_inner(existed)
+            except BaseException:
+                if not existed:  # a partition being created: leave nothing behind
+                    shutil.rmtree(directory, ignore_errors=True)
+                raise
+
+        def load_inner(existed: bool) -> Any:
             loaded = load_log(
                 directory,
                 config,
@@ -301,9 +330,20 @@ class LogManager:
                 now_ms=self.clock(),
             )
             if topic_id is not None and not (directory / PARTITION_METADATA).exists():
-                _write_partition_metadata(directory, topic_id)
+                try:
+                    _write_partition_metadata(directory, topic_id)
+                except OSError as exc:
+                    if not existed:
+                        raise  # part of creating the partition: the create fails
+                    # an existing partition still loads and serves (a full disk): next start
+                    logger.warning("%s: %s not written: %s", directory.name, PARTITION_METADATA, exc)
             if not (directory / LEADER_EPOCH).exists():
-                write_leader_epoch_checkpoint(directory, loaded.log_start_offset)
+                try:
+                    write_leader_epoch_checkpoint(directory, loaded.log_start_offset)
+                except (OSError, StorageError) as exc:
+                    if not existed:
+                        raise
+                    logger.warning("%s: %s not written: %s", directory.name, LEADER_EPOCH, exc)
             if not existed:
                 fsync_dir(directory.parent)
             producers = ProducerStateManager(directory, self.config.producer_id_expiration_ms)
@@ -375,14 +415,20 @@ class LogManager:
                 if topic_id is not None and topic_id in self.image.deleted_topic_ids:
                     logger.info("removing %s, left over from a deleted topic", entry.path)
                     shutil.rmtree(entry.path, ignore_errors=True)
-                elif meta is None:
-                    logger.warning("ignoring %s: no such topic in the metadata log", entry.path)
+                elif meta is None or (parsed[1] >= meta.partitions and topic_id in (None, meta.topic_id)):
+                    if _holds_no_records(Path(entry.path)):
+                        # a topic creation or partition addition that never reached the
+                        # metadata log: nothing was ever written to it
+                        logger.info("removing %s, left over from an unfinished topic change", entry.path)
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                    elif meta is None:
+                        logger.warning("ignoring %s: no such topic in the metadata log", entry.path)
+                    else:
+                        logger.warning("ignoring %s: topic has %d partitions", entry.path, meta.partitions)
                 elif topic_id is not None and topic_id != meta.topic_id:
                     aside = f"{entry.path}.{topic_id}-stray"
                     logger.warning("moving %s aside to %s: it belongs to another topic id", entry.path, aside)
                     os.replace(entry.path, aside)
-                elif parsed[1] >= meta.partitions:
-                    logger.warning("ignoring %s: topic has %d partitions", entry.path, meta.partitions)
             fsync_dir(d.path)
 
     # -- topic changes ------------------------------------------------------------------------
@@ -399,10 +445,13 @@ class LogManager:
         self, name: str, partitions: int | None = None, configs: Mapping[str, Any] | None = None,
         *, internal: bool = False,
     ) -> TopicState:
-        """Validate, record topic_created, then create the partition directories.
+        """Validate, create the partitions, record topic_created, then publish the topic.
 
-        Internal topics (__metadata, __consumer_offsets) are created by the server only; their
-        names and Kafka's other reserved ones are refused otherwise (config.RESERVED_TOPICS).
+        All or nothing: a failure (StorageFullError on a full disk, TooManyOpenFilesError,
+        OpenFilesLimitError) leaves no directory, no event and no topic behind; requests see
+        the topic only once all its partitions take appends. Internal topics (__metadata,
+        __consumer_offsets) are created by the server only; their names and Kafka's other
+        reserved ones are refused otherwise (config.RESERVED_TOPICS).
         """
         (validate_topic_name if internal else validate_new_topic_name)(name)
         count = self.config.default_partitions if partitions is None else partitions
@@ -414,14 +463,56 @@ class LogManager:
             if name in self.topics or (name in INTERNAL_TOPICS and not internal):
                 raise TopicExistsError(name)
             self._check_collision(name)
-            if not internal:
-                self._check_partition_budget(count)
+            self._check_partition_budget(count, internal=internal)
             topic_id = new_topic_id()
-            await self._append_event("topic_created", name, topic_id, partitions=count, configs=overrides)
-            state = TopicState(self.image.topics[name], config)
-            self.topics[name] = state
-            await self._add_partition_logs(state, count)
+            state = TopicState(TopicMeta(name, topic_id, count, overrides, self.clock()), config)
+            logs = await self._create_partition_logs(state, range(count))
+            try:
+                await self._append_event("topic_created", name, topic_id, partitions=count, configs=overrides)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self._discard_partition_logs(logs)
+                raise
+            state.meta = self.image.topics[name]
+            state.partitions = logs
+            self.topics[name] = state  # published: requests see the topic from here on
             return state
+
+    async def _create_partition_logs(self, state: TopicState, numbers: range) -> list[PartitionLog]:
+        """Create the partitions' directories and start their writers; not yet visible to
+        requests. On any failure, what was created is removed again and the error raised."""
+        assert self._tg is not None
+        logs: list[PartitionLog] = []
+        try:
+            for p in numbers:
+                log = await self._load_partition(state.name, p, state.config, state.meta.topic_id)
+                logs.append(log)
+                await self._tg.start(log.run)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await self._discard_partition_logs(logs)
+            if isinstance(exc, OSError):
+                raise StorageError(state.name, f"cannot create partitions: {exc}") from exc
+            raise
+        return logs
+
+    async def _discard_partition_logs(self, logs: list[PartitionLog]) -> None:
+        """Undo _create_partition_logs: stop the writers, remove the directories (durably)."""
+        for log in logs:
+            await log.close()
+        for log in logs:
+            if log._running:
+                await log.stopped.wait()
+        parents = set()
+        for log in logs:
+            self._partition_dir.pop(log, None)
+            await anyio.to_thread.run_sync(shutil.rmtree, log.directory, True)
+            parents.add(log.directory.parent)
+        for parent in parents:
+            try:
+                await anyio.to_thread.run_sync(fsync_dir, parent)
+            except OSError as exc:  # the directories are gone from the name space either way
+                logger.warning("%s: fsync after removing partitions: %s", parent, exc)
 
     async def _add_partition_logs(self, state: TopicState, count: int) -> None:
         assert self._tg is not None
@@ -454,18 +545,25 @@ class LogManager:
             return state
 
     async def add_partitions(self, name: str, count: int) -> TopicState:
+        """Grow a topic to `count` partitions; all or nothing, as create_topic."""
         async with self._topic_lock:
             state = self._user_topic(name)
             current = len(state.partitions)
             if isinstance(count, bool) or not isinstance(count, int) or count <= current or count > MAX_PARTITIONS:
                 raise InvalidPartitionsError(count if isinstance(count, int) else -1, current)
             self._check_partition_budget(count - current)
-            await self._append_event(
-                "partitions_added", name, state.meta.topic_id, partitions=count,
-                configs=dict(state.meta.overrides), created_ms=state.meta.created_ms,
-            )
+            logs = await self._create_partition_logs(state, range(current, count))
+            try:
+                await self._append_event(
+                    "partitions_added", name, state.meta.topic_id, partitions=count,
+                    configs=dict(state.meta.overrides), created_ms=state.meta.created_ms,
+                )
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self._discard_partition_logs(logs)
+                raise
             state.meta = self.image.topics[name]
-            await self._add_partition_logs(state, count)
+            state.partitions = state.partitions + logs  # published: a new list, whole
             return state
 
     async def delete_topic(self, name: str) -> None:
@@ -557,14 +655,20 @@ class LogManager:
         await self.checkpoint()
         return state, stats
 
-    def _check_partition_budget(self, adding: int) -> None:
-        in_use = sum(len(s.partitions) for name, s in self.topics.items() if name not in INTERNAL_TOPICS)
-        if in_use + adding > self.config.max_partitions:
-            raise InvalidPartitionsError(
-                adding,
-                reason=f"the server holds {in_use} partitions; {adding} more would pass its limit of "
-                f"{self.config.max_partitions} (EVENTLOG_MAX_PARTITIONS)",
-            )
+    def _check_partition_budget(self, adding: int, *, internal: bool = False) -> None:
+        """Refuse, before anything is created, partitions past EVENTLOG_MAX_PARTITIONS (user
+        topics) or past what the open-files limit keeps open at once (all partitions)."""
+        if not internal:
+            in_use = sum(len(s.partitions) for name, s in self.topics.items() if name not in INTERNAL_TOPICS)
+            if in_use + adding > self.config.max_partitions:
+                raise InvalidPartitionsError(
+                    adding,
+                    reason=f"the server holds {in_use} partitions; {adding} more would pass its limit of "
+                    f"{self.config.max_partitions} (EVENTLOG_MAX_PARTITIONS)",
+                )
+        total = sum(len(s.partitions) for s in self.topics.values()) + adding
+        if total > BUDGET.max_partitions:
+            raise OpenFilesLimitError(total, BUDGET.max_partitions, BUDGET.limit)
 
     def _check_collision(self, name: str) -> None:
         """Kafka refuses names that equal an existing one once '.' is read as '_' (metric
@@ -688,6 +792,7 @@ class LogManager:
 @asynccontextmanager
 async def open_engine(config: EngineConfig, clock: Callable[[], int] = wall_clock_ms) -> AsyncIterator[LogManager]:
     """Open (recover) every log dir, run the writers, and close everything cleanly on exit."""
+    BUDGET.configure(raise_open_files_limit())
     manager = LogManager(config, clock)
     await anyio.to_thread.run_sync(manager._open_dirs)
     try:
@@ -726,6 +831,18 @@ def _single_engine_error(group: BaseExceptionGroup) -> BaseException:
 def _write_partition_metadata(directory: Path, topic_id: str) -> None:
     """Kafka's partition.metadata, as its broker writes it: no final newline."""
     replace_file(directory / PARTITION_METADATA, f"version: 0\ntopic_id: {topic_id}".encode("ascii"))
+
+
+def _holds_no_records(directory: Path) -> bool:
+    """True when every segment .log in `directory` is empty (or there is none)."""
+    try:
+        return all(
+            entry.stat().st_size == 0
+            for entry in os.scandir(directory)
+            if (parsed := filenames.parse_segment_file(entry.name)) and parsed[1] == filenames.LOG_SUFFIX
+        )
+    except OSError:
+        return False
 
 
 def _read_partition_topic_id(directory: Path) -> str | None:

@@ -24,7 +24,6 @@ whatever a crash interrupted.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,7 +48,7 @@ from .errors import (
     OutOfOrderSequenceError,
     RecordTooLargeError,
     StorageError,
-    StorageFullError,
+    TransientStorageError,
 )
 from .faults import crash_point
 from .fileutil import fsync_dir
@@ -75,8 +74,6 @@ Clock = Callable[[], int]
 QUEUE_DEPTH = 1024
 MAX_GROUP_BYTES = 32 * 1024 * 1024
 LARGE_READ_BYTES = 64 * 1024
-# errors of a full disk: the append is undone and refused; the partition stays writable
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 # Group commits run in these threads. A plain executor future costs less per hop than
@@ -356,7 +353,7 @@ class PartitionLog:
             await _in_commit_thread(self._loop, self._commit_sync, group)
         except BaseException as exc:  # noqa: BLE001 -- every producer must hear about it
             error = exc if isinstance(exc, EngineError) else StorageError(self.directory, f"append failed: {exc!r}")
-            if isinstance(error, StorageError) and not isinstance(error, StorageFullError):
+            if isinstance(error, StorageError) and not isinstance(error, TransientStorageError):
                 self._failed = error
                 logger.error("partition %s failed, refusing writes until restart: %s", self.name, error)
             for op in group:
@@ -469,13 +466,11 @@ class PartitionLog:
                 self._flush_sync()
             else:
                 self._unflushed_messages = unflushed
-        except StorageError as exc:
-            cause = exc.__cause__
-            if not (isinstance(cause, OSError) and cause.errno in DISK_FULL_ERRNOS):
-                raise
+        except TransientStorageError as exc:
+            # a full disk or no descriptor left: undo, refuse this commit, stay writable
             self._next_offset = next_offset_before
-            self._undo_commit(segments_before, state_before, recovery_point_before)
-            raise StorageFullError(exc.path, f"disk full, append refused: {cause.strerror}") from exc
+            self._undo_commit(segments_before, state_before, recovery_point_before, exc)
+            raise type(exc)(exc.path, f"append refused: {exc.reason}") from exc
         producers.commit(pending)
         if rolled:
             self._snapshot_producers(next_offset, now)
@@ -494,7 +489,9 @@ class PartitionLog:
         except StorageError as exc:
             logger.warning("%s: producer snapshot not written: %s", self.name, exc)
 
-    def _undo_commit(self, segments_before: tuple[LogSegment, ...], state_before: tuple, recovery_point: int) -> None:
+    def _undo_commit(
+        self, segments_before: tuple[LogSegment, ...], state_before: tuple, recovery_point: int, cause: StorageError
+    ) -> None:
         """Remove what a failed commit wrote: segments it rolled to, and its bytes and index
         entries in the segment that was active. Nothing of it was published. If even this
         fails, the caller's StorageError marks the partition failed."""
@@ -506,7 +503,7 @@ class PartitionLog:
             fsync_dir(self.directory)
         segments_before[-1].rollback(state_before)
         self.recovery_point = recovery_point
-        logger.warning("%s: disk full; an append of the group commit was undone", self.name)
+        logger.warning("%s: a group commit was undone: %s", self.name, cause.reason)
 
     def _flush_sync(self) -> None:
         started = time.perf_counter()

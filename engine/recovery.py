@@ -39,7 +39,7 @@ from pathlib import Path
 from . import filenames
 from .config import LogConfig
 from .errors import CorruptIndexError, StorageError
-from .fileutil import fsync_dir
+from .fileutil import fsync_dir, io_errors
 from .log_dirs import CleanTail
 from .repair import DAMAGED_SUFFIX, DamagedRange
 from .segment import LogSegment
@@ -282,10 +282,8 @@ def _leave_gap(
 def _check_writable(active: LogSegment) -> None:
     """Open the active .log for writing once now: a file the process may not write (chattr +i,
     a read-only mount) fails the load of its partition at start-up, not its first append."""
-    try:
+    with io_errors(active.log_path, "cannot open segment for appends"):
         os.close(os.open(active.log_path, os.O_RDWR))
-    except OSError as exc:
-        raise StorageError(active.log_path, f"cannot open segment for appends: {exc}") from exc
 
 
 def _scan_next_offset(directory: Path, base: int) -> int:

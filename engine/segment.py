@@ -5,10 +5,18 @@ offset of the segment's first record, 20 digits. Every batch in the .log passed 
 when appended; batches are stored exactly as appended, back to back, offsets increasing.
 
 Life cycle:
-    create() -> active: the writer appends (append()), fsyncs (flush()), and the indexes are
-    mapped read-write and preallocated. close_for_append() (on roll and clean shutdown) adds
-    the final time index entry, trims the indexes and makes the segment read-only.
+    create() -> active: the writer appends (append()), fsyncs (flush()); the indexes' entries
+    are held in memory and written with pwrite along with the batches (index_file.py).
+    close_for_append() (on roll and clean shutdown) adds the final time index entry, trims the
+    indexes and makes the segment read-only.
     open_existing() -> a closed segment: nothing is opened or mapped until first use.
+    open_for_append() makes the last segment of a loaded log active again, lazily: its .log is
+    opened for writing by the first write.
+
+Descriptors. A segment opens its .log (and an active one its index files) on first use and
+keeps the handles until closed, or until the engine's descriptor budget takes them back from
+the least recently used segments (release_descriptors(), descriptors.py): a read or a write in
+flight keeps its handle, and the next use opens a new one.
 
 Index placement (Kafka >= 3.7, per batch): before counting a batch, if more than
 index.interval.bytes were appended since the last entry, add (batch last offset, batch start
@@ -32,8 +40,9 @@ from pathlib import Path
 from typing import Iterator
 
 from . import filenames, repair
+from .descriptors import BUDGET
 from .errors import CorruptBatchError, CorruptIndexError, CorruptSegmentError, StorageError
-from .fileutil import FileHandle, fdatasync, pread_exact, pwrite_all
+from .fileutil import FileHandle, fdatasync, io_errors, pread_exact, pwrite_all, storage_error
 from .format import HEADER_SIZE, NO_TIMESTAMP, BatchHeader, parse_header
 from .index_builder import IndexBuilder
 from .offset_index import OffsetIndex
@@ -87,7 +96,8 @@ class LogSegment:
         self.created_ms = created_ms
         self.suffix = ""
         self._file: FileHandle | None = None
-        self._fd_writable = False
+        self._fd_writable = False  # _file was opened for writing
+        self._appendable = False  # the active segment: appends allowed
         self._fd_lock = threading.Lock()
         self._index_lock = threading.Lock()
         self._max_timestamp: int | None = None  # None = not loaded yet
@@ -107,10 +117,8 @@ class LogSegment:
     ) -> LogSegment:
         """Create empty files for a new active segment. The caller fsyncs the directory."""
         log_path, index_path, time_path = filenames.segment_files(directory, base_offset, suffix)
-        try:
+        with io_errors(log_path, "cannot create segment"):
             handle = FileHandle(log_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
-        except OSError as exc:
-            raise StorageError(log_path, f"cannot create segment: {exc}") from exc
         segment = cls(
             directory,
             base_offset,
@@ -122,6 +130,8 @@ class LogSegment:
         segment.suffix = suffix
         segment._file = handle
         segment._fd_writable = True
+        segment._appendable = True
+        BUDGET.touch(segment)
         segment._max_timestamp = NO_TIMESTAMP
         segment._offset_of_max_timestamp = base_offset
         segment._next_offset = base_offset
@@ -191,7 +201,7 @@ class LogSegment:
                 )
             builder.add(header.last_offset, header.position, header.size, header.max_timestamp)
         self._offset_index, self._time_index = builder.write_closed(
-            self._offset_index.path, self._time_index.path, max_bytes
+            self._offset_index.path, self._time_index.path, max_bytes, in_memory_if_full=True
         )
         self._max_timestamp, self._offset_of_max_timestamp = builder.max_timestamp, builder.offset_of_max_timestamp
 
@@ -208,16 +218,45 @@ class LogSegment:
     def open_handle(self) -> FileHandle:
         """The .log's descriptor, opened on first use. Hold the returned handle for as long as
         its descriptor is in use (pread, sendfile): it closes when the last holder drops it."""
+        BUDGET.touch(self)
         handle = self._file
         if handle is not None:
             return handle
         with self._fd_lock:
             if self._file is None:
-                try:
+                with io_errors(self.log_path, "cannot open segment"):
                     self._file = FileHandle(self.log_path, os.O_RDONLY)
-                except OSError as exc:
-                    raise StorageError(self.log_path, f"cannot open segment: {exc}") from exc
+                self._fd_writable = False
             return self._file
+
+    def _writable_handle(self) -> FileHandle:
+        """The .log opened for writing (active segment only), reopened if the descriptor
+        budget took it back. Hold the returned handle for the whole write."""
+        BUDGET.touch(self)
+        handle = self._file
+        if handle is not None and self._fd_writable:
+            return handle
+        with self._fd_lock:
+            if self._file is None or not self._fd_writable:
+                with io_errors(self.log_path, "cannot open segment for appends"):
+                    self._file = FileHandle(self.log_path, os.O_RDWR)
+                self._fd_writable = True
+            return self._file
+
+    def release_descriptors(self) -> bool:
+        """Let go of this segment's descriptors (the descriptor budget is spent); in-flight
+        reads and writes keep theirs, the next use reopens. False if the segment is busy
+        opening one right now, or is leaving the log (its handles are pinned for readers)."""
+        if self.suffix == filenames.DELETED_SUFFIX or not self._fd_lock.acquire(blocking=False):
+            return False
+        try:
+            self._file = None
+            self._fd_writable = False
+        finally:
+            self._fd_lock.release()
+        self._offset_index.release_handle()
+        self._time_index.release_handle()
+        return True
 
     # -- facts --------------------------------------------------------------------------------
 
@@ -267,20 +306,23 @@ class LogSegment:
     # -- appending (writer only) --------------------------------------------------------------
 
     def open_for_append(self) -> None:
-        """Make this (last) segment active again: writable fd, preallocated indexes."""
-        if self._fd_writable:
+        """Make this (last) segment active again: its index entries read into memory for
+        appends. The .log is opened for writing by the first write, not now, so a log that is
+        only read holds no writable descriptor."""
+        if self._appendable:
             return
-        # load lazily computed facts from the read-only files before remapping them
+        # load lazily computed facts from the read-only files before switching the indexes
         self.max_timestamp  # noqa: B018
         self.next_offset  # noqa: B018
-        try:
-            self._file = FileHandle(self.log_path, os.O_RDWR)
-        except OSError as exc:
-            raise StorageError(self.log_path, f"cannot open segment for appends: {exc}") from exc
-        self._fd_writable = True
         self._offset_index.open_for_append()
         self._time_index.open_for_append()
         self._indexes_verified = True
+        self._appendable = True
+
+    @property
+    def active(self) -> bool:
+        """Open for appends (the log's last segment)."""
+        return self._appendable
 
     def can_hold(self, batch_last_offset: int) -> bool:
         return batch_last_offset - self.base_offset <= INT32_MAX
@@ -309,17 +351,21 @@ class LogSegment:
         self._next_offset = batch.last_offset + 1
 
     def write_staged(self) -> None:
-        """Write every staged batch with one pwritev (more only past IOV_MAX buffers)."""
+        """Write every staged batch with one pwritev (more only past IOV_MAX buffers), then the
+        index entries they added. Raises StorageError (StorageFullError, TooManyOpenFilesError:
+        the caller undoes the append with rollback())."""
         if not self._staged:
             return
-        assert self._fd_writable and self._file is not None
+        assert self._appendable
         position = self.size - self._staged_bytes
         try:
-            pwrite_all(self._file.fd, self._staged, position)
+            pwrite_all(self._writable_handle().fd, self._staged, position)
         except OSError as exc:
-            raise StorageError(self.log_path, f"append failed: {exc}") from exc
+            raise storage_error(exc, self.log_path, "append failed") from exc
         self._staged = []
         self._staged_bytes = 0
+        self._offset_index.write_pending()
+        self._time_index.write_pending()
 
     def append_state(self) -> tuple:
         """What rollback() needs to undo appends made after this call (active segment only)."""
@@ -337,15 +383,13 @@ class LogSegment:
         (size, max_ts, offset_of_max_ts, first_ts, next_offset, since_entry, offset_entries, time_entries) = state
         self._staged = []
         self._staged_bytes = 0
-        if not self._fd_writable:
+        if not self._appendable:
             self.open_for_append()
-        assert self._file is not None
+        with io_errors(self.log_path, "cannot undo a failed append"):
+            handle = self._writable_handle()
+            os.ftruncate(handle.fd, size)
         try:
-            os.ftruncate(self._file.fd, size)
-        except OSError as exc:
-            raise StorageError(self.log_path, f"cannot undo a failed append: {exc}") from exc
-        try:
-            fdatasync(self._file.fd)
+            fdatasync(handle.fd)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise StorageError(self.log_path, f"cannot undo a failed append: {exc}") from exc
@@ -368,16 +412,17 @@ class LogSegment:
         self.write_staged()
 
     def flush(self) -> None:
-        """fdatasync the .log (indexes are rebuilt by recovery, so they are synced on close)."""
-        if self._file is not None and self._fd_writable:
+        """fdatasync the .log (indexes are rebuilt by recovery, so they are synced on close).
+        Any descriptor of the file will do: a reopened one syncs what an evicted one wrote."""
+        if self._appendable:
             try:
-                fdatasync(self._file.fd)
+                fdatasync(self._writable_handle().fd)
             except OSError as exc:
-                raise StorageError(self.log_path, f"fsync failed: {exc}") from exc
+                raise storage_error(exc, self.log_path, "fsync failed") from exc
 
     def close_for_append(self) -> None:
         """Roll or clean shutdown: final time index entry, fsync, trim indexes, read-only."""
-        if not self._fd_writable:
+        if not self._appendable:
             return
         self.write_staged()
         if self.max_timestamp != NO_TIMESTAMP:
@@ -386,7 +431,7 @@ class LogSegment:
         self._offset_index.close_for_append()
         self._time_index.close_for_append()
         # keep the descriptor for readers; it no longer needs write access but that is harmless
-        self._fd_writable = False
+        self._appendable = False
 
     # -- reading (any task or thread) ---------------------------------------------------------
 
@@ -574,10 +619,12 @@ class LogSegment:
         self._time_index.release()
         if active:
             self._offset_index, self._time_index = builder.write_active(index_path, time_path, max_index_bytes)
-            self._fd_writable = False
+            self._appendable = False
             self.open_for_append()
         else:
-            self._offset_index, self._time_index = builder.write_closed(index_path, time_path, max_index_bytes)
+            self._offset_index, self._time_index = builder.write_closed(
+                index_path, time_path, max_index_bytes, in_memory_if_full=True
+            )
         self._indexes_verified = True
         truncated = size - kept
         first_error = damaged[0].reason if damaged else None
@@ -650,15 +697,17 @@ class LogSegment:
         deleted segment keeps them instead, for views that still list it: they go with the
         last reference to this object."""
         if self.suffix == filenames.DELETED_SUFFIX:
-            self._fd_writable = False
+            self._appendable = False
             self.closed = True
             return
         self._offset_index.release()
         self._time_index.release()
         with self._fd_lock:
             self._file = None  # closes once no reader holds the handle
-        self._fd_writable = False
+            self._fd_writable = False
+        self._appendable = False
         self.closed = True
+        BUDGET.forget(self)
 
     def delete_files(self) -> None:
         for kind in (filenames.log_file, filenames.index_file, filenames.time_index_file):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -42,6 +43,10 @@ class ServerProcess:
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
+    # RLIMIT_NOFILE (soft and hard) of the server process; None: inherited
+    open_files_limit: int | None = None
+    # where the server's log goes; None: next to the data dir (not on a small filesystem!)
+    log_dir: Path | None = None
 
     @property
     def url(self) -> str:
@@ -49,14 +54,16 @@ class ServerProcess:
 
     def start(self, timeout: float = 30.0, token: str | None = None) -> "ServerProcess":
         """Start and wait for /readyz (asked with `token` when the server has an auth file)."""
-        self.log_path = self.data_dir.parent / f"server-{self.port}.log"
+        self.log_path = (self.log_dir or self.data_dir.parent) / f"server-{self.port}.log"
         env = {**os.environ, **self.env}
         self._log = open(self.log_path, "ab")
+        limit = self.open_files_limit
         self.proc = subprocess.Popen(
             [str(VENV_BIN / "eventlog"), "serve", "--data-dir", str(self.data_dir), "--port", str(self.port)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
+            preexec_fn=None if limit is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)),
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

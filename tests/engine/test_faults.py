@@ -12,7 +12,7 @@ import pytest
 
 from engine import faults, reader
 from engine.config import LogConfig
-from engine.errors import StorageError, StorageFullError
+from engine.errors import StorageError, StorageFullError, TooManyOpenFilesError
 from engine.partition_log import prepare_batches
 from engine.records import encode_batch
 
@@ -102,6 +102,23 @@ async def test_a_full_disk_in_the_middle_of_a_group_commit(tmp_path: Path, injec
         assert "full" in outcomes
         assert log.high_watermark == 5 + 3 * outcomes.count("ok")
         assert len(values(log)) == log.high_watermark
+    check_files(data)
+
+
+async def test_no_descriptor_left_refuses_the_append_and_keeps_the_partition(tmp_path: Path, inject) -> None:
+    """EMFILE (the process's open-files limit) is transient like a full disk: the append is
+    undone and refused with TooManyOpenFilesError, the partition stays writable."""
+    data = tmp_path / "log"
+    async with running_log(data, LogConfig(segment_bytes=2000, index_interval_bytes=100)) as log:
+        await put(log, "kept")
+        inject({"op": "write", "path": str(data), "errno": "EMFILE"})
+        for i in range(3):
+            with pytest.raises(TooManyOpenFilesError):
+                await put(log, f"refused{i}", n=8)
+        assert log.failed is None and log.high_watermark == 5
+        inject()
+        assert (await put(log, "after")).base_offset == 5
+        assert [v[:5] for v in values(log)] == [b"kept-"] * 5 + [b"after"] * 5
     check_files(data)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import bisect
+import os
+import struct
 from pathlib import Path
 
 import pytest
@@ -83,16 +85,63 @@ def test_offsets_must_increase(tmp_path: Path) -> None:
         index.append(10, 200)
 
 
-def test_full_index_and_preallocation(tmp_path: Path) -> None:
-    index = OffsetIndex.create_appendable(tmp_path / "0.index", 0, 80)
-    assert (tmp_path / "0.index").stat().st_size == 80  # preallocated
+def test_full_index_and_no_preallocation(tmp_path: Path) -> None:
+    """The active index is never a sparse preallocated file (a full disk made writes through
+    its mapping raise SIGBUS): the file holds exactly the entries written so far."""
+    path = tmp_path / "0.index"
+    index = OffsetIndex.create_appendable(path, 0, 80)
+    assert path.stat().st_size == 0
     for i in range(1, 10):
         index.append(i, i * 10)
+    assert path.stat().st_size == 0 and index.pending_entries == 9  # written with the batches
+    index.write_pending()
+    assert path.stat().st_size == 72 and index.pending_entries == 0
     assert not index.is_full  # one entry short of full
     index.append(10, 100)
     assert index.is_full
     with pytest.raises(CorruptIndexError, match="full"):
         index.append(11, 110)
+    index.close_for_append()
+    assert path.read_bytes() == b"".join(struct.pack(">ii", i, i * 10) for i in range(1, 11))
+
+
+def test_an_undone_append_is_overwritten_and_trimmed(tmp_path: Path) -> None:
+    path = tmp_path / "0.index"
+    index = OffsetIndex.create_appendable(path, 0, 1024)
+    for i in range(1, 6):
+        index.append(i, i * 10)
+    index.write_pending()
+    index.truncate_entries(3)  # an undone group commit: entries 4 and 5 were never published
+    index.append(7, 70)
+    index.write_pending()
+    assert index.lookup(100) == (7, 70)
+    index.close_for_append()
+    assert path.read_bytes() == b"".join(struct.pack(">ii", o, o * 10) for o in (1, 2, 3, 7))
+
+
+def test_reopened_for_append_reads_entries_back_and_ignores_a_zero_tail(tmp_path: Path) -> None:
+    """A preallocated file (an older eventlog's or Kafka's active index) ends at the first
+    all-zero entry after the first."""
+    path = tmp_path / "0.index"
+    path.write_bytes(struct.pack(">ii", 0, 0) + struct.pack(">ii", 4, 4100) + bytes(8 * 50))
+    index = OffsetIndex.open_read_only(path, 0, 1024, path.stat().st_size)
+    index.open_for_append()
+    assert index.entries == 2 and index.lookup(9) == (4, 4100)
+    index.append(9, 9000)
+    index.close_for_append()
+    assert path.stat().st_size == 24
+
+
+def test_a_mapped_read_only_index_holds_no_descriptor(tmp_path: Path) -> None:
+    path = tmp_path / "0.index"
+    index = OffsetIndex.create_appendable(path, 0, 4096)
+    for i in range(1, 200):
+        index.append(i, i * 10)
+    index.close_for_append()
+    before = len(os.listdir("/proc/self/fd"))
+    readers = [OffsetIndex.open_read_only(path, 0, 4096, path.stat().st_size) for _ in range(50)]
+    assert all(r.lookup(150) == (150, 1500) for r in readers)
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_time_index_keeps_a_slot_for_the_final_entry(tmp_path: Path) -> None:

@@ -287,7 +287,8 @@ async def test_clean_shutdown_scans_nothing_and_maps_nothing(tmp_path: Path) -> 
     assert loaded.stats.scanned_segments == 0
     assert loaded.next_offset == len(written)
     closed = loaded.segments[:-1]
-    assert all(s._offset_index._mm is None and s._time_index._mm is None for s in closed)  # lazy
+    assert all(s._offset_index._array is None and s._time_index._array is None for s in closed)  # lazy
+    assert all(s._file is None for s in closed)  # no descriptor either
     for s in loaded.segments:
         s.close()
 
