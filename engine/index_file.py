@@ -198,13 +198,7 @@ class IndexFile:
     def _valid_entries(self, data: bytes) -> int:
         """Entries of `data` before the first all-zero entry after entry 0 (Kafka's rule for a
         preallocated index), ignoring a partial entry at the end."""
-        count = len(data) // self.ENTRY_SIZE
-        if count <= 1:
-            return count
-        rows = np.frombuffer(data, dtype=np.uint8, count=count * self.ENTRY_SIZE).reshape(count, self.ENTRY_SIZE)
-        zero = ~rows[1:].any(axis=1)
-        first_zero = int(np.argmax(zero))
-        return first_zero + 1 if zero[first_zero] else count
+        return len(self.decode_entries(data))
 
     def _load_buffer(self, entries: bytes | bytearray, written: int) -> None:
         count = len(entries) // self.ENTRY_SIZE
