@@ -48,6 +48,7 @@ from .errors import (
     OutOfOrderSequenceError,
     RecordTooLargeError,
     StorageError,
+    StorageFullError,
     TransientStorageError,
 )
 from .faults import crash_point
@@ -470,7 +471,8 @@ class PartitionLog:
             # a full disk or no descriptor left: undo, refuse this commit, stay writable
             self._next_offset = next_offset_before
             self._undo_commit(segments_before, state_before, recovery_point_before, exc)
-            raise type(exc)(exc.path, f"append refused: {exc.reason}") from exc
+            what = "disk full" if isinstance(exc, StorageFullError) else "no file descriptor left"
+            raise type(exc)(exc.path, f"{what}, append refused: {exc.reason}") from exc
         producers.commit(pending)
         if rolled:
             self._snapshot_producers(next_offset, now)
