@@ -63,8 +63,8 @@ import anyio
 import orjson
 
 from . import filenames
-from .errors import SnapshotLimitError, SnapshotNotFoundError, StorageError, StorageFullError
-from .fileutil import fsync_dir
+from .errors import SnapshotLimitError, SnapshotNotFoundError, StorageError
+from .fileutil import fsync_dir, replace_file, storage_error
 from .index_builder import IndexBuilder
 from .partition_log import PartitionLog
 from .scan import scan_headers
@@ -185,12 +185,9 @@ async def take_snapshot(
 
 
 def _storage_error(exc: OSError, path: Path) -> StorageError:
-    """An OSError of a snapshot's file operations as the engine's error. Local to this module
-    until engine/fileutil.py has the engine-wide translation (issue 11)."""
-    reason = exc.strerror or str(exc)
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StorageFullError(path, f"snapshot refused, the disk is full ({reason}); nothing was kept")
-    return StorageError(path, f"snapshot failed ({reason}); nothing was kept")
+    """An OSError of a snapshot's file operations as the engine's error (fileutil's one
+    translation: a full disk is StorageFullError)."""
+    return storage_error(exc, path, "snapshot failed, nothing was kept")
 
 
 # -- limits: the reservation --------------------------------------------------------------------
@@ -388,13 +385,7 @@ def _copy_prefix(source: int, dest: int, size: int) -> None:
 
 
 def _write_manifest(target: Path, manifest: dict[str, Any]) -> None:
-    tmp = target / (MANIFEST + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target / MANIFEST)
-    fsync_dir(target)
+    replace_file(target / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
 
 
 # -- listing and deleting ---------------------------------------------------------------------
