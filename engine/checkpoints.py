@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import StorageError
-from .fileutil import replace_file
+from .fileutil import io_errors, replace_file
 
 RECOVERY_POINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET = "log-start-offset-checkpoint"
@@ -69,17 +69,13 @@ def format_checkpoint(entries: dict[TopicPartition, int]) -> str:
 
 def write_checkpoint(path: Path, entries: dict[TopicPartition, int]) -> None:
     """Atomically replace `path` with `entries` (temp file, fsync, rename, fsync dir)."""
-    try:
+    with io_errors(path, "cannot write checkpoint"):
         replace_file(path, format_checkpoint(entries).encode("utf-8"))
-    except OSError as exc:
-        raise StorageError(path, f"cannot write checkpoint: {exc}") from exc
 
 
 def write_leader_epoch_checkpoint(directory: Path, start_offset: int) -> None:
     """Atomically write `directory`'s leader-epoch-checkpoint: epoch 0 from `start_offset`."""
     path = directory / LEADER_EPOCH
     lines = [str(_VERSION), "1", f"{LEADER_EPOCH_OF_EVERY_BATCH} {start_offset}"]
-    try:
+    with io_errors(path, "cannot write checkpoint"):
         replace_file(path, ("\n".join(lines) + "\n").encode("ascii"))
-    except OSError as exc:
-        raise StorageError(path, f"cannot write checkpoint: {exc}") from exc

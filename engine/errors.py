@@ -43,8 +43,23 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def _rebuild(cls: type, args: tuple, state: dict) -> "EngineError":
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
 class EngineError(Exception):
-    """Base of every error the engine raises on purpose."""
+    """Base of every error the engine raises on purpose.
+
+    Picklable whatever a subclass's __init__ takes (the default pickling calls the class with
+    `args`, the formatted message): compaction passes run in a worker process, and the error
+    of a failed pass (a full disk while writing .cleaned segments) crosses back to the server.
+    """
+
+    def __reduce__(self):  # noqa: ANN204
+        return _rebuild, (type(self), self.args, dict(self.__dict__))
 
 
 class NotFoundError(EngineError):

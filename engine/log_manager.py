@@ -693,10 +693,16 @@ class LogManager:
         for hook in self.fsync_hooks:
             hook(log, seconds)
 
-    async def _on_log_start_change(self, log: PartitionLog) -> None:
-        await self._write_checkpoints(self._partition_dir[log])
+    async def _on_log_start_change(self, log: PartitionLog, start: int) -> None:
+        """Checkpoint `log`'s new log start offset (before it takes effect, for delete-records)."""
+        await self._write_checkpoints(self._partition_dir[log], starts={(log.topic, log.partition): start})
 
-    async def _write_checkpoints(self, log_dir: LogDir, exclude: set[tuple[str, int]] = frozenset()) -> None:  # type: ignore[assignment]
+    async def _write_checkpoints(
+        self, log_dir: LogDir, exclude: set[tuple[str, int]] = frozenset(),  # type: ignore[assignment]
+        starts: dict[tuple[str, int], int] | None = None,
+    ) -> None:
+        """Write log_dir's recovery-point and log-start checkpoints; `starts` overrides log
+        start offsets that have not taken effect yet."""
         lock = self._checkpoint_locks.setdefault(log_dir.path, anyio.Lock())
         async with lock:
             logs = [
@@ -704,7 +710,7 @@ class LogManager:
                 if d is log_dir and (log.topic, log.partition) not in exclude
             ]
             recovery = {(log.topic, log.partition): log.recovery_point for log in logs}
-            starts = {(log.topic, log.partition): log.log_start_offset for log in logs}
+            starts = {(log.topic, log.partition): log.log_start_offset for log in logs} | (starts or {})
             for tp, offline in self._offline.items():  # what they had, until they load again
                 if offline.log_dir is log_dir and tp not in exclude:
                     if tp in self._recovery_points:

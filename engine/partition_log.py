@@ -226,7 +226,7 @@ class PartitionLog:
         log_start_offset: int,
         recovery_point: int,
         clock: Clock = wall_clock_ms,
-        on_log_start_change: Callable[[PartitionLog], Awaitable[None]] | None = None,
+        on_log_start_change: Callable[[PartitionLog, int], Awaitable[None]] | None = None,
         on_commit: Callable[[PartitionLog, int, int, int], None] | None = None,
         schedule_delete: Callable[[PartitionLog, list[LogSegment]], None] | None = None,
         on_fsync: Callable[[PartitionLog, float], None] | None = None,
@@ -600,22 +600,23 @@ class PartitionLog:
 
         -1 means the high watermark. Offsets above the high watermark raise
         OffsetOutOfRangeError; offsets below the current start change nothing. The new start is
-        in log-start-offset-checkpoint before this returns. Segments wholly below it are left
-        for the retention worker to delete.
+        in log-start-offset-checkpoint before any reader sees it: if that write fails (a full
+        disk: StorageFullError), nothing changed. Segments wholly below it are left for the
+        retention worker to delete.
         """
 
-        def do(log: PartitionLog) -> bool:
+        def do(log: PartitionLog) -> int | None:
             target = log._next_offset if before_offset == -1 else before_offset
             if target < 0 or target > log._next_offset:
                 raise OffsetOutOfRangeError(before_offset, log._log_start_offset, log._next_offset)
-            if target <= log._log_start_offset:
-                return False
-            log._log_start_offset = target
-            return True
+            return target if target > log._log_start_offset else None
 
-        async def after(log: PartitionLog, changed: bool) -> int:
-            if changed and log._on_log_start_change is not None:
-                await log._on_log_start_change(log)
+        async def after(log: PartitionLog, target: int | None) -> int:
+            if target is not None:
+                if log._on_log_start_change is not None:
+                    await log._on_log_start_change(log, target)  # durable first
+                log._log_start_offset = target
+                log._publish()
             return log._log_start_offset
 
         return await self.call_in_writer(do, after)
@@ -658,7 +659,12 @@ class PartitionLog:
             if doomed:
                 log._schedule_delete(log, doomed)
             if changed and log._on_log_start_change is not None:
-                await log._on_log_start_change(log)
+                try:
+                    await log._on_log_start_change(log, log._log_start_offset)
+                except EngineError as exc:
+                    # the segments are gone either way: start-up takes the log start from the
+                    # first segment left, so a stale checkpoint loses nothing
+                    logger.warning("%s: log start offset not checkpointed: %s", log.name, exc)
             return sum(s.size for s in doomed)
 
         async with self.files_lock:

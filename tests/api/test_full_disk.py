@@ -184,3 +184,43 @@ def test_the_open_files_limit_refuses_creates_and_never_stops_a_start(server_fac
         assert_problem(c.post("/v1/topics", json={"name": "more"}), 507, "open_files_limit")
     assert server.stop() == 0, server.log()
     assert "keeps only 8 open at once" in server.log()
+
+
+def test_every_write_on_a_full_disk_is_507_or_succeeds(server_factory, small_fs) -> None:
+    """"full disk → 507 storage_full everywhere": each request that writes answers 507 (and
+    changes nothing) or succeeds (deleting frees space); none answers 500. Seen here first: a
+    compaction pass on a full disk answered 500 (the worker process's StorageError could not be
+    unpickled), and delete-records moved the log start, then answered 500 (its checkpoint could
+    not be written)."""
+    fs = small_fs(16 << 20)
+    server = server_factory(fs.path / "data")
+    server.log_dir = fs.path.parent
+    server.start()
+    compacted = {"cleanup.policy": "compact", "segment.bytes": 2048, "min.cleanable.dirty.ratio": 0.01, "min.compaction.lag.ms": 0}
+    with server.client() as c:
+        assert c.post("/v1/topics", json={"name": "table", "configs": compacted}).status_code == 201
+        assert c.post("/v1/topics", json={"name": "t", "configs": {"segment.bytes": 2048}}).status_code == 201
+        for i in range(40):
+            body = {"records": [{"key": f"k{j % 5}", "value": f"v{i}-{j}" * 20} for j in range(5)]}
+            assert c.post("/v1/topics/table/records", json=body).status_code == 200
+            assert c.post("/v1/topics/t/records", json=body).status_code == 200
+        fs.fill()
+        deleted = c.post("/v1/topics/t/partitions/0/delete-records", json={"before_offset": 10})
+        if deleted.status_code == 507:  # refused: the log start did not move
+            assert c.get("/v1/topics/t/partitions/0/offsets").json()["log_start_offset"] == 0
+        answers = {
+            "delete records": deleted,
+            "commit offsets": c.post("/v1/groups/g/offsets", json={"offsets": [{"topic": "t", "partition": 0, "offset": 3}]}),
+            "alter configs": c.patch("/v1/topics/t/configs", json={"configs": {"retention.ms": 1000}}),
+            "compaction": c.post("/v1/admin/compaction/run", json={"topic": "table"}),
+            "retention": c.post("/v1/admin/retention/run", json={"topic": "t"}),
+            "snapshot": c.post("/v1/snapshots", json={}),
+            "delete topic": c.delete("/v1/topics/t"),
+        }
+        for what, r in answers.items():
+            assert r.status_code < 500 or r.status_code == 507, f"{what}: {r.status_code} {r.text}"
+            if r.status_code == 507:
+                assert r.json()["code"] in ("storage_full", "snapshot_limit"), (what, r.text)
+        assert c.get("/healthz").status_code == 200
+        assert len(values(c, "table")) > 0
+    assert server.stop() == 0, server.log()
