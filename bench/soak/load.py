@@ -491,8 +491,11 @@ class Load(ExactWriters):
 
 
 async def drain(tasks: list[asyncio.Task]) -> None:
+    """Cancel the load's tasks and wait for them. An error a task raises while it is being
+    cancelled is the client library's, not a finding (seen: anyio asking a socket that uvloop had
+    already closed for its peer name); findings are recorded in the model as they happen."""
     for task in tasks:
         task.cancel()
     for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
+        with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
