@@ -57,6 +57,7 @@ ENGINE_ERRORS: dict[type[e.EngineError], tuple[int, str]] = {
     e.OutOfOrderSequenceError: (409, "out_of_order_sequence"),
     e.ProducerFencedError: (409, "producer_fenced"),
     e.StorageFullError: (507, "storage_full"),
+    e.TopicDeletedError: (404, "topic_not_found"),  # what a new request would get
     e.LogClosedError: (503, "unavailable"),
     e.CompactionFailedError: (500, "compaction_failed"),
     e.StorageError: (500, "storage_error"),

@@ -98,6 +98,9 @@ class _PartitionCollector:
         start = GaugeMetricFamily("eventlog_partition_log_start_offset", "first readable offset", labels=["topic", "partition"])
         size = GaugeMetricFamily("eventlog_partition_size_bytes", "bytes in the partition's segments", labels=["topic", "partition"])
         segments = GaugeMetricFamily("eventlog_partition_segments", "segments in the partition", labels=["topic", "partition"])
+        waiters = GaugeMetricFamily(
+            "eventlog_partition_waiters", "long-poll fetches and event streams waiting for new records", labels=["topic", "partition"]
+        )
         if engine is not None:
             for log in engine.all_partitions():
                 view = log.view
@@ -106,7 +109,8 @@ class _PartitionCollector:
                 start.add_metric(labels, view.log_start_offset)
                 size.add_metric(labels, view.size_bytes)
                 segments.add_metric(labels, len(view.segments))
-        return [hw, start, size, segments]
+                waiters.add_metric(labels, log.waiters)
+        return [hw, start, size, segments, waiters]
 
 
 class _WorkerCollector:

@@ -24,11 +24,13 @@ from starlette.responses import Response, StreamingResponse
 from engine import compression
 from engine.errors import (
     KeyRequiredError,
+    LogClosedError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     PartitionNotFoundError,
     RecordTooLargeError,
     StorageError,
+    TopicDeletedError,
 )
 from engine.format import NO_PRODUCER_ID, set_producer
 from engine.partition_log import AppendResult, PartitionLog, PreparedBatch, prepare_batches, wall_clock_ms
@@ -327,6 +329,10 @@ async def _read_body(request: Request) -> bytearray:
 
 
 def _stream_error(exc: Exception, position: int) -> dict[str, Any]:
+    if isinstance(exc, TopicDeletedError):
+        return {"code": "topic_deleted", "detail": str(exc), "offset": position}
+    if isinstance(exc, LogClosedError):
+        return {"code": "unavailable", "detail": "the server is shutting down", "offset": position}
     if isinstance(exc, StorageError):
         return {"code": "storage_error", "detail": str(exc), "offset": position}
     if isinstance(exc, OffsetOutOfRangeError):
@@ -559,26 +565,41 @@ async def stream(
     kf, vf = key_format.value, value_format.value
     metrics = request.app.state.metrics
 
+    position = offset
+
+    async def next_chunk() -> bytes:
+        """The next records as events, or a keep-alive comment after SSE_KEEPALIVE_S without
+        any; raises LogClosedError once the topic is deleted or the server shuts down."""
+        nonlocal position
+        if engine.stopping or log.waiting_stopped:
+            raise LogClosedError(log.name)
+        log.check_open()
+        if position >= log.high_watermark and not await log.wait_for_data(position, SSE_KEEPALIVE_S):
+            return b": keepalive\n\n"
+        result = await log.read_records(position, 500, 1024 * 1024)
+        records = _records_json(result.records, kf, vf)
+        chunk = b"".join(
+            b"id: %d\nevent: record\ndata: %s\n\n" % (record["offset"], orjson.dumps(record)) for record in records
+        )
+        metrics.fetched_records.labels(topic).inc(len(result.records))
+        position = max(result.next_offset, position)
+        return chunk
+
     async def events():
-        position = offset
         yield b": streaming " + f"{topic}/{partition} from offset {position}".encode() + b"\n\n"
-        while not engine.stopping:
-            if position >= log.high_watermark:
-                if not await log.wait_for_data(position, SSE_KEEPALIVE_S):
-                    yield b": keepalive\n\n"
-                    continue
+        while True:
+            # uvicorn's send returns without suspending while the socket takes the bytes: every
+            # round must give the loop a turn, or a stream that always has something to send
+            # holds it
+            await anyio.lowlevel.checkpoint()
             try:
-                result = await log.read_records(position, 500, 1024 * 1024)
-                records = _records_json(result.records, kf, vf)
-            except (ApiError, OffsetOutOfRangeError, StorageError) as exc:  # retention passed us, bytes the format cannot show, a failed read
+                chunk = await next_chunk()
+            except (ApiError, OffsetOutOfRangeError, StorageError, LogClosedError) as exc:
+                # retention passed us, bytes the format cannot show, a failed read, the topic
+                # deleted, shutdown: say why, then end the stream
                 yield b"event: error\ndata: " + orjson.dumps(_stream_error(exc, position)) + b"\n\n"
                 return
-            chunk = [
-                b"id: %d\nevent: record\ndata: %s\n\n" % (record["offset"], orjson.dumps(record)) for record in records
-            ]
-            metrics.fetched_records.labels(topic).inc(len(result.records))
             if chunk:
-                yield b"".join(chunk)
-            position = max(result.next_offset, position)
+                yield chunk
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

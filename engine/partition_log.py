@@ -48,6 +48,7 @@ from .errors import (
     RecordTooLargeError,
     StorageError,
     StorageFullError,
+    TopicDeletedError,
 )
 from .faults import crash_point
 from .fileutil import fsync_dir
@@ -237,7 +238,9 @@ class PartitionLog:
         self._send, self._receive = anyio.create_memory_object_stream[_Op](QUEUE_DEPTH)
         self._data_event = anyio.Event()
         self._closed = False
+        self._deleted = False
         self._stop_waiting = False
+        self.waiters = 0  # requests parked in wait_for_data (a gauge for operators)
         self._running = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._failed: StorageError | None = None
@@ -532,12 +535,11 @@ class PartitionLog:
     # -- public writes ------------------------------------------------------------------------
 
     async def _submit(self, op: _Op) -> Any:
-        if self._closed:
-            raise LogClosedError(self.name)
+        self.check_open()
         try:
             await self._send.send(op)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise LogClosedError(self.name) from None
+            raise self._closed_error() from None
         return await op.wait()
 
     async def append(self, batches: Sequence[PreparedBatch], *, expected_offset: int | None = None) -> AppendResult:
@@ -743,27 +745,58 @@ class PartitionLog:
             raise self._read_error(exc) from exc
 
     async def wait_for_data(self, offset: int, timeout_s: float) -> bool:
-        """Wait until the high watermark passes `offset` or `timeout_s` elapses (woken by the
-        writer's publish, not by polling). True if data is there."""
+        """Wait until the high watermark passes `offset` (woken by the writer's publish, not by
+        polling). True if data is there; False after `timeout_s`, or at once once shutdown has
+        begun (stop_waiting). Raises LogClosedError (TopicDeletedError after a topic deletion)
+        when the log is closed, before or during the wait: a caller looping on this method
+        can never spin on a closed log."""
         if self.view.high_watermark > offset:
             return True
-        with anyio.move_on_after(timeout_s):
-            while self.view.high_watermark <= offset and not (self._closed or self._stop_waiting):
-                await self._data_event.wait()
-        return self.view.high_watermark > offset
+        self.check_open()
+        self.waiters += 1
+        try:
+            with anyio.move_on_after(timeout_s):
+                while self.view.high_watermark <= offset and not (self._closed or self._stop_waiting):
+                    await self._data_event.wait()
+        finally:
+            self.waiters -= 1
+        if self.view.high_watermark > offset:
+            return True
+        self.check_open()
+        return False
 
     def stop_waiting(self) -> None:
         """Release every long-poll now and make later ones return at once (shutdown begins:
         the HTTP server waits for open requests before the engine closes)."""
         self._stop_waiting = True
+        self._wake_waiters()
+
+    @property
+    def waiting_stopped(self) -> bool:
+        """stop_waiting() was called: waits return at once."""
+        return self._stop_waiting
+
+    def _wake_waiters(self) -> None:
         event, self._data_event = self._data_event, anyio.Event()
         event.set()
 
+    def check_open(self) -> None:
+        """Raise LogClosedError (TopicDeletedError once the topic is deleted) if closed."""
+        if self._closed:
+            raise self._closed_error()
+
+    def _closed_error(self) -> LogClosedError:
+        return TopicDeletedError(self.name, self.topic) if self._deleted else LogClosedError(self.name)
+
     # -- closing ------------------------------------------------------------------------------
 
-    async def close(self) -> None:
-        """Stop accepting requests; the writer finishes what is queued, then shuts down."""
+    async def close(self, *, deleted: bool = False) -> None:
+        """Stop accepting requests; the writer finishes what is queued, then shuts down.
+        Waiters (long-polls, streams) are released at once with LogClosedError, or
+        TopicDeletedError when `deleted` (the topic is being deleted)."""
+        self._deleted = self._deleted or deleted
         self._closed = True
+        self._wake_waiters()
         await self._send.aclose()
 
     async def _shutdown(self) -> None:
@@ -775,7 +808,7 @@ class PartitionLog:
                 op = self._receive.receive_nowait()
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
-            op.error = LogClosedError(self.name)
+            op.error = self._closed_error()
             op.done.set()
         await self._receive.aclose()
         if self._failed is None:
