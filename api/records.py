@@ -10,11 +10,15 @@ the response lists offsets in request order once every append is durable.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
+import gc
 import hashlib
 import itertools
 import re
-from typing import Any
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, TypeVar
 
 import anyio
 import orjson
@@ -35,20 +39,35 @@ from engine.errors import (
 from engine.format import NO_PRODUCER_ID, set_producer
 from engine.partition_log import AppendResult, PartitionLog, PreparedBatch, prepare_batches, wall_clock_ms
 from engine.partitioner import partition_for_key
+from engine.reader import RecordsResult
 from engine.records import encode_batch
 
 from . import formats
 from .auth import Principal, Reader, Writer
 from .deps import Engine, refuse_internal
 from .errors import ApiError
-from .responses import FileRangeResponse
+from .responses import FileRangeResponse, PartsResponse
 from .schemas import FetchResponse, Format, PartitionProduceResponse, ProduceResponse, Problem
 
 router = APIRouter(prefix="/v1/topics", tags=["records"])
+T = TypeVar("T")
 
 RECORD_BATCH_MEDIA_TYPE = "application/vnd.kafka.record-batch.v2"
-# validating a body walks its records (about 0.4 us each): bigger bodies go to a worker thread
+# No request may hold the event loop for long (every other request waits meanwhile): work that
+# grows with a request goes to a worker thread above these sizes, so inline work stays around
+# a millisecond or two (docs/OPERATIONS.md, "Limits and slow clients").
+# validating a raw body walks its records (about 0.4 us each)
 VALIDATE_IN_THREAD_BYTES = 128 * 1024
+# a JSON produce costs about 1 us per record (parse, check, encode, answer): bodies above this
+# are parsed in a thread, and requests of more than INLINE_RECORDS records handled there
+INLINE_JSON_BYTES = 64 * 1024
+# records per request handled on the loop: produce (check, encode, the offsets answer) and
+# fetch (decode, JSON); the SSE stream's chunks (500 records) stay under it
+INLINE_RECORDS = 1000
+# orjson holds the GIL while it parses or serialises, so even in a thread one call on a big
+# document stops the loop: big produce bodies are parsed, and big answers written, in slices
+JSON_SLICE_BYTES = 1024 * 1024
+JSON_SLICE_ITEMS = 5000
 _RECORD_KEYS = frozenset({"key", "value", "headers", "timestamp", "partition"})
 _BODY_KEYS = frozenset({"records", "key_format", "value_format", "expected_offset"})
 _spread = itertools.count()
@@ -125,7 +144,121 @@ def _idempotency_conflict() -> ApiError:
     )
 
 
+_RECORDS_HEAD = re.compile(rb"\s*\{\s*\"records\"\s*:\s*\[\s*")
+_RECORD_SEPARATOR = re.compile(rb"\}\s*,\s*\{")
+
+
+def _loads_in_slices(body: bytes, slice_bytes: int = JSON_SLICE_BYTES) -> dict[str, Any] | None:
+    """orjson.loads(body) one slice of records at a time, for a body whose first member is
+    "records", an array of objects: orjson holds the GIL for a whole call (~0.4 s for 19 MB of
+    small records), which would stop the event loop even from a worker thread.
+
+    The array is cut about every `slice_bytes` after a `}` followed by `,` and `{` where the
+    brackets counted from the slice's start balance (a record's end, unless a string holds
+    brackets), and each slice is parsed as an array of its own; the members after the array
+    (from the last `]`) are parsed as an object of their own. A cut inside a string or a nested
+    value leaves a slice that does not parse, so when every part parses the whole is valid JSON
+    and the result is what orjson.loads(body) gives. Returns None when the body does not split
+    that way (the caller parses it whole, which also words the error of a body that is not JSON).
+    """
+    head = _RECORDS_HEAD.match(body)
+    end = body.rfind(b"]")
+    if head is None or end < head.end():
+        return None
+    tail = body[end + 1 :]
+    if b'"records"' in tail:  # a second records member: orjson keeps the last one
+        return None
+    try:
+        doc = orjson.loads(b'{"records":[]' + tail)
+    except orjson.JSONDecodeError:
+        return None
+    records: list[Any] = []
+    start = head.end()
+    while start < end:
+        cut = _record_end(body, start, start + slice_bytes, end) if start + slice_bytes < end else None
+        stop = cut.start() + 1 if cut is not None else end
+        try:
+            records += orjson.loads(b"[" + body[start:stop] + b"]")
+        except orjson.JSONDecodeError:
+            return None
+        start = cut.end() - 1 if cut is not None else end
+    doc["records"] = records
+    return doc
+
+
+def _record_end(body: bytes, start: int, at: int, end: int) -> re.Match[bytes] | None:
+    """The first `}`, `,`, `{` at or after `at` (before `end`) where the brackets of
+    body[start:] up to the `}` balance; None if there is none."""
+    depth = 0
+    counted = start
+    while True:
+        cut = _RECORD_SEPARATOR.search(body, at, end)
+        if cut is None:
+            return None
+        stop = cut.start() + 1
+        depth += (
+            body.count(b"{", counted, stop) + body.count(b"[", counted, stop)
+            - body.count(b"}", counted, stop) - body.count(b"]", counted, stop)
+        )
+        if depth == 0:
+            return cut
+        counted = stop
+        at = cut.end() - 1
+
+
+def _dumps_parts(items: list[Any], convert: Callable[[list[Any]], list[Any]], head: bytes, tail: dict[str, Any]) -> list[bytes]:
+    """orjson.dumps({<head>: convert(items), **tail}) (head is '{"name":'), in parts: one
+    orjson call per JSON_SLICE_ITEMS items (see JSON_SLICE_BYTES and responses.PartsResponse)."""
+    rest = orjson.dumps(tail)
+    if len(items) <= JSON_SLICE_ITEMS:
+        return [head + orjson.dumps(convert(items)) + (b"," + rest[1:] if tail else b"}")]
+    parts = [head]
+    for i in range(0, len(items), JSON_SLICE_ITEMS):
+        part = orjson.dumps(convert(items[i : i + JSON_SLICE_ITEMS]))
+        parts.append((b"[" if i == 0 else b",") + part[1:-1])
+    parts.append(b"]," + rest[1:] if tail else b"]}")
+    return parts
+
+
+_gc_lock = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused while a big request is worked on (process-wide,
+    counted across requests). A big request makes millions of objects without cycles; a
+    collection meanwhile, or the first one after they all survived it, walks them all, holding
+    the GIL (and so the event loop) for a tenth of a second or more each time. Reference
+    counting frees them as usual, and they are gone before the collector is back."""
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+def _free(items: list[Any]) -> None:
+    """Empty a big list a slice at a time: freeing a million objects in one call (a list's
+    last reference going, list.clear()) holds the GIL until the last one is gone."""
+    while items:
+        del items[-JSON_SLICE_ITEMS:]
+
+
 def _json_body(body: bytes) -> dict[str, Any]:
+    if len(body) > JSON_SLICE_BYTES:
+        sliced = _loads_in_slices(body)
+        if sliced is not None:
+            return sliced
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -227,7 +360,40 @@ def _encode_batches(records: list[tuple], log: PartitionLog, producer_id: int = 
             return build(chunk[:mid], sequence) + build(chunk[mid:], sequence + mid)
         return prepare_batches(batch, config, check_records=False)
 
-    return build(records, 0)
+    if codec != compression.NONE or len(records) <= INLINE_RECORDS:
+        return build(records, 0)
+    # a big request: encoding it whole, then in halves until each fits, would encode every
+    # record log2(size / limit) times; cut it by estimated size first (halving stays the
+    # fallback should an estimate fall short)
+    out: list[PreparedBatch] = []
+    sequence = 0
+    for chunk in _cut_by_size(records, limit - BATCH_HEADER_BYTES):
+        out += build(chunk, sequence)
+        sequence += len(chunk)
+    return out
+
+
+# a record's bytes beyond its key, value and header bytes: the length, attributes, timestamp
+# and offset deltas and the key/value/header lengths, as varints (most are 1-3 bytes)
+RECORD_OVERHEAD_BYTES = 24
+BATCH_HEADER_BYTES = 61
+
+
+def _cut_by_size(records: list[tuple], limit: int) -> list[list[tuple]]:
+    """Consecutive runs of records whose estimated encoded size fits `limit`."""
+    chunks = []
+    start = 0
+    size = 0
+    for i, (_p, k, v, _ts, h) in enumerate(records):
+        n = RECORD_OVERHEAD_BYTES + (len(k) if k is not None else 0) + (len(v) if v is not None else 0)
+        if h:
+            n += sum(len(hk) * 3 + (len(hv) if hv is not None else 0) + 10 for hk, hv in h)
+        if size + n > limit and i > start:
+            chunks.append(records[start:i])
+            start, size = i, 0
+        size += n
+    chunks.append(records[start:])
+    return chunks
 
 
 async def _append_all(
@@ -262,20 +428,62 @@ async def _append_all(
 
 
 async def _produce_json(
-    engine, topic: str, body: bytes, fixed_partition: int | None, request: Request, principal: Principal
-) -> tuple[list[dict[str, int]], bool]:
-    """(offsets in request order, whether the whole request was a replay of an earlier one)."""
+    engine, topic: str, body: bytes, fixed_partition: int | None, request: Request, principal: Principal,
+    answer: Callable[[list[dict[str, int]]], T],
+) -> tuple[T, bool]:
+    """(answer(offsets in request order), whether the whole request was a replay of an earlier
+    one). A big request is parsed, checked, encoded and answered in worker threads, and its
+    million objects are freed there too (freeing them takes a while as well)."""
     refuse_internal(topic)
     state = engine.topic(topic)
     if fixed_partition is not None:
         engine.partition(topic, fixed_partition)
-    now = wall_clock_ms()
-    doc = _json_body(body)
+    prepare = functools.partial(
+        _prepare_json, engine, request, principal, topic, len(state.partitions), fixed_partition, wall_clock_ms()
+    )
+    doc = None
+    big = len(body) > INLINE_JSON_BYTES
+    if not big:
+        doc = _json_body(body)
+        records_in = doc.get("records")
+        big = type(records_in) is list and len(records_in) > INLINE_RECORDS
+        del records_in
+    if not big:
+        prepared = prepare(doc)
+        results = await _append_all(prepared.groups, prepared.expected_offset, prepared.producer_id)
+        return _offsets_answer(prepared, results, answer), all(r.duplicate for r in results.values())
+    with _gc_paused():
+        prepared = await anyio.to_thread.run_sync(prepare, body if doc is None else doc)
+        del doc
+        try:
+            results = await _append_all(prepared.groups, prepared.expected_offset, prepared.producer_id)
+        except Exception:
+            await anyio.to_thread.run_sync(_free, prepared.records)
+            raise
+        finish = functools.partial(_offsets_answer, prepared, results, answer)
+        return await anyio.to_thread.run_sync(finish), all(r.duplicate for r in results.values())
+
+
+@dataclass(slots=True)
+class _PreparedJson:
+    records: list[tuple]  # (partition, key, value, timestamp, headers) in request order
+    groups: dict[int, tuple[PartitionLog, list[PreparedBatch]]]  # partition -> (log, batches)
+    expected_offset: int | None
+    producer_id: int
+    now: int
+
+
+def _prepare_json(
+    engine, request: Request, principal: Principal, topic: str, partitions: int, fixed_partition: int | None,
+    now: int, body: bytes | dict[str, Any],
+) -> _PreparedJson:
+    """Parse (unless given the document), check and encode a JSON produce; raises on bad input."""
+    doc = _json_body(body) if isinstance(body, bytes) else body
     expected_offset = _expected_offset(request, doc)
     producer_id = idempotent_producer_id(principal, request)
     # a retry must send unkeyed records to the same partitions as the first attempt
     spread = itertools.count(producer_id) if producer_id >= 0 else _spread
-    records = _parse_records(doc, topic, len(state.partitions), fixed_partition=fixed_partition, now=now, spread=spread)
+    records = _parse_records(doc, topic, partitions, fixed_partition=fixed_partition, now=now, spread=spread)
     by_partition: dict[int, list[tuple]] = {}
     for rec in records:
         by_partition.setdefault(rec[0], []).append(rec)
@@ -285,12 +493,20 @@ async def _produce_json(
     for p, recs in by_partition.items():
         log = engine.partition(topic, p)
         groups[p] = (log, _encode_batches(recs, log, producer_id))
-    results = await _append_all(groups, expected_offset, producer_id)
+    if type(doc.get("records")) is list:
+        _free(doc["records"])
+    return _PreparedJson(records, groups, expected_offset, producer_id, now)
+
+
+def _offsets_answer(
+    prepared: _PreparedJson, results: dict[int, AppendResult], answer: Callable[[list[dict[str, int]]], T]
+) -> T:
     # offsets in request order: the i-th record of partition p is result.base_offset + i
     # (the batches of one append get consecutive offsets)
+    now = prepared.now
     seen: dict[int, int] = {}
     out = []
-    for p, _k, _v, ts, _h in records:
+    for p, _k, _v, ts, _h in prepared.records:
         i = seen.get(p, 0)
         seen[p] = i + 1
         result = results[p]
@@ -302,7 +518,24 @@ async def _produce_json(
             "offset": offset,
             "timestamp": result.log_append_time if result.log_append_time >= 0 else ts,
         })
-    return out, all(r.duplicate for r in results.values())
+    _free(prepared.records)
+    try:
+        return answer(out)
+    finally:
+        _free(out)
+
+
+def _offsets_body(offsets: list[dict[str, int]]) -> list[bytes]:
+    return _dumps_parts(offsets, list, b'{"offsets":', {})
+
+
+def _partition_answer(offsets: list[dict[str, int]]) -> dict[str, int]:
+    return {
+        "partition": offsets[0]["partition"],
+        "base_offset": offsets[0]["offset"],
+        "last_offset": offsets[-1]["offset"],
+        "timestamp": max(o["timestamp"] for o in offsets),
+    }
 
 
 async def _read_body(request: Request) -> bytearray:
@@ -376,9 +609,9 @@ async def produce(
     principal: Writer,
     idempotency_key: str | None = Header(None, alias="Idempotency-Key", description=IDEMPOTENCY_KEY_DOC),
 ) -> Response:
-    offsets, replayed = await _produce_json(engine, topic, await request.body(), None, request, principal)
+    parts, replayed = await _produce_json(engine, topic, await request.body(), None, request, principal, _offsets_body)
     headers = {REPLAYED_HEADER: "true"} if replayed else None
-    return Response(orjson.dumps({"offsets": offsets}), media_type="application/json", headers=headers)
+    return PartsResponse(parts, media_type="application/json", headers=headers)
 
 
 @router.post(
@@ -413,14 +646,8 @@ async def produce_to_partition(
     if content_type == RECORD_BATCH_MEDIA_TYPE:
         expected_offset = _expected_offset(request, None)
         producer_id = idempotent_producer_id(principal, request)
-        if len(body) > VALIDATE_IN_THREAD_BYTES:
-            batches = await anyio.to_thread.run_sync(
-                functools.partial(prepare_batches, body, log.config, topic=log.topic)
-            )
-        else:
-            batches = prepare_batches(body, log.config, topic=log.topic)
-        if producer_id >= 0:
-            batches = _stamp_producer(batches, producer_id)
+        prepare = functools.partial(_prepare_raw, body, log, producer_id)
+        batches, max_timestamp = await anyio.to_thread.run_sync(prepare) if len(body) > VALIDATE_IN_THREAD_BYTES else prepare()
         try:
             result = await log.append(batches, expected_offset=expected_offset)
         except OutOfOrderSequenceError:
@@ -432,17 +659,11 @@ async def produce_to_partition(
         elif result.duplicate:
             timestamp = max(result.batch_max_timestamps)
         else:
-            timestamp = max(b.header.max_timestamp for b in batches)
+            timestamp = max_timestamp
         payload = {"partition": partition, "base_offset": result.base_offset, "last_offset": result.last_offset, "timestamp": timestamp}
         replayed = result.duplicate
     elif content_type in ("application/json", ""):
-        offsets, replayed = await _produce_json(engine, topic, body, partition, request, principal)
-        payload = {
-            "partition": partition,
-            "base_offset": offsets[0]["offset"],
-            "last_offset": offsets[-1]["offset"],
-            "timestamp": max(o["timestamp"] for o in offsets),
-        }
+        payload, replayed = await _produce_json(engine, topic, body, partition, request, principal, _partition_answer)
     else:
         raise ApiError(415, "unsupported_media_type", f"use application/json or {RECORD_BATCH_MEDIA_TYPE}")
     # the offset a follow-up conditional append expects (If-Match)
@@ -450,6 +671,14 @@ async def produce_to_partition(
     if replayed:
         headers[REPLAYED_HEADER] = "true"
     return Response(orjson.dumps(payload), media_type="application/json", headers=headers)
+
+
+def _prepare_raw(body: bytearray, log: PartitionLog, producer_id: int) -> tuple[list[PreparedBatch], int]:
+    """(validated batches, carrying the Idempotency-Key's producer id if any, their max timestamp)."""
+    batches = prepare_batches(body, log.config, topic=log.topic)
+    if producer_id >= 0:
+        batches = _stamp_producer(batches, producer_id)
+    return batches, max(b.header.max_timestamp for b in batches)
 
 
 def _stamp_producer(batches: list[PreparedBatch], producer_id: int) -> list[PreparedBatch]:
@@ -513,18 +742,32 @@ async def fetch(
             slice_.handle, slice_.position, slice_.size, lambda: log.read_slice(slice_),
             media_type=RECORD_BATCH_MEDIA_TYPE, headers=headers,
         )
-    result = await log.read_records(offset, max_records, max_bytes)
-    records = _records_json(result.records, key_format.value, value_format.value)
+    kf, vf = key_format.value, value_format.value
+    if max_records <= INLINE_RECORDS:
+        result = await log.read_records(offset, max_records, max_bytes)
+        count = len(result.records)
+        parts = _fetch_body(result, kf, vf)
+    else:  # decoded in a worker thread (see PartitionLog.read_records), written in another
+        with _gc_paused():
+            result = await log.read_records(offset, max_records, max_bytes)
+            count = len(result.records)
+            answer = functools.partial(_fetch_body, result, kf, vf)
+            parts = await anyio.to_thread.run_sync(answer) if count > INLINE_RECORDS else answer()
     metrics = request.app.state.metrics
-    metrics.fetched_records.labels(topic).inc(len(records))
+    metrics.fetched_records.labels(topic).inc(count)
     metrics.fetched_bytes.labels(topic).inc(result.bytes_read)
-    body = {
-        "records": records,
+    return PartsResponse(parts, media_type="application/json")
+
+
+def _fetch_body(result: RecordsResult, kf: str, vf: str) -> list[bytes]:
+    """The JSON fetch answer (FetchResponse), in parts for a big one."""
+    parts = _dumps_parts(result.records, functools.partial(_records_json, kf=kf, vf=vf), b'{"records":', {
         "next_offset": result.next_offset,
         "high_watermark": result.high_watermark,
         "log_start_offset": result.log_start_offset,
-    }
-    return Response(orjson.dumps(body), media_type="application/json")
+    })
+    _free(result.records)  # here: in the worker thread for a big answer
+    return parts
 
 
 SSE_KEEPALIVE_S = 15.0
