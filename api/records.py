@@ -646,14 +646,7 @@ async def produce_to_partition(
     if content_type == RECORD_BATCH_MEDIA_TYPE:
         expected_offset = _expected_offset(request, None)
         producer_id = idempotent_producer_id(principal, request)
-        prepare = functools.partial(_prepare_raw, body, log, producer_id)
-        batches, max_timestamp = await anyio.to_thread.run_sync(prepare) if len(body) > VALIDATE_IN_THREAD_BYTES else prepare()
-        try:
-            result = await log.append(batches, expected_offset=expected_offset)
-        except OutOfOrderSequenceError:
-            if producer_id < 0:
-                raise
-            raise _idempotency_conflict() from None
+        result, max_timestamp = await _produce_raw(log, body, expected_offset, producer_id)
         if result.log_append_time >= 0:
             timestamp = result.log_append_time
         elif result.duplicate:
@@ -671,6 +664,35 @@ async def produce_to_partition(
     if replayed:
         headers[REPLAYED_HEADER] = "true"
     return Response(orjson.dumps(payload), media_type="application/json", headers=headers)
+
+
+async def _produce_raw(
+    log: PartitionLog, body: bytearray, expected_offset: int | None, producer_id: int
+) -> tuple[AppendResult, int]:
+    """(the append's result, the batches' max timestamp). A big body (it may hold a million
+    small batches) is checked in a worker thread and its batch objects are freed there."""
+    prepare = functools.partial(_prepare_raw, body, log, producer_id)
+    if len(body) <= VALIDATE_IN_THREAD_BYTES:
+        batches, max_timestamp = prepare()
+        return await _append_raw(log, batches, expected_offset, producer_id), max_timestamp
+    with _gc_paused():
+        batches, max_timestamp = await anyio.to_thread.run_sync(prepare)
+        try:
+            result = await _append_raw(log, batches, expected_offset, producer_id)
+        except Exception:  # the append is over (a cancelled one may still be queued: left alone)
+            await anyio.to_thread.run_sync(_free, batches)
+            raise
+        await anyio.to_thread.run_sync(_free, batches)
+        return result, max_timestamp
+
+
+async def _append_raw(log: PartitionLog, batches: list[PreparedBatch], expected_offset: int | None, producer_id: int) -> AppendResult:
+    try:
+        return await log.append(batches, expected_offset=expected_offset)
+    except OutOfOrderSequenceError:
+        if producer_id < 0:
+            raise
+        raise _idempotency_conflict() from None
 
 
 def _prepare_raw(body: bytearray, log: PartitionLog, producer_id: int) -> tuple[list[PreparedBatch], int]:
