@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import re
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -37,7 +38,14 @@ from engine.errors import (
     TopicDeletedError,
 )
 from engine.format import NO_PRODUCER_ID, set_producer
-from engine.partition_log import AppendResult, PartitionLog, PreparedBatch, prepare_batches, wall_clock_ms
+from engine.partition_log import (
+    INLINE_READ_BYTES,
+    AppendResult,
+    PartitionLog,
+    PreparedBatch,
+    prepare_batches,
+    wall_clock_ms,
+)
 from engine.partitioner import partition_for_key
 from engine.reader import RecordsResult
 from engine.records import encode_batch
@@ -206,23 +214,50 @@ def _record_end(body: bytes, start: int, at: int, end: int) -> re.Match[bytes] |
         at = cut.end() - 1
 
 
-def _dumps_parts(items: list[Any], convert: Callable[[list[Any]], list[Any]], head: bytes, tail: dict[str, Any]) -> list[bytes]:
+def _dumps_parts(
+    items: list[Any], convert: Callable[[list[Any]], list[Any]], head: bytes, tail: dict[str, Any],
+    weigh: Callable[[Any], int] | None = None,
+) -> list[bytes]:
     """orjson.dumps({<head>: convert(items), **tail}) (head is '{"name":'), in parts: one
-    orjson call per JSON_SLICE_ITEMS items (see JSON_SLICE_BYTES and responses.PartsResponse)."""
-    rest = orjson.dumps(tail)
-    if len(items) <= JSON_SLICE_ITEMS:
-        return [head + orjson.dumps(convert(items)) + (b"," + rest[1:] if tail else b"}")]
+    orjson call per JSON_SLICE_ITEMS items, or per JSON_SLICE_BYTES of them by `weigh` (see
+    JSON_SLICE_BYTES and responses.PartsResponse)."""
+    rest = b"," + orjson.dumps(tail)[1:] if tail else b"}"
+    slices = _slices(items, weigh)
+    if len(slices) == 1:
+        return [head + orjson.dumps(convert(slices[0])) + rest]
     parts = [head]
-    for i in range(0, len(items), JSON_SLICE_ITEMS):
-        part = orjson.dumps(convert(items[i : i + JSON_SLICE_ITEMS]))
+    for i, chunk in enumerate(slices):
+        part = orjson.dumps(convert(chunk))
         parts.append((b"[" if i == 0 else b",") + part[1:-1])
-    parts.append(b"]," + rest[1:] if tail else b"]}")
+    parts.append(b"]" + rest)
     return parts
+
+
+def _slices(items: list[Any], weigh: Callable[[Any], int] | None) -> list[list[Any]]:
+    if weigh is None:
+        return [items[i : i + JSON_SLICE_ITEMS] for i in range(0, len(items), JSON_SLICE_ITEMS)] or [items]
+    out = []
+    start = size = 0
+    for i, item in enumerate(items):
+        if i > start and (i - start >= JSON_SLICE_ITEMS or size >= JSON_SLICE_BYTES):
+            out.append(items[start:i])
+            start, size = i, 0
+        size += weigh(item)
+    out.append(items[start:])
+    return out
+
+
+def _record_bytes(record: Any) -> int:
+    return 48 + len(record.key or b"") + len(record.value or b"") + sum(len(k) + len(v or b"") for k, v in record.headers)
 
 
 _gc_lock = threading.Lock()
 _gc_pauses = 0
 _gc_was_enabled = False
+_gc_paused_since = 0.0
+# big requests back to back keep the collector paused; past this it runs again (a stall now
+# and then) rather than let cyclic garbage grow for ever
+GC_PAUSE_MAX_S = 60.0
 
 
 @contextlib.contextmanager
@@ -232,11 +267,14 @@ def _gc_paused() -> Iterator[None]:
     collection meanwhile, or the first one after they all survived it, walks them all, holding
     the GIL (and so the event loop) for a tenth of a second or more each time. Reference
     counting frees them as usual, and they are gone before the collector is back."""
-    global _gc_pauses, _gc_was_enabled
+    global _gc_pauses, _gc_was_enabled, _gc_paused_since
     with _gc_lock:
         if _gc_pauses == 0:
             _gc_was_enabled = gc.isenabled()
+            _gc_paused_since = time.monotonic()
             gc.disable()
+        elif _gc_was_enabled and time.monotonic() - _gc_paused_since > GC_PAUSE_MAX_S:
+            gc.enable()
         _gc_pauses += 1
     try:
         yield
@@ -765,20 +803,27 @@ async def fetch(
             media_type=RECORD_BATCH_MEDIA_TYPE, headers=headers,
         )
     kf, vf = key_format.value, value_format.value
-    if max_records <= INLINE_RECORDS:
+    if max_records <= INLINE_RECORDS and max_bytes <= INLINE_READ_BYTES:
         result = await log.read_records(offset, max_records, max_bytes)
         count = len(result.records)
-        parts = _fetch_body(result, kf, vf)
+        parts = await _records_answer(_fetch_body, result, kf, vf)
     else:  # decoded in a worker thread (see PartitionLog.read_records), written in another
         with _gc_paused():
             result = await log.read_records(offset, max_records, max_bytes)
             count = len(result.records)
-            answer = functools.partial(_fetch_body, result, kf, vf)
-            parts = await anyio.to_thread.run_sync(answer) if count > INLINE_RECORDS else answer()
+            parts = await _records_answer(_fetch_body, result, kf, vf)
     metrics = request.app.state.metrics
     metrics.fetched_records.labels(topic).inc(count)
     metrics.fetched_bytes.labels(topic).inc(result.bytes_read)
     return PartsResponse(parts, media_type="application/json")
+
+
+async def _records_answer(write: Callable[[RecordsResult, str, str], T], result: RecordsResult, kf: str, vf: str) -> T:
+    """write(result, kf, vf): inline for a small read, else in a worker thread (a first batch
+    may be far above max_bytes, up to max.message.bytes)."""
+    if len(result.records) <= INLINE_RECORDS and result.bytes_read <= INLINE_READ_BYTES:
+        return write(result, kf, vf)
+    return await anyio.to_thread.run_sync(write, result, kf, vf)
 
 
 def _fetch_body(result: RecordsResult, kf: str, vf: str) -> list[bytes]:
@@ -787,12 +832,22 @@ def _fetch_body(result: RecordsResult, kf: str, vf: str) -> list[bytes]:
         "next_offset": result.next_offset,
         "high_watermark": result.high_watermark,
         "log_start_offset": result.log_start_offset,
-    })
+    }, _record_bytes)
     _free(result.records)  # here: in the worker thread for a big answer
     return parts
 
 
 SSE_KEEPALIVE_S = 15.0
+SSE_CHUNK_RECORDS = 500
+SSE_CHUNK_BYTES = 1024 * 1024
+
+
+def _sse_events(result: RecordsResult, kf: str, vf: str) -> bytes:
+    """One `record` event per record."""
+    return b"".join(
+        b"id: %d\nevent: record\ndata: %s\n\n" % (record["offset"], orjson.dumps(record))
+        for record in _records_json(result.records, kf, vf)
+    )
 
 
 @router.get(
@@ -841,12 +896,9 @@ async def stream(
         log.check_open()
         if position >= log.high_watermark and not await log.wait_for_data(position, SSE_KEEPALIVE_S):
             return b": keepalive\n\n"
-        result = await log.read_records(position, 500, 1024 * 1024)
-        records = _records_json(result.records, kf, vf)
-        chunk = b"".join(
-            b"id: %d\nevent: record\ndata: %s\n\n" % (record["offset"], orjson.dumps(record)) for record in records
-        )
+        result = await log.read_records(position, SSE_CHUNK_RECORDS, SSE_CHUNK_BYTES)
         metrics.fetched_records.labels(topic).inc(len(result.records))
+        chunk = await _records_answer(_sse_events, result, kf, vf)
         position = max(result.next_offset, position)
         return chunk
 

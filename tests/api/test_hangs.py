@@ -7,12 +7,13 @@ shutdown always completes; no single request holds the event loop for long.
 from __future__ import annotations
 
 import base64
+import gc
 import signal
 import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import orjson
@@ -20,6 +21,7 @@ import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
+from api import records as records_api
 from api.records import _loads_in_slices
 
 # a stream that ends properly sends a few hundred bytes; the spinning one sent hundreds of MB
@@ -310,7 +312,7 @@ class HealthPoller:
         self.worst_s = 0.0
         self.count = 0
 
-    def __enter__(self) -> "HealthPoller":
+    def __enter__(self) -> Self:
         assert self.proc.stdout is not None and self.proc.stdout.readline() == "polling\n"
         return self
 
@@ -430,3 +432,29 @@ def test_sliced_json_parse_is_the_whole_parse_or_declines(doc, indent, slice_byt
         assert sliced is None
     else:
         assert sliced is None or sliced == whole
+
+
+def test_the_gc_pause_is_counted_across_requests_and_restores_the_collector() -> None:
+    assert gc.isenabled()
+    with records_api._gc_paused():
+        assert not gc.isenabled()
+        with records_api._gc_paused():  # a second big request meanwhile
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()  # an operator's (or a test's) choice is kept
+    try:
+        with records_api._gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_big_requests_back_to_back_do_not_pause_the_gc_for_ever(monkeypatch) -> None:
+    monkeypatch.setattr(records_api, "GC_PAUSE_MAX_S", 0.0)
+    with records_api._gc_paused():
+        assert not gc.isenabled()
+        with records_api._gc_paused():  # the pause has lasted too long: the collector runs again
+            assert gc.isenabled()
+    assert gc.isenabled()
