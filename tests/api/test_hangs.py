@@ -1,4 +1,5 @@
-"""Hangs and stalls (issue 11), against a real server subprocess.
+"""Hangs and stalls (issue 11), against a real server subprocess, and the helpers of
+api/records.py that keep big requests off the event loop.
 
 A deleted or closing partition ends every stream and long-poll on it at once; DELETE answers;
 shutdown always completes; no single request holds the event loop for long.
