@@ -10,16 +10,12 @@ the response lists offsets in request order once every append is durable.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import functools
-import gc
 import hashlib
 import itertools
 import re
-import threading
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, TypeVar
 
 import anyio
 import orjson
@@ -56,6 +52,7 @@ from .deps import Engine, refuse_internal
 from .errors import ApiError
 from .responses import FileRangeResponse, PartsResponse
 from .schemas import FetchResponse, Format, PartitionProduceResponse, ProduceResponse, Problem
+from .slicing import JSON_SLICE_BYTES, dumps_parts, free_in_slices, gc_paused, loads_in_slices
 
 router = APIRouter(prefix="/v1/topics", tags=["records"])
 T = TypeVar("T")
@@ -63,7 +60,8 @@ T = TypeVar("T")
 RECORD_BATCH_MEDIA_TYPE = "application/vnd.kafka.record-batch.v2"
 # No request may hold the event loop for long (every other request waits meanwhile): work that
 # grows with a request goes to a worker thread above these sizes, so inline work stays around
-# a millisecond or two (docs/OPERATIONS.md, "Limits and slow clients").
+# a millisecond or two (docs/OPERATIONS.md, "Limits and slow clients"); the work there is done
+# in slices (slicing.py).
 # validating a raw body walks its records (about 0.4 us each)
 VALIDATE_IN_THREAD_BYTES = 128 * 1024
 # a JSON produce costs about 1 us per record (parse, check, encode, answer): bodies above this
@@ -72,10 +70,7 @@ INLINE_JSON_BYTES = 64 * 1024
 # records per request handled on the loop: produce (check, encode, the offsets answer) and
 # fetch (decode, JSON); the SSE stream's chunks (500 records) stay under it
 INLINE_RECORDS = 1000
-# orjson holds the GIL while it parses or serialises, so even in a thread one call on a big
-# document stops the loop: big produce bodies are parsed, and big answers written, in slices
-JSON_SLICE_BYTES = 1024 * 1024
-JSON_SLICE_ITEMS = 5000
+# a request body's declared length is allocated at once up to this (see _read_body)
 PREALLOCATE_BYTES = 1024 * 1024
 _RECORD_KEYS = frozenset({"key", "value", "headers", "timestamp", "partition"})
 _BODY_KEYS = frozenset({"records", "key_format", "value_format", "expected_offset"})
@@ -153,149 +148,13 @@ def _idempotency_conflict() -> ApiError:
     )
 
 
-_RECORDS_HEAD = re.compile(rb"\s*\{\s*\"records\"\s*:\s*\[\s*")
-_RECORD_SEPARATOR = re.compile(rb"\}\s*,\s*\{")
-
-
-def _loads_in_slices(body: bytes | bytearray, slice_bytes: int = JSON_SLICE_BYTES) -> dict[str, Any] | None:
-    """orjson.loads(body) one slice of records at a time, for a body whose first member is
-    "records", an array of objects: orjson holds the GIL for a whole call (~0.4 s for 19 MB of
-    small records), which would stop the event loop even from a worker thread.
-
-    The array is cut about every `slice_bytes` after a `}` followed by `,` and `{` where the
-    brackets counted from the slice's start balance (a record's end, unless a string holds
-    brackets), and each slice is parsed as an array of its own; the members after the array
-    (from the last `]`) are parsed as an object of their own. A cut inside a string or a nested
-    value leaves a slice that does not parse, so when every part parses the whole is valid JSON
-    and the result is what orjson.loads(body) gives. Returns None when the body does not split
-    that way (the caller parses it whole, which also words the error of a body that is not JSON).
-    """
-    head = _RECORDS_HEAD.match(body)
-    end = body.rfind(b"]")
-    if head is None or end < head.end():
-        return None
-    tail = body[end + 1 :]
-    if b'"records"' in tail:  # a second records member: orjson keeps the last one
-        return None
-    try:
-        doc = orjson.loads(b'{"records":[]' + tail)
-    except orjson.JSONDecodeError:
-        return None
-    records: list[Any] = []
-    start = head.end()
-    while start < end:
-        cut = _record_end(body, start, start + slice_bytes, end) if start + slice_bytes < end else None
-        stop = cut.start() + 1 if cut is not None else end
-        try:
-            records += orjson.loads(b"[" + body[start:stop] + b"]")
-        except orjson.JSONDecodeError:
-            return None
-        start = cut.end() - 1 if cut is not None else end
-    doc["records"] = records
-    return doc
-
-
-def _record_end(body: bytes | bytearray, start: int, at: int, end: int) -> re.Match[bytes] | None:
-    """The first `}`, `,`, `{` at or after `at` (before `end`) where the brackets of
-    body[start:] up to the `}` balance; None if there is none."""
-    depth = 0
-    counted = start
-    while True:
-        cut = _RECORD_SEPARATOR.search(body, at, end)
-        if cut is None:
-            return None
-        stop = cut.start() + 1
-        depth += (
-            body.count(b"{", counted, stop) + body.count(b"[", counted, stop)
-            - body.count(b"}", counted, stop) - body.count(b"]", counted, stop)
-        )
-        if depth == 0:
-            return cut
-        counted = stop
-        at = cut.end() - 1
-
-
-def _dumps_parts(
-    items: list[Any], convert: Callable[[list[Any]], list[Any]], head: bytes, tail: dict[str, Any],
-    weigh: Callable[[Any], int] | None = None,
-) -> list[bytes]:
-    """orjson.dumps({<head>: convert(items), **tail}) (head is '{"name":'), in parts: one
-    orjson call per JSON_SLICE_ITEMS items, or per JSON_SLICE_BYTES of them by `weigh` (see
-    JSON_SLICE_BYTES and responses.PartsResponse)."""
-    rest = b"," + orjson.dumps(tail)[1:] if tail else b"}"
-    slices = _slices(items, weigh)
-    if len(slices) == 1:
-        return [head + orjson.dumps(convert(slices[0])) + rest]
-    parts = [head]
-    for i, chunk in enumerate(slices):
-        part = orjson.dumps(convert(chunk))
-        parts.append((b"[" if i == 0 else b",") + part[1:-1])
-    parts.append(b"]" + rest)
-    return parts
-
-
-def _slices(items: list[Any], weigh: Callable[[Any], int] | None) -> list[list[Any]]:
-    if weigh is None:
-        return [items[i : i + JSON_SLICE_ITEMS] for i in range(0, len(items), JSON_SLICE_ITEMS)] or [items]
-    out = []
-    start = size = 0
-    for i, item in enumerate(items):
-        if i > start and (i - start >= JSON_SLICE_ITEMS or size >= JSON_SLICE_BYTES):
-            out.append(items[start:i])
-            start, size = i, 0
-        size += weigh(item)
-    out.append(items[start:])
-    return out
-
-
 def _record_bytes(record: Any) -> int:
     return 48 + len(record.key or b"") + len(record.value or b"") + sum(len(k) + len(v or b"") for k, v in record.headers)
 
 
-_gc_lock = threading.Lock()
-_gc_pauses = 0
-_gc_was_enabled = False
-_gc_paused_since = 0.0
-# big requests back to back keep the collector paused; past this it runs again (a stall now
-# and then) rather than let cyclic garbage grow for ever
-GC_PAUSE_MAX_S = 60.0
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused while a big request is worked on (process-wide,
-    counted across requests). A big request makes millions of objects without cycles; a
-    collection meanwhile, or the first one after they all survived it, walks them all, holding
-    the GIL (and so the event loop) for a tenth of a second or more each time. Reference
-    counting frees them as usual, and they are gone before the collector is back."""
-    global _gc_pauses, _gc_was_enabled, _gc_paused_since
-    with _gc_lock:
-        if _gc_pauses == 0:
-            _gc_was_enabled = gc.isenabled()
-            _gc_paused_since = time.monotonic()
-            gc.disable()
-        elif _gc_was_enabled and time.monotonic() - _gc_paused_since > GC_PAUSE_MAX_S:
-            gc.enable()
-        _gc_pauses += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pauses -= 1
-            if _gc_pauses == 0 and _gc_was_enabled:
-                gc.enable()
-
-
-def _free(items: list[Any]) -> None:
-    """Empty a big list a slice at a time: freeing a million objects in one call (a list's
-    last reference going, list.clear()) holds the GIL until the last one is gone."""
-    while items:
-        del items[-JSON_SLICE_ITEMS:]
-
-
 def _json_body(body: bytes | bytearray) -> dict[str, Any]:
     if len(body) > JSON_SLICE_BYTES:
-        sliced = _loads_in_slices(body)
+        sliced = loads_in_slices(body)
         if sliced is not None:
             return sliced
     try:
@@ -491,13 +350,13 @@ async def _produce_json(
         prepared = prepare(doc)
         results = await _append_all(prepared.groups, prepared.expected_offset, prepared.producer_id)
         return _offsets_answer(prepared, results, answer), all(r.duplicate for r in results.values())
-    with _gc_paused():
+    with gc_paused():
         prepared = await anyio.to_thread.run_sync(prepare, body if doc is None else doc)
         del doc
         try:
             results = await _append_all(prepared.groups, prepared.expected_offset, prepared.producer_id)
         except Exception:
-            await anyio.to_thread.run_sync(_free, prepared.records)
+            await anyio.to_thread.run_sync(free_in_slices, prepared.records)
             raise
         finish = functools.partial(_offsets_answer, prepared, results, answer)
         return await anyio.to_thread.run_sync(finish), all(r.duplicate for r in results.values())
@@ -533,7 +392,7 @@ def _prepare_json(
         log = engine.partition(topic, p)
         groups[p] = (log, _encode_batches(recs, log, producer_id))
     if type(doc.get("records")) is list:
-        _free(doc["records"])
+        free_in_slices(doc["records"])
     return _PreparedJson(records, groups, expected_offset, producer_id, now)
 
 
@@ -557,15 +416,15 @@ def _offsets_answer(
             "offset": offset,
             "timestamp": result.log_append_time if result.log_append_time >= 0 else ts,
         })
-    _free(prepared.records)
+    free_in_slices(prepared.records)
     try:
         return answer(out)
     finally:
-        _free(out)
+        free_in_slices(out)
 
 
 def _offsets_body(offsets: list[dict[str, int]]) -> list[bytes]:
-    return _dumps_parts(offsets, list, b'{"offsets":', {})
+    return dumps_parts(offsets, list, b'{"offsets":', {})
 
 
 def _partition_answer(offsets: list[dict[str, int]]) -> dict[str, int]:
@@ -718,14 +577,14 @@ async def _produce_raw(
     if len(body) <= VALIDATE_IN_THREAD_BYTES:
         batches, max_timestamp = prepare()
         return await _append_raw(log, batches, expected_offset, producer_id), max_timestamp
-    with _gc_paused():
+    with gc_paused():
         batches, max_timestamp = await anyio.to_thread.run_sync(prepare)
         try:
             result = await _append_raw(log, batches, expected_offset, producer_id)
         except Exception:  # the append is over (a cancelled one may still be queued: left alone)
-            await anyio.to_thread.run_sync(_free, batches)
+            await anyio.to_thread.run_sync(free_in_slices, batches)
             raise
-        await anyio.to_thread.run_sync(_free, batches)
+        await anyio.to_thread.run_sync(free_in_slices, batches)
         return result, max_timestamp
 
 
@@ -813,7 +672,7 @@ async def fetch(
         count = len(result.records)
         parts = await _records_answer(_fetch_body, result, kf, vf)
     else:  # decoded in a worker thread (see PartitionLog.read_records), written in another
-        with _gc_paused():
+        with gc_paused():
             result = await log.read_records(offset, max_records, max_bytes)
             count = len(result.records)
             parts = await _records_answer(_fetch_body, result, kf, vf)
@@ -833,12 +692,12 @@ async def _records_answer(write: Callable[[RecordsResult, str, str], T], result:
 
 def _fetch_body(result: RecordsResult, kf: str, vf: str) -> list[bytes]:
     """The JSON fetch answer (FetchResponse), in parts for a big one."""
-    parts = _dumps_parts(result.records, functools.partial(_records_json, kf=kf, vf=vf), b'{"records":', {
+    parts = dumps_parts(result.records, functools.partial(_records_json, kf=kf, vf=vf), b'{"records":', {
         "next_offset": result.next_offset,
         "high_watermark": result.high_watermark,
         "log_start_offset": result.log_start_offset,
     }, _record_bytes)
-    _free(result.records)  # here: in the worker thread for a big answer
+    free_in_slices(result.records)  # here: in the worker thread for a big answer
     return parts
 
 

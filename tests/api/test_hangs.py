@@ -22,8 +22,7 @@ import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from api import records as records_api
-from api.records import _loads_in_slices
+from api import slicing
 
 # a stream that ends properly sends a few hundred bytes; the spinning one sent hundreds of MB
 STREAM_CAP_BYTES = 1 << 20
@@ -414,11 +413,11 @@ def _brackets_in_strings(value: Any) -> bool:
 )
 @given(doc=bodies, indent=st.booleans(), slice_bytes=st.integers(1, 64), cut=st.integers(0, 10**6), junk=st.sampled_from([b"", b"]", b"},{", b'"', b"\\"]))
 def test_sliced_json_parse_is_the_whole_parse_or_declines(doc, indent, slice_bytes, cut, junk) -> None:
-    """_loads_in_slices (big produce bodies are parsed a slice of records at a time, so that
+    """loads_in_slices (big produce bodies are parsed a slice of records at a time, so that
     orjson never holds the GIL for long) gives exactly orjson.loads(body), or None (the caller
     then parses the body whole), for any body, valid or not."""
     body = orjson.dumps(doc, option=orjson.OPT_INDENT_2 if indent else 0)
-    sliced = _loads_in_slices(body, slice_bytes)
+    sliced = slicing.loads_in_slices(body, slice_bytes)
     rest = {k: v for k, v in doc.items() if k != "records"}
     if body.startswith(b'{"records":') and b"]" not in orjson.dumps(rest) and not _brackets_in_strings(doc):
         assert sliced == doc  # compact, records first, no "]" after them: the slicing applies
@@ -426,7 +425,7 @@ def test_sliced_json_parse_is_the_whole_parse_or_declines(doc, indent, slice_byt
     else:
         assert sliced is None or sliced == doc
     damaged = body[: cut % (len(body) + 1)] + junk + body[cut % (len(body) + 1) :]
-    sliced = _loads_in_slices(damaged, slice_bytes)
+    sliced = slicing.loads_in_slices(damaged, slice_bytes)
     try:
         whole = orjson.loads(damaged)
     except orjson.JSONDecodeError:
@@ -437,15 +436,15 @@ def test_sliced_json_parse_is_the_whole_parse_or_declines(doc, indent, slice_byt
 
 def test_the_gc_pause_is_counted_across_requests_and_restores_the_collector() -> None:
     assert gc.isenabled()
-    with records_api._gc_paused():
+    with slicing.gc_paused():
         assert not gc.isenabled()
-        with records_api._gc_paused():  # a second big request meanwhile
+        with slicing.gc_paused():  # a second big request meanwhile
             assert not gc.isenabled()
         assert not gc.isenabled()
     assert gc.isenabled()
     gc.disable()  # an operator's (or a test's) choice is kept
     try:
-        with records_api._gc_paused():
+        with slicing.gc_paused():
             assert not gc.isenabled()
         assert not gc.isenabled()
     finally:
@@ -453,9 +452,9 @@ def test_the_gc_pause_is_counted_across_requests_and_restores_the_collector() ->
 
 
 def test_big_requests_back_to_back_do_not_pause_the_gc_for_ever(monkeypatch) -> None:
-    monkeypatch.setattr(records_api, "GC_PAUSE_MAX_S", 0.0)
-    with records_api._gc_paused():
+    monkeypatch.setattr(slicing, "GC_PAUSE_MAX_S", 0.0)
+    with slicing.gc_paused():
         assert not gc.isenabled()
-        with records_api._gc_paused():  # the pause has lasted too long: the collector runs again
+        with slicing.gc_paused():  # the pause has lasted too long: the collector runs again
             assert gc.isenabled()
     assert gc.isenabled()
