@@ -107,6 +107,9 @@ class _PartitionCollector:
             "eventlog_corrupt_batches", "damaged batches dropped by recovery or refused by reads",
             labels=["topic", "partition", "where"],
         )
+        waiters = GaugeMetricFamily(
+            "eventlog_partition_waiters", "long-poll fetches and event streams waiting for new records", labels=["topic", "partition"]
+        )
         if engine is not None:
             for log in engine.all_partitions():
                 view = log.view
@@ -115,12 +118,13 @@ class _PartitionCollector:
                 start.add_metric(labels, view.log_start_offset)
                 size.add_metric(labels, view.size_bytes)
                 segments.add_metric(labels, len(view.segments))
+                waiters.add_metric(labels, log.waiters)
                 offline.add_metric(labels, 0)
                 for where, n in log.corrupt_batches.items():
                     corrupt.add_metric([*labels, where], n)
             for part in engine.offline_partitions():
                 offline.add_metric([part.topic, str(part.partition)], 1)
-        return [hw, start, size, segments, offline, corrupt]
+        return [hw, start, size, segments, offline, corrupt, waiters]
 
 
 class _WorkerCollector:

@@ -14,7 +14,8 @@ import functools
 import hashlib
 import itertools
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
 
 import anyio
 import orjson
@@ -25,29 +26,53 @@ from engine import compression
 from engine.errors import (
     CorruptDataError,
     KeyRequiredError,
+    LogClosedError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     PartitionNotFoundError,
     RecordTooLargeError,
     StorageError,
+    TopicDeletedError,
 )
 from engine.format import NO_PRODUCER_ID, set_producer
-from engine.partition_log import AppendResult, PartitionLog, PreparedBatch, prepare_batches, wall_clock_ms
+from engine.partition_log import (
+    INLINE_READ_BYTES,
+    AppendResult,
+    PartitionLog,
+    PreparedBatch,
+    prepare_batches,
+    wall_clock_ms,
+)
 from engine.partitioner import partition_for_key
+from engine.reader import RecordsResult
 from engine.records import encode_batch
 
 from . import formats
 from .auth import Principal, Reader, Writer
 from .deps import Engine, refuse_internal
-from .errors import ApiError
-from .responses import FileRangeResponse
+from .errors import ApiError, ServerPaths
+from .responses import FileRangeResponse, PartsResponse
 from .schemas import FetchResponse, Format, PartitionProduceResponse, ProduceResponse, Problem
+from .slicing import JSON_SLICE_BYTES, dumps_parts, free_in_slices, gc_paused, loads_in_slices
 
 router = APIRouter(prefix="/v1/topics", tags=["records"])
+T = TypeVar("T")
 
 RECORD_BATCH_MEDIA_TYPE = "application/vnd.kafka.record-batch.v2"
-# validating a body walks its records (about 0.4 us each): bigger bodies go to a worker thread
+# No request may hold the event loop for long (every other request waits meanwhile): work that
+# grows with a request goes to a worker thread above these sizes, so inline work stays around
+# a millisecond or two (docs/OPERATIONS.md, "Limits and slow clients"); the work there is done
+# in slices (slicing.py).
+# validating a raw body walks its records (about 0.4 us each)
 VALIDATE_IN_THREAD_BYTES = 128 * 1024
+# a JSON produce costs about 1 us per record (parse, check, encode, answer): bodies above this
+# are parsed in a thread, and requests of more than INLINE_RECORDS records handled there
+INLINE_JSON_BYTES = 64 * 1024
+# records per request handled on the loop: produce (check, encode, the offsets answer) and
+# fetch (decode, JSON); the SSE stream's chunks (500 records) stay under it
+INLINE_RECORDS = 1000
+# a request body's declared length is allocated at once up to this (see _read_body)
+PREALLOCATE_BYTES = 1024 * 1024
 _RECORD_KEYS = frozenset({"key", "value", "headers", "timestamp", "partition"})
 _BODY_KEYS = frozenset({"records", "key_format", "value_format", "expected_offset"})
 _spread = itertools.count()
@@ -124,7 +149,15 @@ def _idempotency_conflict() -> ApiError:
     )
 
 
-def _json_body(body: bytes) -> dict[str, Any]:
+def _record_bytes(record: Any) -> int:
+    return 48 + len(record.key or b"") + len(record.value or b"") + sum(len(k) + len(v or b"") for k, v in record.headers)
+
+
+def _json_body(body: bytes | bytearray) -> dict[str, Any]:
+    if len(body) > JSON_SLICE_BYTES:
+        sliced = loads_in_slices(body)
+        if sliced is not None:
+            return sliced
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -226,7 +259,40 @@ def _encode_batches(records: list[tuple], log: PartitionLog, producer_id: int = 
             return build(chunk[:mid], sequence) + build(chunk[mid:], sequence + mid)
         return prepare_batches(batch, config, check_records=False)
 
-    return build(records, 0)
+    if codec != compression.NONE or len(records) <= INLINE_RECORDS:
+        return build(records, 0)
+    # a big request: encoding it whole, then in halves until each fits, would encode every
+    # record log2(size / limit) times; cut it by estimated size first (halving stays the
+    # fallback should an estimate fall short)
+    out: list[PreparedBatch] = []
+    sequence = 0
+    for chunk in _cut_by_size(records, limit - BATCH_HEADER_BYTES):
+        out += build(chunk, sequence)
+        sequence += len(chunk)
+    return out
+
+
+# a record's bytes beyond its key, value and header bytes: the length, attributes, timestamp
+# and offset deltas and the key/value/header lengths, as varints (most are 1-3 bytes)
+RECORD_OVERHEAD_BYTES = 24
+BATCH_HEADER_BYTES = 61
+
+
+def _cut_by_size(records: list[tuple], limit: int) -> list[list[tuple]]:
+    """Consecutive runs of records whose estimated encoded size fits `limit`."""
+    chunks = []
+    start = 0
+    size = 0
+    for i, (_p, k, v, _ts, h) in enumerate(records):
+        n = RECORD_OVERHEAD_BYTES + (len(k) if k is not None else 0) + (len(v) if v is not None else 0)
+        if h:
+            n += sum(len(hk) * 3 + (len(hv) if hv is not None else 0) + 10 for hk, hv in h)
+        if size + n > limit and i > start:
+            chunks.append(records[start:i])
+            start, size = i, 0
+        size += n
+    chunks.append(records[start:])
+    return chunks
 
 
 async def _append_all(
@@ -261,20 +327,62 @@ async def _append_all(
 
 
 async def _produce_json(
-    engine, topic: str, body: bytes, fixed_partition: int | None, request: Request, principal: Principal
-) -> tuple[list[dict[str, int]], bool]:
-    """(offsets in request order, whether the whole request was a replay of an earlier one)."""
+    engine, topic: str, body: bytes | bytearray, fixed_partition: int | None, request: Request, principal: Principal,
+    answer: Callable[[list[dict[str, int]]], T],
+) -> tuple[T, bool]:
+    """(answer(offsets in request order), whether the whole request was a replay of an earlier
+    one). A big request is parsed, checked, encoded and answered in worker threads, and its
+    million objects are freed there too (freeing them takes a while as well)."""
     refuse_internal(topic)
     state = engine.topic(topic)
     if fixed_partition is not None:
         engine.partition(topic, fixed_partition)
-    now = wall_clock_ms()
-    doc = _json_body(body)
+    prepare = functools.partial(
+        _prepare_json, engine, request, principal, topic, len(state.partitions), fixed_partition, wall_clock_ms()
+    )
+    doc = None
+    big = len(body) > INLINE_JSON_BYTES
+    if not big:
+        doc = _json_body(body)
+        records_in = doc.get("records")
+        big = type(records_in) is list and len(records_in) > INLINE_RECORDS
+        del records_in
+    if not big:
+        prepared = prepare(doc)
+        results = await _append_all(prepared.groups, prepared.expected_offset, prepared.producer_id)
+        return _offsets_answer(prepared, results, answer), all(r.duplicate for r in results.values())
+    with gc_paused():
+        prepared = await anyio.to_thread.run_sync(prepare, body if doc is None else doc)
+        del doc
+        try:
+            results = await _append_all(prepared.groups, prepared.expected_offset, prepared.producer_id)
+        except Exception:
+            await anyio.to_thread.run_sync(free_in_slices, prepared.records)
+            raise
+        finish = functools.partial(_offsets_answer, prepared, results, answer)
+        return await anyio.to_thread.run_sync(finish), all(r.duplicate for r in results.values())
+
+
+@dataclass(slots=True)
+class _PreparedJson:
+    records: list[tuple]  # (partition, key, value, timestamp, headers) in request order
+    groups: dict[int, tuple[PartitionLog, list[PreparedBatch]]]  # partition -> (log, batches)
+    expected_offset: int | None
+    producer_id: int
+    now: int
+
+
+def _prepare_json(
+    engine, request: Request, principal: Principal, topic: str, partitions: int, fixed_partition: int | None,
+    now: int, body: bytes | bytearray | dict[str, Any],
+) -> _PreparedJson:
+    """Parse (unless given the document), check and encode a JSON produce; raises on bad input."""
+    doc = body if isinstance(body, dict) else _json_body(body)
     expected_offset = _expected_offset(request, doc)
     producer_id = idempotent_producer_id(principal, request)
     # a retry must send unkeyed records to the same partitions as the first attempt
     spread = itertools.count(producer_id) if producer_id >= 0 else _spread
-    records = _parse_records(doc, topic, len(state.partitions), fixed_partition=fixed_partition, now=now, spread=spread)
+    records = _parse_records(doc, topic, partitions, fixed_partition=fixed_partition, now=now, spread=spread)
     by_partition: dict[int, list[tuple]] = {}
     for rec in records:
         by_partition.setdefault(rec[0], []).append(rec)
@@ -284,12 +392,20 @@ async def _produce_json(
     for p, recs in by_partition.items():
         log = engine.partition(topic, p)
         groups[p] = (log, _encode_batches(recs, log, producer_id))
-    results = await _append_all(groups, expected_offset, producer_id)
+    if type(doc.get("records")) is list:
+        free_in_slices(doc["records"])
+    return _PreparedJson(records, groups, expected_offset, producer_id, now)
+
+
+def _offsets_answer(
+    prepared: _PreparedJson, results: dict[int, AppendResult], answer: Callable[[list[dict[str, int]]], T]
+) -> T:
     # offsets in request order: the i-th record of partition p is result.base_offset + i
     # (the batches of one append get consecutive offsets)
+    now = prepared.now
     seen: dict[int, int] = {}
     out = []
-    for p, _k, _v, ts, _h in records:
+    for p, _k, _v, ts, _h in prepared.records:
         i = seen.get(p, 0)
         seen[p] = i + 1
         result = results[p]
@@ -301,14 +417,35 @@ async def _produce_json(
             "offset": offset,
             "timestamp": result.log_append_time if result.log_append_time >= 0 else ts,
         })
-    return out, all(r.duplicate for r in results.values())
+    free_in_slices(prepared.records)
+    try:
+        return answer(out)
+    finally:
+        free_in_slices(out)
+
+
+def _offsets_body(offsets: list[dict[str, int]]) -> list[bytes]:
+    return dumps_parts(offsets, list, b'{"offsets":', {})
+
+
+def _partition_answer(offsets: list[dict[str, int]]) -> dict[str, int]:
+    return {
+        "partition": offsets[0]["partition"],
+        "base_offset": offsets[0]["offset"],
+        "last_offset": offsets[-1]["offset"],
+        "timestamp": max(o["timestamp"] for o in offsets),
+    }
 
 
 async def _read_body(request: Request) -> bytearray:
     """The body straight into one writable buffer (offsets are then rewritten in place): no
-    joined copy, no second copy for prepare_batches."""
+    joined copy (joining 64 MiB held the event loop ~60 ms), no second copy for prepare_batches.
+    Up to PREALLOCATE_BYTES, the declared length is allocated at once; a bigger buffer grows as
+    the bytes arrive (zeroing 64 MiB up front held the loop ~55 ms, and would hold the memory of
+    a client that declares a big body and sends nothing)."""
     declared = request.headers.get("content-length")
-    buf = bytearray(int(declared)) if declared and declared.isdigit() else bytearray()
+    size = int(declared) if declared and declared.isdigit() else 0
+    buf = bytearray(size) if size <= PREALLOCATE_BYTES else bytearray()
     view = memoryview(buf)
     filled = 0
     async for chunk in request.stream():
@@ -330,6 +467,10 @@ async def _read_body(request: Request) -> bytearray:
 def _stream_error(exc: Exception, position: int) -> dict[str, Any]:
     if isinstance(exc, CorruptDataError):
         return {"code": "corrupt_data", "detail": str(exc), "offset": position, "first_offset": exc.first_offset, "last_offset": exc.last_offset}
+    if isinstance(exc, TopicDeletedError):
+        return {"code": "topic_deleted", "detail": str(exc), "offset": position}
+    if isinstance(exc, LogClosedError):
+        return {"code": "unavailable", "detail": "the server is shutting down", "offset": position}
     if isinstance(exc, StorageError):
         return {"code": "storage_error", "detail": str(exc), "offset": position}
     if isinstance(exc, OffsetOutOfRangeError):
@@ -373,9 +514,9 @@ async def produce(
     principal: Writer,
     idempotency_key: str | None = Header(None, alias="Idempotency-Key", description=IDEMPOTENCY_KEY_DOC),
 ) -> Response:
-    offsets, replayed = await _produce_json(engine, topic, await request.body(), None, request, principal)
+    parts, replayed = await _produce_json(engine, topic, await _read_body(request), None, request, principal, _offsets_body)
     headers = {REPLAYED_HEADER: "true"} if replayed else None
-    return Response(orjson.dumps({"offsets": offsets}), media_type="application/json", headers=headers)
+    return PartsResponse(parts, media_type="application/json", headers=headers)
 
 
 @router.post(
@@ -406,42 +547,22 @@ async def produce_to_partition(
     refuse_internal(topic)
     log = engine.partition(topic, partition)
     content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    body = await _read_body(request) if content_type == RECORD_BATCH_MEDIA_TYPE else await request.body()
+    body = await _read_body(request)
     if content_type == RECORD_BATCH_MEDIA_TYPE:
         expected_offset = _expected_offset(request, None)
         producer_id = idempotent_producer_id(principal, request)
-        validate = functools.partial(
-            prepare_batches, body, log.config, topic=log.topic,
-            max_inflated_bytes=request.app.state.settings.max_inflated_bytes_per_request,
-        )
-        if len(body) > VALIDATE_IN_THREAD_BYTES:
-            batches = await anyio.to_thread.run_sync(validate)
-        else:
-            batches = validate()
-        if producer_id >= 0:
-            batches = _stamp_producer(batches, producer_id)
-        try:
-            result = await log.append(batches, expected_offset=expected_offset)
-        except OutOfOrderSequenceError:
-            if producer_id < 0:
-                raise
-            raise _idempotency_conflict() from None
+        max_inflated = request.app.state.settings.max_inflated_bytes_per_request
+        result, max_timestamp = await _produce_raw(log, body, expected_offset, producer_id, max_inflated)
         if result.log_append_time >= 0:
             timestamp = result.log_append_time
         elif result.duplicate:
             timestamp = max(result.batch_max_timestamps)
         else:
-            timestamp = max(b.header.max_timestamp for b in batches)
+            timestamp = max_timestamp
         payload = {"partition": partition, "base_offset": result.base_offset, "last_offset": result.last_offset, "timestamp": timestamp}
         replayed = result.duplicate
     elif content_type in ("application/json", ""):
-        offsets, replayed = await _produce_json(engine, topic, body, partition, request, principal)
-        payload = {
-            "partition": partition,
-            "base_offset": offsets[0]["offset"],
-            "last_offset": offsets[-1]["offset"],
-            "timestamp": max(o["timestamp"] for o in offsets),
-        }
+        payload, replayed = await _produce_json(engine, topic, body, partition, request, principal, _partition_answer)
     else:
         raise ApiError(415, "unsupported_media_type", f"use application/json or {RECORD_BATCH_MEDIA_TYPE}")
     # the offset a follow-up conditional append expects (If-Match)
@@ -449,6 +570,46 @@ async def produce_to_partition(
     if replayed:
         headers[REPLAYED_HEADER] = "true"
     return Response(orjson.dumps(payload), media_type="application/json", headers=headers)
+
+
+async def _produce_raw(
+    log: PartitionLog, body: bytearray, expected_offset: int | None, producer_id: int, max_inflated_bytes: int
+) -> tuple[AppendResult, int]:
+    """(the append's result, the batches' max timestamp). A big body (it may hold a million
+    small batches) is checked in a worker thread and its batch objects are freed there."""
+    prepare = functools.partial(_prepare_raw, body, log, producer_id, max_inflated_bytes)
+    if len(body) <= VALIDATE_IN_THREAD_BYTES:
+        batches, max_timestamp = prepare()
+        return await _append_raw(log, batches, expected_offset, producer_id), max_timestamp
+    with gc_paused():
+        batches, max_timestamp = await anyio.to_thread.run_sync(prepare)
+        try:
+            result = await _append_raw(log, batches, expected_offset, producer_id)
+        except Exception:  # the append is over (a cancelled one may still be queued: left alone)
+            await anyio.to_thread.run_sync(free_in_slices, batches)
+            raise
+        await anyio.to_thread.run_sync(free_in_slices, batches)
+        return result, max_timestamp
+
+
+async def _append_raw(log: PartitionLog, batches: list[PreparedBatch], expected_offset: int | None, producer_id: int) -> AppendResult:
+    try:
+        return await log.append(batches, expected_offset=expected_offset)
+    except OutOfOrderSequenceError:
+        if producer_id < 0:
+            raise
+        raise _idempotency_conflict() from None
+
+
+def _prepare_raw(
+    body: bytearray, log: PartitionLog, producer_id: int, max_inflated_bytes: int
+) -> tuple[list[PreparedBatch], int]:
+    """(validated batches, carrying the Idempotency-Key's producer id if any, their max
+    timestamp). Compressed batches inflate to at most `max_inflated_bytes` in all."""
+    batches = prepare_batches(body, log.config, topic=log.topic, max_inflated_bytes=max_inflated_bytes)
+    if producer_id >= 0:
+        batches = _stamp_producer(batches, producer_id)
+    return batches, max(b.header.max_timestamp for b in batches)
 
 
 def _stamp_producer(batches: list[PreparedBatch], producer_id: int) -> list[PreparedBatch]:
@@ -514,21 +675,52 @@ async def fetch(
             slice_.handle, slice_.position, slice_.size, lambda: log.read_slice(slice_),
             media_type=RECORD_BATCH_MEDIA_TYPE, headers=headers,
         )
-    result = await log.read_records(offset, max_records, max_bytes)
-    records = _records_json(result.records, key_format.value, value_format.value)
+    kf, vf = key_format.value, value_format.value
+    if max_records <= INLINE_RECORDS and max_bytes <= INLINE_READ_BYTES:
+        result = await log.read_records(offset, max_records, max_bytes)
+        count = len(result.records)
+        parts = await _records_answer(_fetch_body, result, kf, vf)
+    else:  # decoded in a worker thread (see PartitionLog.read_records), written in another
+        with gc_paused():
+            result = await log.read_records(offset, max_records, max_bytes)
+            count = len(result.records)
+            parts = await _records_answer(_fetch_body, result, kf, vf)
     metrics = request.app.state.metrics
-    metrics.fetched_records.labels(topic).inc(len(records))
+    metrics.fetched_records.labels(topic).inc(count)
     metrics.fetched_bytes.labels(topic).inc(result.bytes_read)
-    body = {
-        "records": records,
+    return PartsResponse(parts, media_type="application/json")
+
+
+async def _records_answer(write: Callable[[RecordsResult, str, str], T], result: RecordsResult, kf: str, vf: str) -> T:
+    """write(result, kf, vf): inline for a small read, else in a worker thread (a first batch
+    may be far above max_bytes, up to max.message.bytes)."""
+    if len(result.records) <= INLINE_RECORDS and result.bytes_read <= INLINE_READ_BYTES:
+        return write(result, kf, vf)
+    return await anyio.to_thread.run_sync(write, result, kf, vf)
+
+
+def _fetch_body(result: RecordsResult, kf: str, vf: str) -> list[bytes]:
+    """The JSON fetch answer (FetchResponse), in parts for a big one."""
+    parts = dumps_parts(result.records, functools.partial(_records_json, kf=kf, vf=vf), b'{"records":', {
         "next_offset": result.next_offset,
         "high_watermark": result.high_watermark,
         "log_start_offset": result.log_start_offset,
-    }
-    return Response(orjson.dumps(body), media_type="application/json")
+    }, _record_bytes)
+    free_in_slices(result.records)  # here: in the worker thread for a big answer
+    return parts
 
 
 SSE_KEEPALIVE_S = 15.0
+SSE_CHUNK_RECORDS = 500
+SSE_CHUNK_BYTES = 1024 * 1024
+
+
+def _sse_events(result: RecordsResult, kf: str, vf: str) -> bytes:
+    """One `record` event per record."""
+    return b"".join(
+        b"id: %d\nevent: record\ndata: %s\n\n" % (record["offset"], orjson.dumps(record))
+        for record in _records_json(result.records, kf, vf)
+    )
 
 
 @router.get(
@@ -566,26 +758,43 @@ async def stream(
     kf, vf = key_format.value, value_format.value
     metrics = request.app.state.metrics
 
+    position = offset
+
+    async def next_chunk() -> bytes:
+        """The next records as events, or a keep-alive comment after SSE_KEEPALIVE_S without
+        any; raises LogClosedError once the topic is deleted or the server shuts down."""
+        nonlocal position
+        if engine.stopping or log.waiting_stopped:
+            raise LogClosedError(log.name)
+        log.check_open()
+        if position >= log.high_watermark and not await log.wait_for_data(position, SSE_KEEPALIVE_S):
+            return b": keepalive\n\n"
+        result = await log.read_records(position, SSE_CHUNK_RECORDS, SSE_CHUNK_BYTES)
+        metrics.fetched_records.labels(topic).inc(len(result.records))
+        chunk = await _records_answer(_sse_events, result, kf, vf)
+        position = max(result.next_offset, position)
+        return chunk
+
+    paths = ServerPaths.of(request)
+
     async def events():
-        position = offset
         yield b": streaming " + f"{topic}/{partition} from offset {position}".encode() + b"\n\n"
-        while not engine.stopping:
-            if position >= log.high_watermark:
-                if not await log.wait_for_data(position, SSE_KEEPALIVE_S):
-                    yield b": keepalive\n\n"
-                    continue
+        while True:
+            # uvicorn's send returns without suspending while the socket takes the bytes: every
+            # round must give the loop a turn, or a stream that always has something to send
+            # holds it
+            await anyio.lowlevel.checkpoint()
             try:
-                result = await log.read_records(position, 500, 1024 * 1024)
-                records = _records_json(result.records, kf, vf)
-            except (ApiError, OffsetOutOfRangeError, StorageError) as exc:  # retention passed us, bytes the format cannot show, a failed read
-                yield b"event: error\ndata: " + orjson.dumps(_stream_error(exc, position)) + b"\n\n"
+                chunk = await next_chunk()
+            except (ApiError, OffsetOutOfRangeError, StorageError, LogClosedError) as exc:
+                # retention passed us, bytes the format cannot show, a failed read, the topic
+                # deleted, shutdown: say why, then end the stream
+                event = _stream_error(exc, position)
+                if paths is not None:  # no absolute server paths in answers
+                    event["detail"] = paths.scrub(event["detail"])
+                yield b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
                 return
-            chunk = [
-                b"id: %d\nevent: record\ndata: %s\n\n" % (record["offset"], orjson.dumps(record)) for record in records
-            ]
-            metrics.fetched_records.labels(topic).inc(len(result.records))
             if chunk:
-                yield b"".join(chunk)
-            position = max(result.next_offset, position)
+                yield chunk
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

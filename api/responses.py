@@ -1,4 +1,6 @@
-"""A response that sends a range of a segment file, zero-copy where the server allows it.
+"""Responses beyond Starlette's: a range of a segment file (zero-copy where the server allows
+it), and a body sent in parts.
+
 
 ASGI servers that implement the `http.response.zerocopysend` extension (it appears in
 scope["extensions"]) get the file descriptor, offset and count, and can sendfile() the batches
@@ -48,3 +50,24 @@ class FileRangeResponse(Response):
     @property
     def bytes_sent(self) -> int:
         return self.count
+
+
+class PartsResponse(Response):
+    """A body given as parts, sent one `http.response.body` message each (Content-Length is
+    their total). A big JSON answer (a million offsets: ~50 MB) is never joined into one bytes
+    object: each join or copy of it would hold the GIL, and so the event loop, for tens of ms;
+    and the transport's flow control paces the parts."""
+
+    def __init__(self, parts: list[bytes], *, media_type: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(b"", media_type=media_type, headers=headers)
+        self.parts = parts
+        self.headers["content-length"] = str(sum(len(p) for p in parts))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        parts = self.parts
+        for i, part in enumerate(parts):
+            await send({"type": "http.response.body", "body": part, "more_body": i < len(parts) - 1})
+            parts[i] = b""
+        if not parts:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})

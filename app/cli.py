@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -27,6 +28,8 @@ cli = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+# beyond the two shutdown_timeout_ms waits: checkpoints, the clean-shutdown markers
+SHUTDOWN_SLACK_S = 10.0
 
 
 def _settings(**overrides: object) -> Settings:
@@ -41,12 +44,21 @@ def _settings(**overrides: object) -> Settings:
 class _Server(uvicorn.Server):
     """uvicorn's server, minus re-raising the shutdown signal afterwards: SIGTERM and SIGINT
     mean a clean shutdown and exit status 0. The first signal also ends long-polls and event
-    streams at once (on_exit), so the graceful wait for open requests is short."""
+    streams at once (on_exit), so the graceful wait for open requests is short, and arms a
+    watchdog: a shutdown still running `watchdog_s` later (a writer stuck in a system call on a
+    hung disk, which no task can cancel) ends the process with status 1. Acknowledged appends
+    were fsynced; the next start recovers as after a crash."""
 
     on_exit: Callable[[], None] | None = None
+    watchdog_s: float | None = None
+    _watchdog: threading.Timer | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
+        if self._watchdog is None and self.watchdog_s is not None:
+            self._watchdog = threading.Timer(self.watchdog_s, _shutdown_overdue, (self.watchdog_s,))
+            self._watchdog.daemon = True
+            self._watchdog.start()
         if self.on_exit is not None:
             self.on_exit()
 
@@ -62,6 +74,15 @@ class _Server(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _shutdown_overdue(after_s: float) -> None:
+    logging.getLogger("eventlog.app").error(
+        "shutdown did not finish within %.0f s of the signal; exiting now without a clean close "
+        "(the next start recovers the partitions)", after_s,
+    )
+    logging.shutdown()
+    os._exit(1)
 
 
 class _HideStartupTraceback(logging.Filter):
@@ -137,6 +158,8 @@ def serve(
     logging.getLogger("uvicorn.error").addFilter(_HideStartupTraceback(app))
     server = _Server(uvicorn_config(app, settings))
     server.on_exit = lambda: begin_shutdown(app)
+    # requests get shutdown_timeout_ms, then the partition writers as long again
+    server.watchdog_s = 2 * settings.shutdown_timeout_ms / 1000 + SHUTDOWN_SLACK_S
     try:
         server.run()  # on uvloop when installed (uvicorn picks the loop)
     except SystemExit:  # uvicorn exits with status 3 when the lifespan fails

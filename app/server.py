@@ -270,7 +270,7 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         log_config=None,
         log_level=settings.log_level,
         access_log=False,  # our middleware writes structured access lines (eventlog.access)
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=settings.shutdown_timeout_ms / 1000,  # type: ignore[arg-type] # wait_for takes floats
         limit_concurrency=settings.limit_concurrency,
         timeout_keep_alive=settings.timeout_keep_alive_ms / 1000,  # type: ignore[arg-type] # call_later takes floats
         backlog=settings.backlog,

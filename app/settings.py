@@ -62,6 +62,11 @@ class Settings(BaseSettings):
         "(long-polls: plus max_wait_ms; event streams exempt); a response the client does not read for this long is dropped",
     )
     header_timeout_ms: int = Field(10_000, ge=100, description="time for a request line and headers to arrive")
+    shutdown_timeout_ms: int = Field(
+        30_000, ge=100, description="on SIGTERM: how long open requests may finish (uvicorn's timeout_graceful_shutdown), "
+        "then how long partition writers may finish; a shutdown still running after twice this plus 10 s ends the "
+        "process at once (exit status 1; the next start recovers)",
+    )
     max_header_bytes: int = Field(
         64 * 1024, ge=1024, le=16 * 1024 * 1024,
         description="largest request line + headers (431 above it); uvicorn's h11_max_incomplete_event_size",
@@ -201,6 +206,7 @@ class Settings(BaseSettings):
             default_partitions=self.default_partitions,
             max_partitions=self.max_partitions,
             producer_id_expiration_ms=self.producer_id_expiration_ms,
+            writer_stop_timeout_ms=self.shutdown_timeout_ms,
         )
 
     @property

@@ -22,6 +22,7 @@
     │   ├── OutOfOrderSequenceError
     │   └── ProducerFencedError
     ├── LogClosedError
+    │   └── TopicDeletedError
     ├── OpenFilesLimitError
     ├── DataDirError
     │   └── DataDirLockedError
@@ -291,6 +292,15 @@ class LogClosedError(EngineError):
     def __init__(self, name: str) -> None:
         super().__init__(f"partition log {name} is closed")
         self.name = name
+
+
+class TopicDeletedError(LogClosedError):
+    """Raised when a request reaches (or waits on) a partition log whose topic was deleted."""
+
+    def __init__(self, name: str, topic: str) -> None:
+        EngineError.__init__(self, f"topic {topic!r} was deleted")
+        self.name = name
+        self.topic = topic
 
 
 class DataDirError(EngineError):

@@ -147,16 +147,17 @@ def pwrite_all(fd: int, buffers: list, position: int) -> int:
     io_fault("write", fd)
     views = [memoryview(b) for b in buffers if len(b)]
     written = 0
-    while views:
-        n = os.pwritev(fd, views[:1024], position + written)  # 1024 = IOV_MAX
+    first = 0  # views before it are written (an index: pop(0) made a write of many batches quadratic)
+    while first < len(views):
+        n = os.pwritev(fd, views[first : first + 1024], position + written)  # 1024 = IOV_MAX
         written += n
-        while n and views:
-            head = views[0]
+        while n and first < len(views):
+            head = views[first]
             if n >= len(head):
                 n -= len(head)
-                views.pop(0)
+                first += 1
             else:
-                views[0] = head[n:]
+                views[first] = head[n:]
                 n = 0
     return written
 

@@ -105,6 +105,8 @@ class EngineConfig:
     # idempotent producers (and Idempotency-Key requests) are remembered this long after
     # their last batch's timestamp (Kafka's producer.id.expiration.ms)
     producer_id_expiration_ms: int = DEFAULT_EXPIRATION_MS
+    # how long deleting a topic, and shutdown, wait for a closed partition's writer to finish
+    writer_stop_timeout_ms: int = 30_000
 
 
 @dataclass(eq=False)
@@ -575,9 +577,8 @@ class LogManager:
             del self.topics[name]
             logs = state.online_partitions
             for log in logs:
-                await log.close()
-            for log in logs:
-                await log.stopped.wait()
+                await log.close(deleted=True)  # ends its streams and long-polls at once
+            await self._wait_stopped(logs, f"deleting {name}")
             doomed = []
             for log in state.partitions:
                 if isinstance(log, OfflinePartition):
@@ -767,6 +768,21 @@ class LogManager:
 
     # -- shutdown -----------------------------------------------------------------------------
 
+    async def _wait_stopped(self, logs: list[PartitionLog], why: str) -> bool:
+        """Wait for closed logs' writers to finish (their queued appends, the final fsync), at
+        most writer_stop_timeout_ms: a writer stuck in a system call (a hung disk) must not
+        hold a topic deletion or shutdown for ever. False, and an error logged, on timeout."""
+        with anyio.move_on_after(self.config.writer_stop_timeout_ms / 1000):
+            for log in logs:
+                await log.stopped.wait()
+            return True
+        stuck = [log.name for log in logs if not log.stopped.is_set()]
+        logger.error(
+            "%s: the writer of %s did not stop within %d ms (a hung disk?); going on without it",
+            why, ", ".join(stuck), self.config.writer_stop_timeout_ms,
+        )
+        return False
+
     def begin_shutdown(self) -> None:
         """Shutdown is coming: end long-polls and streams now. Call on the event loop."""
         self.stopping = True
@@ -778,9 +794,9 @@ class LogManager:
         logs = self.all_partitions()
         for log in logs:
             await log.close()
-        for log in logs:
-            await log.stopped.wait()
-        unclean = [log.name for log in logs if log.failed is not None] + [o.name for o in self._offline.values()]
+        await self._wait_stopped(logs, "shutdown")
+        unclean = [log.name for log in logs if log.failed is not None or not log.stopped.is_set()]
+        unclean += [o.name for o in self._offline.values()]
         for d in self.dirs:
             await self._write_checkpoints(d)
             tails = {

@@ -4,7 +4,6 @@ segment file the server may not write (chattr +i)."""
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import subprocess

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from engine import filenames, reader
 from engine.config import LogConfig
 from engine.dump import LogDump, iter_log, read_offset_index, read_time_index, verify_offset_index, verify_time_index
-from engine.errors import CorruptBatchError, LogClosedError, OffsetOutOfRangeError, RecordTooLargeError
+from engine.errors import CorruptBatchError, LogClosedError, OffsetOutOfRangeError, RecordTooLargeError, TopicDeletedError
 from engine.format import parse_header, validate_batch
 from engine.partition_log import PreparedBatch, prepare_batches
 from engine.records import decode_batch, encode_batch
@@ -288,6 +288,52 @@ async def test_appends_after_close_are_refused(tmp_path: Path) -> None:
         pass
     with pytest.raises(LogClosedError):
         await append_records(log, [(b"k", b"v", T0, [])])
+
+
+async def test_closing_a_log_ends_every_wait_at_once(tmp_path: Path) -> None:
+    """Waits on a closed log raise instead of returning False without suspending: an event
+    stream that looped on wait_for_data spun for ever on a deleted topic (issue 11)."""
+    async with running_log(tmp_path / "t-0") as log:
+        ended: list[type] = []
+
+        async def waiter() -> None:
+            with pytest.raises(LogClosedError) as caught:
+                await log.wait_for_data(0, 60)
+            ended.append(type(caught.value))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            assert log.waiters == 2
+            with anyio.fail_after(5):
+                await log.close(deleted=True)
+        assert ended == [TopicDeletedError, TopicDeletedError] and log.waiters == 0
+        with anyio.fail_after(5), pytest.raises(TopicDeletedError, match="'t' was deleted"):
+            await log.wait_for_data(0, 60)
+        with pytest.raises(TopicDeletedError):
+            await append_records(log, [(b"k", b"v", T0, [])])
+
+
+async def test_stop_waiting_releases_waits_then_close_refuses_them(tmp_path: Path) -> None:
+    async with running_log(tmp_path / "t-0") as log:
+        await append_records(log, [(b"k", b"v", T0, [])])
+        async with anyio.create_task_group() as tg:
+            results: list[bool] = []
+
+            async def waiter() -> None:
+                results.append(await log.wait_for_data(1, 60))
+
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            log.stop_waiting()
+        assert results == [False] and log.waiting_stopped
+        with anyio.fail_after(5):
+            assert not await log.wait_for_data(1, 60)  # at once from now on
+            assert await log.wait_for_data(0, 60)  # data there: True, as before
+    with anyio.fail_after(5), pytest.raises(LogClosedError) as caught:
+        await log.wait_for_data(1, 60)
+    assert type(caught.value) is LogClosedError  # shut down, not deleted
 
 
 async def test_deferred_flush_acknowledges_before_fsync(tmp_path: Path) -> None:

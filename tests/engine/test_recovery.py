@@ -246,7 +246,7 @@ async def test_a_bad_tail_after_a_clean_shutdown_is_recovered_as_after_a_crash(t
     garbage = (651 - 12).to_bytes(8, "big") * 2 + bytes(range(256)) * 2
     with open(last, "ab") as f:
         f.write(garbage)
-    async with running_log(directory, CONFIG, clean_shutdown=True, recovery_point=len(written)) as log:
+    async with running_log(directory, CONFIG, clean_shutdown=True, recovery_point=len(written)):
         pass  # (running_log passes no tail: an old marker; the header check finds the garbage)
     loaded = _load_clean(directory, tail, len(written))
     assert loaded.stats.scanned_segments == 0 and loaded.stats.truncated_bytes == 0
