@@ -580,11 +580,11 @@ async def _produce_raw(
     prepare = functools.partial(_prepare_raw, body, log, producer_id, max_inflated_bytes)
     if len(body) <= VALIDATE_IN_THREAD_BYTES:
         batches, max_timestamp = prepare()
-        return await _append_raw(log, batches, expected_offset, producer_id), max_timestamp
+        return await _append_raw(log, batches, expected_offset, producer_id, len(body)), max_timestamp
     with gc_paused():
         batches, max_timestamp = await anyio.to_thread.run_sync(prepare)
         try:
-            result = await _append_raw(log, batches, expected_offset, producer_id)
+            result = await _append_raw(log, batches, expected_offset, producer_id, len(body))
         except Exception:  # the append is over (a cancelled one may still be queued: left alone)
             await anyio.to_thread.run_sync(free_in_slices, batches)
             raise
@@ -592,9 +592,12 @@ async def _produce_raw(
         return result, max_timestamp
 
 
-async def _append_raw(log: PartitionLog, batches: list[PreparedBatch], expected_offset: int | None, producer_id: int) -> AppendResult:
+async def _append_raw(
+    log: PartitionLog, batches: list[PreparedBatch], expected_offset: int | None, producer_id: int, size: int
+) -> AppendResult:
+    """`size`: the batches' bytes (the whole body: prepare_batches refuses anything else in it)."""
     try:
-        return await log.append(batches, expected_offset=expected_offset)
+        return await log.append(batches, expected_offset=expected_offset, size=size)
     except OutOfOrderSequenceError:
         if producer_id < 0:
             raise

@@ -563,7 +563,9 @@ class PartitionLog:
             raise self._closed_error() from None
         return await op.wait()
 
-    async def append(self, batches: Sequence[PreparedBatch], *, expected_offset: int | None = None) -> AppendResult:
+    async def append(
+        self, batches: Sequence[PreparedBatch], *, expected_offset: int | None = None, size: int | None = None
+    ) -> AppendResult:
         """Append validated batches (see prepare_batches) as one unit; returns once durable.
 
         The batches of one call get consecutive offsets and are never interleaved with other
@@ -571,13 +573,15 @@ class PartitionLog:
         offset equals it (OffsetMismatchError otherwise, nothing written). Batches carrying a
         producer id are checked as Kafka's idempotent producer: a retry of batches already
         written returns their offsets (result.duplicate); a sequence gap or an old epoch raises.
-        A full disk raises StorageFullError and leaves the log as it was.
+        A full disk raises StorageFullError and leaves the log as it was. `size`, the batches'
+        total bytes, may be given by a caller that counted them off the event loop (a million
+        small batches take a while to add up).
         """
         if not batches:
             raise CorruptBatchError("nothing to append")
-        return await self._submit(
-            _Append(batches=batches, size=sum(b.header.size for b in batches), expected_offset=expected_offset)
-        )
+        if size is None:
+            size = sum(b.header.size for b in batches)
+        return await self._submit(_Append(batches=batches, size=size, expected_offset=expected_offset))
 
     async def call_in_writer(
         self,
