@@ -310,7 +310,8 @@ class IndexFile:
         assert self._buffer is not None
         view = memoryview(self._buffer)[written * self.ENTRY_SIZE : count * self.ENTRY_SIZE]
         try:
-            pwrite_all(self._writable_handle().fd, [view], written * self.ENTRY_SIZE)
+            handle = self._writable_handle()  # held for the call: the budget may drop ours
+            pwrite_all(handle.fd, [view], written * self.ENTRY_SIZE)
         except OSError as exc:
             raise storage_error(exc, self.path, "cannot write index entries") from exc
         self._written = count

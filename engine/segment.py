@@ -288,7 +288,8 @@ class LogSegment:
             end = self.size if end_position is None else end_position
             if end < HEADER_SIZE:
                 return NO_TIMESTAMP
-            header = parse_header(pread_exact(self.open_handle().fd, HEADER_SIZE, 0), 0)
+            handle = self.open_handle()  # held while its descriptor is in use
+            header = parse_header(pread_exact(handle.fd, HEADER_SIZE, 0), 0)
             self._first_timestamp = header.max_timestamp
         return self._first_timestamp
 
@@ -359,7 +360,8 @@ class LogSegment:
         assert self._appendable
         position = self.size - self._staged_bytes
         try:
-            pwrite_all(self._writable_handle().fd, self._staged, position)
+            handle = self._writable_handle()  # held while its descriptor is in use
+            pwrite_all(handle.fd, self._staged, position)
         except OSError as exc:
             raise storage_error(exc, self.log_path, "append failed") from exc
         self._staged = []
@@ -416,7 +418,8 @@ class LogSegment:
         Any descriptor of the file will do: a reopened one syncs what an evicted one wrote."""
         if self._appendable:
             try:
-                fdatasync(self._writable_handle().fd)
+                handle = self._writable_handle()  # held while its descriptor is in use
+                fdatasync(handle.fd)
             except OSError as exc:
                 raise storage_error(exc, self.log_path, "fsync failed") from exc
 
@@ -613,7 +616,7 @@ class LogSegment:
         self._max_timestamp = builder.max_timestamp
         self._offset_of_max_timestamp = builder.offset_of_max_timestamp
         self._first_timestamp = builder.first_timestamp
-        self._bytes_since_last_entry = builder.bytes_since_last_entry
+        self._bytes_since_last_index_entry = builder.bytes_since_last_entry
         index_path, time_path = self._offset_index.path, self._time_index.path
         self._offset_index.release()
         self._time_index.release()
@@ -654,7 +657,8 @@ class LogSegment:
         if not entries:
             return
         picks = sorted({0, entries - 1, *range(0, entries, max(1, entries // 6))})
-        fd = self.open_handle().fd
+        handle = self.open_handle()  # held while its descriptor is in use
+        fd = handle.fd
         for i in picks:
             offset, position = self._offset_index.entry(i)
             header = None
