@@ -207,8 +207,10 @@ def test_snapshot_auth(app_factory, tmp_path: Path) -> None:
         server.stop()
 
 
-def test_cli_snapshot_of_a_stopped_data_dir_and_unfinished_ones_removed(server_factory, tmp_path: Path) -> None:
-    server = server_factory().start()
+def test_cli_snapshot_of_a_stopped_data_dir_and_unfinished_ones_removed(app_factory, server_factory, tmp_path: Path) -> None:
+    """The app in this process writes and restarts; a real server for the last part (the
+    offline snapshot refused beside a running one, and a snapshot through --url)."""
+    server = app_factory().start()
     with server.client() as c:
         c.post("/v1/topics", json={"name": "t", "configs": {"segment.bytes": 300}})
         for i in range(20):
@@ -236,7 +238,7 @@ def test_cli_snapshot_of_a_stopped_data_dir_and_unfinished_ones_removed(server_f
     finally:
         server.stop()
     # a running server's data dir is refused by the offline snapshot (one process per dir)
-    server.start()
+    server = server_factory(server.data_dir).start()
     try:
         busy = subprocess.run(
             [str(eventlog), "snapshot", "--data-dir", str(server.data_dir)], capture_output=True, text=True, timeout=60
