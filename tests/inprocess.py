@@ -37,7 +37,7 @@ import httpx
 
 logger = logging.getLogger("tests.inprocess")
 
-GRACE_S = 30.0  # uvicorn's default timeout_graceful_shutdown is none at all; this bounds a test
+GRACE_S = 30.0  # serve's timeout_graceful_shutdown (app/server.py)
 
 
 class AppRunner:
