@@ -7,8 +7,10 @@ One pure ASGI layer (no BaseHTTPMiddleware, which would buffer streaming respons
    (limits.RequestRefused, so FastAPI's own body parsing does not turn it into a 400).
 2. With an auth file, every path but /healthz needs a valid bearer token (401 otherwise); the
    principal goes to request.state for the routes' authorization checks.
-3. Afterwards: eventlog_http_requests_total and _request_duration_seconds by route template,
-   method and status, and one JSON access-log line on the eventlog.access logger.
+3. Meanwhile the request counts in eventlog_http_requests_in_flight (open long-polls and event
+   streams included); afterwards: eventlog_http_requests_total and _request_duration_seconds
+   by route template, method and status, and one JSON access-log line on the eventlog.access
+   logger.
 
 Metrics (prometheus-client, one registry per app) also cover the engine: group-commit sizes
 and fsync latency via the log manager's hooks, produce/fetch counters from the routes, and
@@ -65,6 +67,8 @@ class Metrics:
         for kind in ("produce", "fetch"):
             self.throttled.labels(kind)
         self.fsync = Histogram("eventlog_fsync_seconds", "fdatasync latency of group commits", buckets=FSYNC_BUCKETS, registry=r)
+        self.in_flight = 0  # requests being handled; the middleware counts them on the event loop
+        r.register(_InFlightCollector(self))
         self._engine: Any = None
         self._workers: Any = None
 
@@ -87,6 +91,18 @@ class Metrics:
 
     def _on_fsync(self, _log: Any, seconds: float) -> None:
         self.fsync.observe(seconds)
+
+
+class _InFlightCollector:
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self):  # noqa: ANN201 -- prometheus-client's collector protocol
+        gauge = GaugeMetricFamily(
+            "eventlog_http_requests_in_flight", "requests being handled, long-polls and event streams included"
+        )
+        gauge.add_metric([], self.metrics.in_flight)
+        return [gauge]
 
 
 class _PartitionCollector:
@@ -181,6 +197,7 @@ class ObservabilityMiddleware:
         status = 500
         sent = 0
         principal_name = "anonymous"
+        self.metrics.in_flight += 1
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status, sent
@@ -205,6 +222,7 @@ class ObservabilityMiddleware:
                 principal_name = principal.name
             await self.app(scope, self._limited(receive), send_wrapper)
         finally:
+            self.metrics.in_flight -= 1
             elapsed = time.perf_counter() - started
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             method = scope["method"]

@@ -336,22 +336,42 @@ class PartitionLog:
                 await self._shutdown()
 
     async def _next_op(self) -> _Op | None:
-        """Wait for the next request; flush deferred writes when flush.ms comes due."""
+        """Wait for the next request; flush deferred writes when flush.ms has passed by the
+        log's clock. The wait for that is real time (what is left of flush.ms by the clock),
+        after which the clock decides again: an injected clock that has not moved by then does
+        not flush, and one moved past flush.ms flushes when tick() wakes the writer."""
         while True:
-            timeout = self._flush_due_in()
+            due_in = self._flush_due_in()
+            if due_in == 0:
+                await anyio.to_thread.run_sync(self._flush_sync)
+                continue
             try:
-                if timeout is None:
+                if due_in is None:
                     return await self._receive.receive()
-                with anyio.move_on_after(timeout / 1000):
+                with anyio.move_on_after(due_in / 1000):
                     return await self._receive.receive()
             except anyio.EndOfStream:
                 return None
-            await anyio.to_thread.run_sync(self._flush_sync)
 
-    def _flush_due_in(self) -> float | None:
+    def _flush_due_in(self) -> int | None:
+        """Milliseconds until flush.ms passes by the clock; None when nothing waits for it."""
         if self._unflushed_messages == 0 or self.config.flush_ms >= 2**62:
             return None
-        return max(0, self._last_flush_ms + self.config.flush_ms - self.clock())
+        now = self.clock()
+        if now < self._last_flush_ms:  # the clock went back: flush.ms counts from now
+            self._last_flush_ms = now
+        return max(0, self._last_flush_ms + self.config.flush_ms - now)
+
+    async def tick(self) -> None:
+        """The log's clock moved (an injected one, in tests; the wall clock needs no tick): the
+        writer looks at its flush timer now, in order with the requests before, and flushes if
+        flush.ms has passed by the clock. Returns once it has."""
+
+        async def check(log: PartitionLog, _result: None) -> None:
+            if log._flush_due_in() == 0:
+                await anyio.to_thread.run_sync(log._flush_sync)
+
+        await self.call_in_writer(None, check)
 
     async def _commit(self, group: list[_Append]) -> None:
         try:

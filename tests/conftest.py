@@ -1,4 +1,14 @@
-"""Shared fixtures: a clean environment, data dirs, a real server on a free port."""
+"""Shared fixtures: a clean environment, the service in this process or in a real server, small
+real filesystems.
+
+Which server: `app_server` / `app_factory` (tests/inprocess.py) run the very app `eventlog
+serve` runs, lifespan and engine included, in this process: a tenth of a second to start. Use
+`server` / `server_factory` (`eventlog serve` in a subprocess, on a free port) where the process
+or the socket matters: kills and signals, slow clients, head timeouts, TLS, keep-alive, uvicorn's
+limits, the CLI, curl, EVENTLOG_CRASH_AT / EVENTLOG_FAULTS_FILE (read at import).
+`any_server_factory` runs a test with both. They share an interface: factory(data_dir=None,
+**EVENTLOG_settings), then start(), client(token=None), url, data_dir, stop(), log().
+"""
 
 from __future__ import annotations
 
@@ -16,6 +26,8 @@ from typing import Iterator
 import httpx
 import pytest
 
+from .inprocess import InProcessServer
+
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 
@@ -26,6 +38,46 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("EVENTLOG_"):
             monkeypatch.delenv(name)
+
+
+def wait_until(condition, timeout: float = 30.0, what: str = "the condition", interval: float = 0.01):
+    """Poll `condition()` until it returns something true (returned), failing the test after
+    `timeout` seconds. For states nothing signals (a request parked in a long-poll, a line in a
+    server's log); the pause between polls only spares the CPU, and `timeout` is a liveness
+    bound, many times what the state normally takes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout} s")
+        time.sleep(interval)
+
+
+@dataclass
+class CommandResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_eventlog(*args: str, env: dict[str, str] | None = None) -> CommandResult:
+    """The eventlog command run in this process (typer's CliRunner, on top of this process's
+    environment): for what the command does before it serves, such as refusing bad settings
+    (a `serve` that gets as far as serving fails the test). Anything that serves, or needs the
+    installed script or a process, runs VENV_BIN/eventlog."""
+    from typer.testing import CliRunner
+
+    from app import cli
+
+    def serving(_server: object) -> None:
+        raise AssertionError("eventlog serve got as far as serving")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli._Server, "run", serving)
+        result = CliRunner().invoke(cli.cli, list(args), env=env, catch_exceptions=False)
+    return CommandResult(result.exit_code, result.stdout, result.stderr)
 
 
 def free_port() -> int:
@@ -95,8 +147,13 @@ class ServerProcess:
     def kill(self) -> int:
         return self.stop(signal.SIGKILL)
 
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30)
+    def client(self, token: str | None = None) -> httpx.Client:
+        """A client of this server; with `token`, it sends it as a bearer token."""
+        return httpx.Client(base_url=self.url, headers=_bearer(token), timeout=30)
+
+
+def _bearer(token: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"} if token else {}
 
 
 @pytest.fixture
@@ -119,6 +176,41 @@ def server(server_factory) -> Iterator[ServerProcess]:
     s = server_factory().start()
     yield s
     s.stop()
+
+
+# -- the service in this process ---------------------------------------------------------------
+
+
+@pytest.fixture
+def app_factory(tmp_path: Path) -> Iterator:
+    """app_factory(data_dir=None, **EVENTLOG_settings) -> InProcessServer, not started; the
+    same arguments as server_factory. Whatever is still running at the end is stopped."""
+    started: list[InProcessServer] = []
+
+    def make(data_dir: Path | None = None, **env: str) -> InProcessServer:
+        server = InProcessServer(data_dir or tmp_path / "data", env=env)
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        if server.running:
+            server.stop()
+
+
+@pytest.fixture
+def app_server(app_factory) -> Iterator[InProcessServer]:
+    """The service in this process, started on tmp_path/"data"."""
+    s = app_factory().start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(params=["in-process", "subprocess"])
+def any_server_factory(request: pytest.FixtureRequest, app_factory, server_factory):
+    """Runs the test twice: with app_factory, then with server_factory (for the tests where
+    the HTTP server's own handling of a request matters as much as the app's)."""
+    return app_factory if request.param == "in-process" else server_factory
 
 
 # -- small real filesystems (a full disk) ------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The HTTP API against a real server (uvicorn on a free port, real files, real fsync)."""
+"""The HTTP API: the app in this process (real engine, real files, real fsync) and, where a
+process must die, a real server (uvicorn on a free port)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ import pytest
 
 from engine.partitioner import partition_for_key
 
+from ..conftest import wait_until
 from ..kafka_oracle import build_batch, decode_all
 
 RAW = "application/vnd.kafka.record-batch.v2"
 
 
 @pytest.fixture
-def client(server):
-    with server.client() as c:
+def client(app_server):
+    with app_server.client() as c:
         yield c
 
 
@@ -29,6 +31,14 @@ def assert_problem(response: httpx.Response, status: int, code: str) -> dict:
     assert body["code"] == code and body["status"] == status
     assert body["type"].endswith(code) and body["title"] and body["detail"]
     return body
+
+
+def in_flight(client: httpx.Client) -> int:
+    """The server's eventlog_http_requests_in_flight, this scrape included."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("eventlog_http_requests_in_flight "):
+            return int(float(line.split()[1]))
+    raise AssertionError("/metrics has no eventlog_http_requests_in_flight")
 
 
 def test_topic_lifecycle(client: httpx.Client) -> None:
@@ -137,7 +147,7 @@ def test_raw_batches_in_and_out(client: httpx.Client, codec: int) -> None:
     assert client.get("/v1/topics/raw/partitions/0/records", params={"offset": 20}).json()["records"] == []
 
 
-def test_offsets_out_of_range_and_long_poll(client: httpx.Client, server) -> None:
+def test_offsets_out_of_range_and_long_poll(client: httpx.Client, app_server) -> None:
     client.post("/v1/topics", json={"name": "t"})
     body = assert_problem(client.get("/v1/topics/t/partitions/0/records", params={"offset": 1}), 416, "offset_out_of_range")
     assert body["log_start_offset"] == 0 and body["high_watermark"] == 0
@@ -145,18 +155,19 @@ def test_offsets_out_of_range_and_long_poll(client: httpx.Client, server) -> Non
     result: dict = {}
 
     def poll() -> None:
-        with server.client() as c:
+        with app_server.client() as c:
             start = time.monotonic()
             result["body"] = c.get("/v1/topics/t/partitions/0/records", params={"offset": 0, "max_wait_ms": 20000}).json()
             result["waited"] = time.monotonic() - start
 
     t = threading.Thread(target=poll)
     t.start()
-    time.sleep(0.5)
+    wait_until(lambda: in_flight(client) == 2, what="the long-poll being in flight")  # it and the scrape
+    assert "body" not in result  # still waiting: the log is empty
     client.post("/v1/topics/t/records", json={"records": [{"value": "wake"}]})
     t.join(30)
     assert result["body"]["records"][0]["value"] == "wake"
-    assert 0.4 < result["waited"] < 10  # woken by the produce, long before max_wait_ms
+    assert result["waited"] < 10  # woken by the produce, long before max_wait_ms
 
 
 def test_durability_across_sigkill(server_factory) -> None:
@@ -165,6 +176,7 @@ def test_durability_across_sigkill(server_factory) -> None:
     with server.client() as c:
         c.post("/v1/topics", json={"name": "d", "partitions": 2, "configs": {"segment.bytes": 20000}})
         stop = threading.Event()
+        enough = threading.Event()
 
         def producer(n: int) -> None:
             with server.client() as pc:
@@ -176,14 +188,14 @@ def test_durability_across_sigkill(server_factory) -> None:
                         return
                     if r.status_code == 200:
                         acked.extend((o["partition"], o["offset"], f"v{n}-{i}-{j}" * 5) for j, o in enumerate(r.json()["offsets"]))
+                        if len(acked) >= 2000:
+                            enough.set()
                     i += 1
 
         threads = [threading.Thread(target=producer, args=(n,)) for n in range(4)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 30
-        while len(acked) < 2000 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        enough.wait(30)  # or kill it with what it has by then
         server.kill()
         stop.set()
         for t in threads:

@@ -1,4 +1,5 @@
-"""Bearer tokens, roles and topic/group prefixes: the whole matrix against a real server."""
+"""Bearer tokens, roles and topic/group prefixes: the whole matrix against the app in this
+process; a bad auth file refused by `eventlog serve`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from api.auth import Principal
 
-from ..conftest import VENV_BIN
+from ..conftest import VENV_BIN, run_eventlog
 from .test_api import assert_problem
 
 TOKENS = {
@@ -24,7 +25,7 @@ TOKENS = {
 
 
 @pytest.fixture
-def auth_server(server_factory, tmp_path: Path):
+def auth_server(app_factory, tmp_path: Path):
     auth = tmp_path / "auth.json"
     auth.write_text(json.dumps({"tokens": [
         {"name": "ops", "token": TOKENS["admin"], "role": "admin"},
@@ -32,14 +33,13 @@ def auth_server(server_factory, tmp_path: Path):
         {"name": "billing-reader", "token": TOKENS["consumer"], "role": "consumer", "topics": ["billing."], "groups": ["reports-"]},
         {"name": "elsewhere", "token": TOKENS["other"], "role": "consumer", "topics": ["orders"]},
     ]}))
-    server = server_factory(EVENTLOG_AUTH_FILE=str(auth)).start(token=TOKENS["admin"])
+    server = app_factory(EVENTLOG_AUTH_FILE=str(auth)).start(token=TOKENS["admin"])
     yield server
     server.stop()
 
 
 def as_(who: str | None, server) -> httpx.Client:
-    headers = {} if who is None else {"authorization": f"Bearer {TOKENS.get(who, who)}"}
-    return httpx.Client(base_url=server.url, headers=headers, timeout=30)
+    return server.client(token=None if who is None else TOKENS.get(who, who))
 
 
 def test_auth_matrix(auth_server) -> None:
@@ -147,6 +147,14 @@ def test_prefixes_never_cover_internal_topics() -> None:
 def test_a_bad_auth_file_stops_the_server_at_start(tmp_path: Path, content: str) -> None:
     auth = tmp_path / "auth.json"
     auth.write_text(content)
+    result = run_eventlog("serve", "--data-dir", str(tmp_path / "d"), "--port", "0", env={"EVENTLOG_AUTH_FILE": str(auth)})
+    assert result.returncode == 2 and "auth file" in result.stderr
+
+
+def test_the_installed_command_exits_2_on_a_bad_auth_file(tmp_path: Path) -> None:
+    """The refusals above, once through the installed script in a process of its own."""
+    auth = tmp_path / "auth.json"
+    auth.write_text("not json")
     result = subprocess.run(
         [str(VENV_BIN / "eventlog"), "serve", "--data-dir", str(tmp_path / "d"), "--port", "0"],
         env={"EVENTLOG_AUTH_FILE": str(auth), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60,

@@ -1,5 +1,5 @@
-"""Conditional appends (expected_offset / If-Match), Idempotency-Key, Kafka idempotent producers,
-and injected disk faults, against a real server."""
+"""Conditional appends (expected_offset / If-Match), Idempotency-Key, Kafka idempotent producers
+(the app in this process), and across a kill and injected disk faults (a real server)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ T0 = 1_700_000_000_000
 
 
 @pytest.fixture
-def client(server):
-    with server.client() as c:
+def client(app_server):
+    with app_server.client() as c:
         yield c
 
 

@@ -55,8 +55,9 @@ def run_examples(pairs: list[tuple[str, str]], url: str) -> None:
         assert matches(expected, result.stdout), f"\n$ {command}\nexpected:\n{expected}\ngot:\n{result.stdout}"
 
 
-def test_the_doc_has_an_example_for_every_operation(server) -> None:
-    spec = httpx.get(f"{server.url}/openapi.json").json()
+def test_the_doc_has_an_example_for_every_operation(app_server) -> None:
+    with app_server.client() as c:
+        spec = c.get("/openapi.json").json()
     text = " ".join(command for command, _ in examples("") + examples(" auth"))
     for path, operations in spec["paths"].items():
         pattern = re.sub(r"\\\{[^}]+\\\}", r"[^/?' ]+", re.escape(path)) + r"(?:[?' ]|$)"

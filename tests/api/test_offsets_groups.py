@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from .test_api import assert_problem
+from ..conftest import wait_until
+from .test_api import assert_problem, in_flight
 
 
 @pytest.fixture
-def client(server):
-    with server.client() as c:
+def client(app_server):
+    with app_server.client() as c:
         yield c
 
 
@@ -86,26 +88,27 @@ def test_group_offsets(client: httpx.Client) -> None:
     assert client.get("/v1/groups/g1/offsets").json()["offsets"] == []
 
 
-def test_group_offsets_survive_restart(server_factory) -> None:
-    server = server_factory().start()
+def test_group_offsets_survive_restart(app_factory) -> None:
+    server = app_factory().start()
     with server.client() as c:
         c.post("/v1/topics", json={"name": "t"})
         c.post("/v1/groups/g/offsets", json={"offsets": [{"topic": "t", "partition": 0, "offset": 42}]})
     assert server.stop() == 0
-    again = server_factory(server.data_dir).start()
+    again = app_factory(server.data_dir).start()
     with again.client() as c:
         assert c.get("/v1/groups/g/offsets").json()["offsets"][0]["offset"] == 42
         assert [t["name"] for t in c.get("/v1/topics", params={"internal": True}).json()["topics"]] == ["__consumer_offsets", "__metadata", "t"]
     again.stop()
 
 
-def _sse_events(response: httpx.Response, count: int, timeout: float = 20) -> list[dict]:
-    """Parse server-sent events until `count` record events arrived."""
+def _sse_events(lines: Iterator[str], count: int, timeout: float = 20) -> list[dict]:
+    """Parse server-sent events from a response's iter_lines() until `count` record events
+    arrived (the iterator may be handed in again for the next ones)."""
     import orjson
 
     events, current = [], {}
     deadline = time.monotonic() + timeout
-    for line in response.iter_lines():
+    for line in lines:
         assert time.monotonic() < deadline
         if not line:
             if current.get("event") in ("record", "error"):
@@ -121,38 +124,43 @@ def _sse_events(response: httpx.Response, count: int, timeout: float = 20) -> li
     return events
 
 
-def test_sse_stream_delivers_records_in_order_and_tails(server) -> None:
+def test_sse_stream_delivers_records_in_order_and_tails(any_server_factory) -> None:
+    server = any_server_factory().start()
     with server.client() as client:
         client.post("/v1/topics", json={"name": "s"})
         produce(client, "s", [f"v{i}" for i in range(5)])
 
         def later() -> None:
-            time.sleep(0.5)
             with server.client() as c:
                 for i in range(5, 305, 100):
                     produce(c, "s", [f"v{j}" for j in range(i, i + 100)])
 
-        threading.Thread(target=later).start()
-        with httpx.Client(base_url=server.url, timeout=30) as streaming:
+        with server.client() as streaming:
             with streaming.stream("GET", "/v1/topics/s/partitions/0/records/stream", params={"offset": 2}) as response:
                 assert response.status_code == 200
                 assert response.headers["content-type"].startswith("text/event-stream")
-                events = _sse_events(response, 303)
+                lines = response.iter_lines()
+                events = _sse_events(lines, 3)  # all the log holds: from here on the stream tails it
+                producer = threading.Thread(target=later)
+                producer.start()
+                events += _sse_events(lines, 300)
+                producer.join(30)
         assert [int(e["id"]) for e in events] == list(range(2, 305))
         assert [e["data"]["value"] for e in events] == [f"v{i}" for i in range(2, 305)]
         # resume after a reconnect: Last-Event-ID wins over offset
-        with httpx.Client(base_url=server.url, timeout=30) as streaming:
+        with server.client() as streaming:
             with streaming.stream("GET", "/v1/topics/s/partitions/0/records/stream", headers={"Last-Event-ID": "300"}) as response:
-                assert [int(e["id"]) for e in _sse_events(response, 4)] == [301, 302, 303, 304]
+                assert [int(e["id"]) for e in _sse_events(response.iter_lines(), 4)] == [301, 302, 303, 304]
         assert_problem(client.get("/v1/topics/s/partitions/0/records/stream", params={"offset": 999}), 416, "offset_out_of_range")
+    assert server.stop() == 0
 
 
-def test_sse_reports_undecodable_values_as_an_error_event(server) -> None:
-    with server.client() as client:
+def test_sse_reports_undecodable_values_as_an_error_event(app_server) -> None:
+    with app_server.client() as client:
         client.post("/v1/topics", json={"name": "b"})
         client.post("/v1/topics/b/records", json={"value_format": "base64", "records": [{"value": "/w=="}]})
         with client.stream("GET", "/v1/topics/b/partitions/0/records/stream", params={"offset": 0}) as response:
-            events = _sse_events(response, 1)
+            events = _sse_events(response.iter_lines(), 1)
         assert events[0]["event"] == "error" and events[0]["data"]["code"] == "not_utf8"
 
 
@@ -175,7 +183,8 @@ def test_shutdown_releases_long_polls_and_streams(server_factory) -> None:
     threads = [threading.Thread(target=long_poll), threading.Thread(target=stream)]
     for t in threads:
         t.start()
-    time.sleep(1.0)
+    with server.client() as c:
+        wait_until(lambda: in_flight(c) == 3, what="the long-poll and the stream being in flight")  # and the scrape
     started = time.monotonic()
     assert server.stop() == 0
     assert time.monotonic() - started < 10  # not the 120 s of the long-poll, nor the 30 s grace
@@ -198,10 +207,11 @@ def test_metrics_count_requests_records_commits_and_fsyncs(client: httpx.Client)
     assert 'eventlog_partition_log_start_offset{partition="1",topic="m"} 0.0' in text
     assert "eventlog_fsync_seconds_bucket" in text and "eventlog_group_commit_requests_count" in text
     assert "eventlog_http_request_duration_seconds_bucket" in text
+    assert "\neventlog_http_requests_in_flight 1.0\n" in text  # the scrape itself
 
 
-def test_request_body_limit(server_factory) -> None:
-    server = server_factory(EVENTLOG_MAX_REQUEST_BYTES="2000").start()
+def test_request_body_limit(any_server_factory) -> None:
+    server = any_server_factory(EVENTLOG_MAX_REQUEST_BYTES="2000").start()
     with server.client() as c:
         c.post("/v1/topics", json={"name": "t"})
         body = {"records": [{"value": "x" * 3000}]}

@@ -1,10 +1,10 @@
 """Produce and fetch byte-rate quotas (api/quotas.py): the window arithmetic with an injected
-clock, then 429 `quota_exceeded` with Retry-After from a real server."""
+clock, then 429 `quota_exceeded` with Retry-After from the app (in this process, on the real
+clock); a bad quota in the auth file refused by `eventlog serve`."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 
@@ -14,7 +14,7 @@ import pytest
 from api.auth import Principal
 from api.quotas import FETCH, PRODUCE, QuotaConfig, QuotaManager, Rate, request_kind, retry_after_s
 
-from ..conftest import VENV_BIN
+from ..conftest import run_eventlog
 from .test_api import RAW, assert_problem
 
 # -- the arithmetic ---------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def test_requests_are_classified_by_method_and_path(method: str, path: str, kind
     assert request_kind(method, path) == kind
 
 
-# -- against a real server ------------------------------------------------------------------
+# -- against the app ---------------------------------------------------------------------------
 
 WINDOW = {"EVENTLOG_QUOTA_WINDOW_NUM": "2", "EVENTLOG_QUOTA_WINDOW_SIZE_MS": "1000"}
 
@@ -95,11 +95,13 @@ def _until_accepted(send, deadline_s: float = 30.0) -> httpx.Response:
         r = send()
         if r.status_code != 429 or time.monotonic() > end:
             return r
+        # waiting out the quota's window on the real clock is what this checks: Retry-After
+        # is the time after which the request goes through
         time.sleep(min(int(r.headers["retry-after"]), 5))
 
 
-def test_produce_quota_refuses_with_retry_after_and_changes_nothing(server_factory) -> None:
-    server = server_factory(EVENTLOG_QUOTA_PRODUCE_BYTES_PER_SEC="1000", **WINDOW).start()
+def test_produce_quota_refuses_with_retry_after_and_changes_nothing(app_factory) -> None:
+    server = app_factory(EVENTLOG_QUOTA_PRODUCE_BYTES_PER_SEC="1000", **WINDOW).start()
     with server.client() as c:
         c.post("/v1/topics", json={"name": "q"})
         body = {"records": [{"value": "x" * 5000}]}
@@ -125,8 +127,8 @@ def test_produce_quota_refuses_with_retry_after_and_changes_nothing(server_facto
     server.stop()
 
 
-def test_fetch_quota_covers_json_raw_and_stream_reads(server_factory) -> None:
-    server = server_factory(EVENTLOG_QUOTA_FETCH_BYTES_PER_SEC="1000", **WINDOW).start()
+def test_fetch_quota_covers_json_raw_and_stream_reads(app_factory) -> None:
+    server = app_factory(EVENTLOG_QUOTA_FETCH_BYTES_PER_SEC="1000", **WINDOW).start()
     with server.client() as c:
         c.post("/v1/topics", json={"name": "q"})
         assert c.post("/v1/topics/q/records", json={"records": [{"value": "x" * 4000}] * 2}).status_code == 200
@@ -146,7 +148,7 @@ def test_fetch_quota_covers_json_raw_and_stream_reads(server_factory) -> None:
     server.stop()
 
 
-def test_each_token_has_its_own_quota_and_may_override_the_default(server_factory, tmp_path: Path) -> None:
+def test_each_token_has_its_own_quota_and_may_override_the_default(app_factory, tmp_path: Path) -> None:
     tokens = {"a": "token-a-000000", "b": "token-b-000000", "big": "token-big-0000", "admin": "token-admin-000"}
     auth = tmp_path / "auth.json"
     auth.write_text(json.dumps({"tokens": [
@@ -155,12 +157,12 @@ def test_each_token_has_its_own_quota_and_may_override_the_default(server_factor
         {"name": "big", "token": tokens["big"], "role": "producer", "quota": {"produce_bytes_per_sec": 10**9}},
         {"name": "admin", "token": tokens["admin"], "role": "admin", "quota": {"fetch_bytes_per_sec": 10**9}},
     ]}))
-    server = server_factory(
+    server = app_factory(
         EVENTLOG_AUTH_FILE=str(auth), EVENTLOG_QUOTA_PRODUCE_BYTES_PER_SEC="1000", **WINDOW
     ).start(token=tokens["admin"])
 
     def as_(who: str) -> httpx.Client:
-        return httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {tokens[who]}"}, timeout=30)
+        return server.client(token=tokens[who])
 
     body = {"records": [{"value": "x" * 5000}]}
     with as_("admin") as admin, as_("a") as a, as_("b") as b, as_("big") as big:
@@ -181,8 +183,5 @@ def test_each_token_has_its_own_quota_and_may_override_the_default(server_factor
 def test_a_bad_quota_in_the_auth_file_stops_the_server_at_start(tmp_path: Path, quota: object) -> None:
     auth = tmp_path / "auth.json"
     auth.write_text(json.dumps({"tokens": [{"token": "long-enough-token", "role": "producer", "quota": quota}]}))
-    result = subprocess.run(
-        [str(VENV_BIN / "eventlog"), "serve", "--data-dir", str(tmp_path / "d"), "--port", "0"],
-        env={"EVENTLOG_AUTH_FILE": str(auth), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60, check=False,
-    )
+    result = run_eventlog("serve", "--data-dir", str(tmp_path / "d"), "--port", "0", env={"EVENTLOG_AUTH_FILE": str(auth)})
     assert result.returncode == 2 and "quota" in result.stderr

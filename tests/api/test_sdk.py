@@ -1,8 +1,10 @@
 """A generated SDK: openapi-python-client run on the live /openapi.json, used the way a team would.
 
-The server runs with an auth file (the document declares bearer security, so the SDK's
-operations take an AuthenticatedClient). The client raises on any status the document does
-not list, so every response here is also checked against the documented status codes.
+The app runs with an auth file (the document declares bearer security, so the SDK's
+operations take an AuthenticatedClient), in this process: the SDK's clients get its transport.
+The SDK is generated once for the module; each test has an app of its own. The client raises on
+any status the document does not list, so every response here is also checked against the
+documented status codes.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import importlib
 import inspect
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -26,7 +29,8 @@ import pytest
 
 from engine.partitioner import partition_for_key
 
-from ..conftest import VENV_BIN, ServerProcess
+from ..conftest import VENV_BIN
+from ..inprocess import ASGITransport, InProcessServer
 from ..kafka_oracle import build_batch
 
 PACKAGE = "eventlog_client"
@@ -91,7 +95,7 @@ content_type_overrides:
 
 @dataclass
 class SDK:
-    server: ServerProcess
+    server: InProcessServer
     root: Path
     document: dict[str, Any]
 
@@ -109,8 +113,13 @@ class SDK:
     def client(self, token: str = ADMIN_TOKEN) -> Any:
         package = importlib.import_module(PACKAGE)
         return package.AuthenticatedClient(
-            base_url=self.server.url, token=token, raise_on_unexpected_status=True, timeout=httpx.Timeout(30)
+            base_url=self.server.url, token=token, raise_on_unexpected_status=True, timeout=httpx.Timeout(30),
+            httpx_args=self.httpx_args(),
         )
+
+    def httpx_args(self) -> dict[str, Any]:
+        assert self.server.runner is not None
+        return {"transport": ASGITransport(self.server.runner)}
 
 
 def _import_unset(package: Path) -> list[str]:
@@ -131,15 +140,29 @@ def _forget_package() -> None:
         del sys.modules[name]
 
 
-@pytest.fixture
-def sdk(server_factory, tmp_path: Path) -> Iterator[SDK]:
-    auth_file = tmp_path / "auth.json"
-    auth_file.write_text(json.dumps({"tokens": [
+def _write_auth_file(path: Path) -> Path:
+    path.write_text(json.dumps({"tokens": [
         {"name": "ops", "token": ADMIN_TOKEN, "role": "admin"},
         {"name": "analytics", "token": CONSUMER_TOKEN, "role": "consumer", "topics": ["orders"]},
     ]}))
-    server = server_factory(EVENTLOG_AUTH_FILE=str(auth_file)).start(token=ADMIN_TOKEN)
-    response = httpx.get(f"{server.url}/openapi.json", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30)
+    return path
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """The SDK generated from the document of an app with an auth file: (root, document)."""
+    tmp_path = tmp_path_factory.mktemp("sdk")
+    auth_file = _write_auth_file(tmp_path / "auth.json")
+    with pytest.MonkeyPatch.context() as mp:
+        for name in list(os.environ):
+            if name.startswith("EVENTLOG_"):
+                mp.delenv(name)
+        server = InProcessServer(tmp_path / "data", env={"EVENTLOG_AUTH_FILE": str(auth_file)}).start()
+    try:
+        with server.client(token=ADMIN_TOKEN) as c:
+            response = c.get("/openapi.json")
+    finally:
+        server.stop()
     assert response.status_code == 200, response.text
     document = response.json()
     (tmp_path / "openapi.json").write_bytes(response.content)
@@ -161,11 +184,21 @@ def sdk(server_factory, tmp_path: Path) -> Iterator[SDK]:
     _forget_package()
     sys.path.insert(0, str(root))
     try:
-        yield SDK(server, root, document)
+        yield root, document
     finally:
         sys.path.remove(str(root))
         _forget_package()
         importlib.invalidate_caches()
+
+
+@pytest.fixture
+def sdk(generated: tuple[Path, dict[str, Any]], app_factory, tmp_path: Path) -> Iterator[SDK]:
+    """The generated SDK and a fresh app (with the same auth file) to use it on."""
+    root, document = generated
+    server = app_factory(EVENTLOG_AUTH_FILE=str(_write_auth_file(tmp_path / "auth.json"))).start(token=ADMIN_TOKEN)
+    try:
+        yield SDK(server, root, document)
+    finally:
         server.stop()
 
 
@@ -323,7 +356,7 @@ def test_topics_produce_fetch_offsets_and_groups_through_the_sdk(sdk: SDK) -> No
         assert sdk.op("health", "get_readiness").sync(client=client).status == "ready"
         assert "eventlog_http_requests_total" in sdk.op("health", "get_metrics").sync(client=client)
     package = importlib.import_module(PACKAGE)
-    with package.Client(base_url=sdk.server.url, raise_on_unexpected_status=True) as anonymous:
+    with package.Client(base_url=sdk.server.url, raise_on_unexpected_status=True, httpx_args=sdk.httpx_args()) as anonymous:
         assert sdk.op("health", "get_health").sync(client=anonymous).status == "ok"  # no token needed
 
 

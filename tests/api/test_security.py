@@ -1,5 +1,5 @@
-"""Hardening against a real server: topic prefix ACLs on every route, request size and time
-limits, slow clients, TLS."""
+"""Hardening: topic prefix ACLs on every route and request size limits (the app in this process),
+request time limits, slow clients and TLS (a real server)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from api.limits import LimitsMiddleware
 from app.main import create_app
 from app.settings import Settings
 
-from ..conftest import VENV_BIN, ServerProcess, free_port
+from ..conftest import VENV_BIN, free_port, run_eventlog, wait_until
+from ..inprocess import InProcessServer
 from .test_api import RAW, assert_problem
 
 # -- prefix ACLs on every route ---------------------------------------------------------------
@@ -84,9 +85,9 @@ NOT_IN_OPENAPI = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 
 
 @pytest.fixture(scope="module")
-def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One server for the module's ACL tests (the conftest factory is per test); the tests
-    only add to what it holds, but deleteTopic, on a topic of its own."""
+def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
+    """One app for the module's ACL tests (the conftest factory is per test); the tests only
+    add to what it holds, but deleteTopic, on a topic of its own."""
     tmp_path = tmp_path_factory.mktemp("acl")
     auth = tmp_path / "auth.json"
     auth.write_text(json.dumps({"tokens": [
@@ -102,7 +103,7 @@ def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
         for name in list(os.environ):
             if name.startswith("EVENTLOG_"):
                 mp.delenv(name)
-        server = ServerProcess(tmp_path / "data", env={"EVENTLOG_AUTH_FILE": str(auth)}).start(token=TOKENS["admin"])
+        server = InProcessServer(tmp_path / "data", env={"EVENTLOG_AUTH_FILE": str(auth)}).start(token=TOKENS["admin"])
     with as_("admin", server) as admin:
         for name in (TOPIC, DOOMED, "orders"):
             assert admin.post("/v1/topics", json={"name": name}).status_code == 201
@@ -115,8 +116,7 @@ def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
 
 
 def as_(who: str | None, server) -> httpx.Client:
-    headers = {"authorization": f"Bearer {TOKENS[who]}"} if who else {}
-    return httpx.Client(base_url=server.url, headers=headers, timeout=30)
+    return server.client(token=TOKENS[who] if who else None)
 
 
 def _call(client: httpx.Client, request: Req, headers: dict[str, str] | None = None) -> int:
@@ -298,8 +298,8 @@ def test_error_details_name_paths_from_the_data_dir_never_absolute() -> None:
 # -- request size limits ----------------------------------------------------------------------
 
 
-def test_a_chunked_body_over_the_limit_is_413_on_every_kind_of_route(server_factory) -> None:
-    server = server_factory(EVENTLOG_MAX_REQUEST_BYTES="2000").start()
+def test_a_chunked_body_over_the_limit_is_413_on_every_kind_of_route(any_server_factory) -> None:
+    server = any_server_factory(EVENTLOG_MAX_REQUEST_BYTES="2000").start()
 
     def chunks(prefix: bytes) -> Iterator[bytes]:
         yield prefix
@@ -366,7 +366,7 @@ def test_a_client_sending_headers_byte_by_byte_is_cut_off_while_others_are_serve
                     pass
                 finally:
                     slow.setblocking(True)
-            time.sleep(0.01)
+            time.sleep(0.01)  # the slow client under test: one byte every 10 ms
         assert sent < len(head), "the whole head went through: the slow client was never cut off"
         slow.settimeout(30)
         status, problem = _problem_of(_read_response(slow))
@@ -437,11 +437,12 @@ def test_a_client_that_does_not_read_its_response_is_dropped(server_factory) -> 
                 b"GET /v1/topics/big/partitions/0/records?max_bytes=67108864 HTTP/1.1\r\nhost: x\r\n"
                 b"accept: application/vnd.kafka.record-batch.v2\r\n\r\n"
             )
-            deadline = time.monotonic() + 60
-            while "took no response bytes" not in server.log() and time.monotonic() < deadline:
+
+            def dropped() -> bool:
                 assert c.get("/v1/topics").status_code == 200  # meanwhile others are served
-                time.sleep(0.1)
-            assert "took no response bytes" in server.log()
+                return "took no response bytes" in server.log()
+
+            wait_until(dropped, timeout=60, what="the stalled reader being dropped", interval=0.1)
             received = _read_response(stalled)
         head, _, body = received.partition(b"\r\n\r\n")
         length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
@@ -531,7 +532,7 @@ def test_https_with_a_certificate_the_client_verifies(tmp_path: Path) -> None:
                             break
                     except httpx.TransportError:
                         assert time.monotonic() < deadline, log_path.read_text()
-                        time.sleep(0.05)
+                        time.sleep(0.05)  # polling the starting server, as ServerProcess.start
                 assert c.post("/v1/topics", json={"name": "t"}).status_code == 201
                 assert c.post("/v1/topics/t/records", json={"records": [{"value": "over tls"}]}).status_code == 200
                 assert c.get("/v1/topics/t/partitions/0/records").json()["records"][0]["value"] == "over tls"
@@ -551,8 +552,5 @@ def test_https_with_a_certificate_the_client_verifies(tmp_path: Path) -> None:
 def test_bad_tls_settings_stop_the_server_at_start(tmp_path: Path, args: list[str], reason: str) -> None:
     _cert, key = _self_signed(tmp_path)
     args = [a.format(key=key, missing=tmp_path / "missing.pem") for a in args]
-    result = subprocess.run(
-        [str(VENV_BIN / "eventlog"), "serve", "--data-dir", str(tmp_path / "d"), "--port", "0", *args],
-        env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60, check=False,
-    )
+    result = run_eventlog("serve", "--data-dir", str(tmp_path / "d"), "--port", "0", *args)
     assert result.returncode == 2 and reason in result.stderr

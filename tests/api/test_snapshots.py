@@ -1,5 +1,6 @@
 """Snapshots: the endpoints, hard links, the manifest, and consistency while the live log is
-produced to, compacted and trimmed; the CLI on a stopped data dir."""
+produced to, compacted and trimmed (the app in this process); the CLI on a stopped data dir and
+against a real server."""
 
 from __future__ import annotations
 
@@ -59,9 +60,9 @@ def produce(client, topic: str, records: list[dict], partition: int | None = Non
     return [o["offset"] for o in response.json()["offsets"]]
 
 
-def test_snapshot_endpoints_links_and_manifest(server) -> None:
-    with server.client() as c:
-        _endpoints_links_and_manifest(server, c)
+def test_snapshot_endpoints_links_and_manifest(app_server) -> None:
+    with app_server.client() as c:
+        _endpoints_links_and_manifest(app_server, c)
 
 
 def _endpoints_links_and_manifest(server, c) -> None:
@@ -104,10 +105,10 @@ def _endpoints_links_and_manifest(server, c) -> None:
     assert c.post("/v1/snapshots", json={"topics": ["nope"]}).json()["code"] == "topic_not_found"
 
 
-def test_a_snapshot_does_not_change_when_the_live_log_does(server_factory) -> None:
+def test_a_snapshot_does_not_change_when_the_live_log_does(app_factory) -> None:
     """Producers run throughout; compaction, delete-records and retention run after the
     snapshot: every record of the snapshot is still there, and it holds nothing written later."""
-    server = server_factory(EVENTLOG_CLEANER_ENABLED="false").start()
+    server = app_factory(EVENTLOG_CLEANER_ENABLED="false").start()
     with server.client() as c:
         _snapshot_stays(server, c)
     server.stop()
@@ -118,6 +119,7 @@ def _snapshot_stays(server, c) -> None:
                                                             "file.delete.delay.ms": 0, "retention.ms": -1}})
     model: dict[int, tuple[str, str]] = {}
     stop = threading.Event()
+    enough = threading.Event()  # 150 records acknowledged
     lock = threading.Lock()
 
     def producer() -> None:
@@ -128,13 +130,14 @@ def _snapshot_stays(server, c) -> None:
                 (offset,) = produce(pc, "acct", [{"key": key, "value": value}])
                 with lock:
                     model[offset] = (key, value)
+                    if len(model) >= 150:
+                        enough.set()
                 i += 1
 
     thread = threading.Thread(target=producer)
     thread.start()
     try:
-        while len(model) < 150:
-            threading.Event().wait(0.01)
+        assert enough.wait(30), "the producer did not get 150 records acknowledged"
         with lock:
             acked_before = len(model)
         snap = c.post("/v1/snapshots", json={"topics": ["acct"]}).json()
@@ -172,14 +175,14 @@ def _snapshot_stays(server, c) -> None:
     assert {r.key.decode(): r.value.decode() for r in records} == table
 
 
-def test_snapshot_auth(server_factory, tmp_path: Path) -> None:
+def test_snapshot_auth(app_factory, tmp_path: Path) -> None:
     auth = tmp_path / "auth.json"
     auth.write_text(json.dumps({"tokens": [
         {"name": "ops", "token": "admin-token", "role": "admin"},
         {"name": "analyst", "token": "consumer-token", "role": "consumer", "topics": ["sales."]},
         {"name": "app", "token": "producer-token", "role": "producer", "topics": [""]},
     ]}))
-    server = server_factory(EVENTLOG_AUTH_FILE=str(auth)).start(token="admin-token")
+    server = app_factory(EVENTLOG_AUTH_FILE=str(auth)).start(token="admin-token")
     clients = []
 
     def client(token: str | None):
@@ -213,8 +216,10 @@ def test_snapshot_auth(server_factory, tmp_path: Path) -> None:
         server.stop()
 
 
-def test_cli_snapshot_of_a_stopped_data_dir_and_unfinished_ones_removed(server_factory, tmp_path: Path) -> None:
-    server = server_factory().start()
+def test_cli_snapshot_of_a_stopped_data_dir_and_unfinished_ones_removed(app_factory, server_factory, tmp_path: Path) -> None:
+    """The app in this process writes and restarts; a real server for the last part (the
+    offline snapshot refused beside a running one, and a snapshot through --url)."""
+    server = app_factory().start()
     with server.client() as c:
         c.post("/v1/topics", json={"name": "t", "configs": {"segment.bytes": 300}})
         for i in range(20):
@@ -242,7 +247,7 @@ def test_cli_snapshot_of_a_stopped_data_dir_and_unfinished_ones_removed(server_f
     finally:
         server.stop()
     # a running server's data dir is refused by the offline snapshot (one process per dir)
-    server.start()
+    server = server_factory(server.data_dir).start()
     try:
         busy = subprocess.run(
             [str(eventlog), "snapshot", "--data-dir", str(server.data_dir)], capture_output=True, text=True, timeout=60
@@ -420,9 +425,9 @@ def test_a_snapshot_on_a_full_disk_is_507_and_leaves_nothing_behind(server_facto
 
 
 @pytest.mark.slow
-def test_snapshot_cost_grows_with_segments_not_bytes(server_factory) -> None:
+def test_snapshot_cost_grows_with_segments_not_bytes(app_factory) -> None:
     """A sanity bound, not a benchmark: 200 closed segments are linked, not copied."""
-    server = server_factory().start()
+    server = app_factory().start()
     try:
         with server.client() as c:
             _big(server, c)

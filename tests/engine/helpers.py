@@ -37,6 +37,7 @@ async def running_log(
     log_start_offset: int = 0,
     schedule_delete=None,
     producer_id_expiration_ms: int = DEFAULT_EXPIRATION_MS,
+    on_fsync=None,
 ) -> AsyncIterator[PartitionLog]:
     """Load (recovering as asked, producer state included, as the log manager does) and run a
     partition log; close it cleanly on exit."""
@@ -51,7 +52,7 @@ async def running_log(
     log = PartitionLog(
         "t", 0, directory, config, loaded.segments, log_start_offset=loaded.log_start_offset,
         recovery_point=loaded.recovery_point, clock=clock, schedule_delete=schedule_delete,
-        producer_state=producers,
+        producer_state=producers, on_fsync=on_fsync,
     )
     log.load_stats = loaded.stats  # type: ignore[attr-defined]
     async with anyio.create_task_group() as tg:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from pathlib import Path
 
 import anyio
@@ -345,18 +346,47 @@ async def test_deferred_flush_acknowledges_before_fsync(tmp_path: Path) -> None:
         assert log.recovery_point == 3  # three unflushed messages: fsynced
 
 
-async def test_flush_ms_timer_flushes_idle_log(tmp_path: Path) -> None:
+async def test_flush_ms_follows_the_injected_clock(tmp_path: Path) -> None:
+    config = LogConfig(flush_messages=1000, flush_ms=60_000)
+    clock = FakeClock(T0)
+    async with running_log(tmp_path / "t-0", config, clock=clock) as log:
+        with anyio.fail_after(10):
+            await append_records(log, [(b"k", b"v", T0, [])])
+            assert log.recovery_point == 0
+            clock.now += 59_999
+            await log.tick()
+            assert log.recovery_point == 0  # a millisecond short of flush.ms by the clock
+            clock.now += 1
+            await log.tick()
+            assert log.recovery_point == 1
+
+
+async def test_flush_timer_wakes_the_idle_writer_when_the_clock_says(tmp_path: Path) -> None:
+    """No tick: the writer's own timer (what is left of flush.ms by the clock, in real time)
+    wakes it, and the clock says flush.ms has passed."""
     config = LogConfig(flush_messages=1000, flush_ms=20)
-    async with running_log(tmp_path / "t-0", config, clock=None) as log:
-        # the default FakeClock does not move; use the wall clock for this timer test
-        log.clock = lambda: __import__("time").time_ns() // 1_000_000
-        log._last_flush_ms = log.clock()
+    clock = FakeClock(T0)
+    flushed = threading.Event()  # set by the fsync hook, in the writer's thread
+    async with running_log(tmp_path / "t-0", config, clock=clock, on_fsync=lambda _log, _s: flushed.set()) as log:
         await append_records(log, [(b"k", b"v", T0, [])])
         assert log.recovery_point == 0
-        with anyio.fail_after(5):
-            while log.recovery_point == 0:
-                await anyio.sleep(0.01)
+        clock.now += 20
+        assert await anyio.to_thread.run_sync(flushed.wait, 10)
         assert log.recovery_point == 1
+
+
+async def test_flush_ms_counts_from_now_when_the_clock_goes_back(tmp_path: Path) -> None:
+    config = LogConfig(flush_messages=1000, flush_ms=60_000)
+    clock = FakeClock(T0)
+    async with running_log(tmp_path / "t-0", config, clock=clock) as log:
+        with anyio.fail_after(10):
+            await append_records(log, [(b"k", b"v", T0, [])])
+            clock.now -= 3_600_000  # an hour back (a stepped wall clock)
+            await log.tick()
+            assert log.recovery_point == 0
+            clock.now += 60_000  # flush.ms after the step, not an hour and flush.ms
+            await log.tick()
+            assert log.recovery_point == 1
 
 
 async def test_many_producers_and_readers_never_see_partial_batches(tmp_path: Path) -> None:

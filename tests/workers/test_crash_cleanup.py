@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from engine import filenames
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, wait_until
 from tests.kafka_oracle import decode_all
 
 TRANSIENT = (filenames.CLEANED_SUFFIX, filenames.SWAP_SUFFIX, filenames.DELETED_SUFFIX)
@@ -192,10 +192,7 @@ def check_partition_allowing_deleted(server: ServerProcess, client: httpx.Client
 def wait_no_transient(directory: Path, timeout_s: float = 10.0) -> None:
     """.deleted files of a finished pass go after file.delete.delay.ms (0 here) in the server's
     background: wait for them."""
-    deadline = time.monotonic() + timeout_s
-    while transient_files(directory) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert transient_files(directory) == []
+    wait_until(lambda: not transient_files(directory), timeout_s, f"the transient files of {directory.name} going")
 
 
 def compaction_run(client: httpx.Client, topic: str) -> httpx.Response:
@@ -498,7 +495,7 @@ def _kill_when(
         if fire:
             server.proc.send_signal(signal.SIGKILL)
             return workers, cleaned_files(directory)
-        time.sleep(0.001)
+        time.sleep(0.001)  # watching for the moment to kill: nothing signals it, and it is brief
     raise AssertionError(f"{trigger} never happened:\n{server.log()[-3000:]}")
 
 
@@ -536,10 +533,7 @@ def test_server_killed_while_a_pass_runs(server_factory, trigger: str) -> None:
     if trigger != "first_swap":  # the last swaps may just beat the kill
         assert isinstance(outcome[0], httpx.TransportError), outcome
     assert workers, "the pass ran in a worker process"
-    deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not any(alive(pid) for pid in workers), "the worker process outlived the server"
+    wait_until(lambda: not any(alive(pid) for pid in workers), 10, "the worker processes ending with the server")
     # A worker that went on would have written the .cleaned segments of every group (about 25);
     # one killed with the server got at most the one it was writing a little further.
     assert len(cleaned_files(directory) - cleaned_at_kill) <= 3, "the worker kept writing after the kill"
