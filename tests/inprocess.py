@@ -254,8 +254,13 @@ class _ResponseStream(httpx.SyncByteStream):
 
     def close(self) -> None:
         portal = self.exchange.runner.portal
-        if portal is not None:
-            portal.call(self.exchange.close)
+        try:
+            if portal is not None:
+                portal.call(self.exchange.close)
+                return
+        except RuntimeError:  # the portal stopped meanwhile (the app shut down)
+            pass
+        self.exchange.body_receive.close()  # no loop runs it any more: closed from here
 
 
 def _portal(exchange: _Exchange) -> anyio.from_thread.BlockingPortal:
@@ -285,7 +290,10 @@ class ASGITransport(httpx.BaseTransport):
             portal.call(exchange.close)
             raise httpx.ReadTimeout("no response within the read timeout", request=request)
         if exchange.status is None:  # cancelled at shutdown: the connection closes
-            portal.call(exchange.close)
+            try:
+                portal.call(exchange.close)
+            except RuntimeError:  # the portal stopped with the app (a race with stop())
+                exchange.body_receive.close()
             raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in exchange.headers]
         return httpx.Response(exchange.status, headers=headers, stream=_ResponseStream(exchange), request=request)
