@@ -343,7 +343,7 @@ class PartitionLog:
         while True:
             due_in = self._flush_due_in()
             if due_in == 0:
-                await anyio.to_thread.run_sync(self._flush_sync)
+                await self._deferred_flush()
                 continue
             try:
                 if due_in is None:
@@ -354,8 +354,9 @@ class PartitionLog:
                 return None
 
     def _flush_due_in(self) -> int | None:
-        """Milliseconds until flush.ms passes by the clock; None when nothing waits for it."""
-        if self._unflushed_messages == 0 or self.config.flush_ms >= 2**62:
+        """Milliseconds until flush.ms passes by the clock; None when nothing waits for it (or
+        the partition failed: a restart's recovery takes over)."""
+        if self._unflushed_messages == 0 or self.config.flush_ms >= 2**62 or self._failed is not None:
             return None
         now = self.clock()
         if now < self._last_flush_ms:  # the clock went back: flush.ms counts from now
@@ -369,9 +370,19 @@ class PartitionLog:
 
         async def check(log: PartitionLog, _result: None) -> None:
             if log._flush_due_in() == 0:
-                await anyio.to_thread.run_sync(log._flush_sync)
+                await log._deferred_flush()
 
         await self.call_in_writer(None, check)
+
+    async def _deferred_flush(self) -> None:
+        """The fsync flush.ms brings (writer task only). If it fails, what it covered may not be
+        durable: the partition refuses writes until a restart recovers the log, as after a
+        failed commit; the writer itself serves on (reads, close)."""
+        try:
+            await anyio.to_thread.run_sync(self._flush_sync)
+        except EngineError as exc:
+            self._failed = exc if isinstance(exc, StorageError) else StorageError(self.directory, str(exc))
+            logger.error("partition %s failed, refusing writes until restart: %s", self.name, exc)
 
     async def _commit(self, group: list[_Append]) -> None:
         try:

@@ -16,7 +16,7 @@ from engine.errors import StorageError, StorageFullError, TooManyOpenFilesError
 from engine.partition_log import prepare_batches
 from engine.records import encode_batch
 
-from .helpers import running_log
+from .helpers import FakeClock, running_log
 from .test_partition_log import check_files
 
 T0 = 1_700_000_000_000
@@ -138,6 +138,27 @@ async def test_eio_on_fsync_takes_the_partition_offline_for_writes_only(tmp_path
     async with running_log(data, clean_shutdown=False) as log:
         assert values(log)[:5] == [f"kept-{i}-".encode() + b"x" * 40 for i in range(5)]
         await put(log, "after-restart")
+
+
+async def test_eio_on_a_deferred_fsync_fails_the_partition_not_the_writer(tmp_path: Path, inject) -> None:
+    """flush.messages > 1: the fsync that flush.ms brings runs in the writer's idle loop. Its
+    failure used to end the writer task (and with it the whole engine's task group); now it
+    fails the partition for writes, as a failed commit does, and the writer serves on."""
+    data = tmp_path / "log"
+    clock = FakeClock(T0)
+    async with running_log(data, LogConfig(flush_messages=1000, flush_ms=1000), clock=clock) as log:
+        await put(log, "kept")
+        inject({"op": "fsync", "path": str(data), "errno": "EIO"})
+        clock.now += 1000  # no tick: the writer's own timer finds flush.ms passed (within 1 s)
+        with anyio.fail_after(10):
+            while log.failed is None:
+                await anyio.sleep(0.01)
+        with pytest.raises(StorageError):
+            await put(log, "refused")
+        assert len(values(log)) == 5, "reads go on"
+        inject()
+    async with running_log(data, clean_shutdown=False) as log:
+        assert len(values(log)) == 5
 
 
 async def test_eio_on_read_fails_that_read_only(tmp_path: Path, inject) -> None:
