@@ -248,30 +248,8 @@ def _snappy_xerial_compress(data: bytes | bytearray | memoryview) -> bytes:
 
 
 def _snappy_decompress(data: bytes | bytearray | memoryview, max_bytes: int) -> bytes:
-    view = memoryview(data)
-    if bytes(view[:8]) != _XERIAL_MAGIC:
-        return bytes(_snappy_raw(view, 0, max_bytes))
-    position = 16
-    out = bytearray()
-    end = len(view)
-    while position < end:
-        if end - position < 4:
-            raise CorruptBatchError("truncated xerial snappy block length")
-        (length,) = _BE_I32.unpack_from(view, position)
-        position += 4
-        if length < 0 or position + length > end:
-            raise CorruptBatchError("xerial snappy block runs past the end")
-        out += _snappy_raw(view[position : position + length], len(out), max_bytes)
-        position += length
-    return bytes(out)
-
-
-def _snappy_raw(block: memoryview, before: int, max_bytes: int):
-    """One raw snappy block, after checking its length preamble (a varint): cramjam allocates
-    what the preamble says, and aborts the process if that allocation fails. `before` bytes
-    were inflated from earlier blocks."""
-    _snappy_declared(block, before, max_bytes)
-    return cramjam.snappy.decompress_raw(block)
+    """xerial-framed or raw snappy, each block checked before it is inflated (_snappy_chunks)."""
+    return b"".join(_snappy_chunks(data, max_bytes, 0))
 
 
 def _snappy_declared(block: memoryview, before: int, max_bytes: int) -> int:
