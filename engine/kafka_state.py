@@ -39,6 +39,7 @@ from typing import Iterable, Iterator
 from . import filenames
 from .control_records import ABORT, COMMIT, control_type
 from .errors import CorruptBatchError
+from .groups import CommittedOffset
 from .format import BatchHeader
 from .records import Record, decode_records
 from .scan import BatchScanner
@@ -232,19 +233,9 @@ def _apply_metadata(value: bytes, names: dict[bytes, str], configs: dict[str, di
 # -- committed offsets ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class KafkaCommit:
-    group: str
-    topic: str
-    partition: int
-    offset: int
-    metadata: str
-    commit_timestamp: int
-
-
 @dataclass
 class KafkaOffsets:
-    commits: list[KafkaCommit] = field(default_factory=list)  # the latest per key, tombstones applied
+    commits: list[CommittedOffset] = field(default_factory=list)  # the latest per key, tombstones applied
     skipped: int = 0  # group metadata and other records that are not offset commits
     uncommitted: int = 0  # transactional commits aborted or never completed
     undecodable: int = 0
@@ -254,9 +245,9 @@ class KafkaOffsets:
 def read_committed_offsets(partition_dirs: Iterable[Path]) -> KafkaOffsets:
     """The committed offsets in the `__consumer_offsets-<n>` directories given."""
     result = KafkaOffsets()
-    latest: dict[tuple[str, str, int], KafkaCommit | None] = {}
+    latest: dict[tuple[str, str, int], CommittedOffset | None] = {}
     for directory in partition_dirs:
-        pending: dict[int, list[tuple[tuple[str, str, int], KafkaCommit | None]]] = {}
+        pending: dict[int, list[tuple[tuple[str, str, int], CommittedOffset | None]]] = {}
         for path in _log_files(directory):
             for header, records in read_file_batches(path, result.problems):
                 if header.is_control:
@@ -284,7 +275,7 @@ def read_committed_offsets(partition_dirs: Iterable[Path]) -> KafkaOffsets:
     return result
 
 
-def _offset_commit(record: Record) -> tuple[tuple[str, str, int], KafkaCommit | None] | None:
+def _offset_commit(record: Record) -> tuple[tuple[str, str, int], CommittedOffset | None] | None:
     """(key, commit or None for a tombstone), or None for a record that is not a commit."""
     if record.key is None:
         raise _Malformed("no key")
@@ -313,4 +304,4 @@ def _offset_commit(record: Record) -> tuple[tuple[str, str, int], KafkaCommit | 
     if version >= 4:
         r.tagged_fields()
     r.end()
-    return key, KafkaCommit(group, topic, partition, offset, metadata or "", commit_timestamp)
+    return key, CommittedOffset(group, topic, partition, offset, metadata or "", commit_timestamp)
