@@ -178,13 +178,33 @@ class LogDir:
     def mark_clean_shutdown(self, tails: dict[tuple[str, int], CleanTail]) -> None:
         """Written last at shutdown, atomically, naming each partition of this dir that closed
         cleanly (format_clean_shutdown); a partition it does not name is recovered next time."""
+        self.check_still_ours()
         replace_file(self.path / CLEAN_SHUTDOWN_FILE, format_clean_shutdown(tails))
 
     def read_checkpoint(self, name: str) -> dict[tuple[str, int], int]:
         return read_checkpoint(self.path / name)
 
     def write_checkpoint(self, name: str, entries: dict[tuple[str, int], int]) -> None:
+        self.check_still_ours()
         write_checkpoint(self.path / name, entries)
+
+    def check_still_ours(self) -> None:
+        """Raise DataDirError unless the directory at our path is still the one we locked.
+
+        Files are written by path. If the directory was removed or replaced while the server
+        ran (`rm -rf data` and a new server started on a new `data`), this process would write
+        its checkpoints into the other server's directory: seen in a test harness, where a
+        stray server's recovery points made the new one leave offset gaps after a crash."""
+        held = os.fstat(self._lock_fd) if self._lock_fd is not None else None
+        try:
+            now = os.stat(self.path / LOCK_FILE)
+        except OSError:
+            now = None
+        if held is None or now is None or (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino):
+            raise DataDirError(
+                self.path, "was removed or replaced while this server ran (its lock file is not the one this "
+                "process holds): nothing more is written there; stop this server",
+            )
 
     def _lock(self) -> None:
         path = self.path / LOCK_FILE

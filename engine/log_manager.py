@@ -745,10 +745,22 @@ class LogManager:
     async def _checkpoint_loop(self) -> None:
         while True:
             await anyio.sleep(self.config.checkpoint_interval_ms / 1000)
-            try:
-                await self.checkpoint()
-            except Exception:  # noqa: BLE001 -- keep checkpointing; the error is logged
-                logger.exception("writing checkpoints failed")
+            for d in self.dirs:
+                try:
+                    await self._write_checkpoints(d)
+                except DataDirError as exc:
+                    self._lose_dir(d, exc)
+                except Exception:  # noqa: BLE001 -- keep checkpointing; the error is logged
+                    logger.exception("writing checkpoints failed")
+
+    def _lose_dir(self, log_dir: LogDir, error: DataDirError) -> None:
+        """`log_dir` is no longer the directory this server locked: refuse every write to its
+        partitions (a roll would create files by path in someone else's directory)."""
+        lost = [log for log, d in self._partition_dir.items() if d is log_dir and log.failed is None]
+        if lost:
+            logger.critical("%s; %d partition(s) refuse writes from now on", error, len(lost))
+        for log in lost:
+            log.fail(StorageError(log_dir.path, error.reason))
 
     def _schedule_delete(self, log: PartitionLog, segments: list[LogSegment]) -> None:
         delay_s = log.config.file_delete_delay_ms / 1000
@@ -798,13 +810,17 @@ class LogManager:
         unclean = [log.name for log in logs if log.failed is not None or not log.stopped.is_set()]
         unclean += [o.name for o in self._offline.values()]
         for d in self.dirs:
-            await self._write_checkpoints(d)
-            tails = {
-                (log.topic, log.partition): CleanTail(log.view.active.base_offset, log.view.active.size, log.high_watermark)
-                for log, log_dir in self._partition_dir.items()
-                if log_dir is d and log.failed is None and log.stopped.is_set()
-            }
-            await anyio.to_thread.run_sync(d.mark_clean_shutdown, tails)
+            try:
+                await self._write_checkpoints(d)
+                tails = {
+                    (log.topic, log.partition): CleanTail(log.view.active.base_offset, log.view.active.size, log.high_watermark)
+                    for log, log_dir in self._partition_dir.items()
+                    if log_dir is d and log.failed is None and log.stopped.is_set()
+                }
+                await anyio.to_thread.run_sync(d.mark_clean_shutdown, tails)
+            except EngineError as exc:  # a full disk, a lost dir: the next start recovers it
+                logger.error("%s: no clean-shutdown marker written: %s", d.path, exc)
+                unclean.append(str(d.path))
         if unclean:
             logger.info("engine closed; the next start recovers %s as after a crash", ", ".join(sorted(unclean)))
         else:

@@ -905,3 +905,8 @@ class PartitionLog:
     @property
     def failed(self) -> StorageError | None:
         return self._failed
+
+    def fail(self, error: StorageError) -> None:
+        """Refuse writes from now on (reads go on) until a restart recovers the log."""
+        if self._failed is None:
+            self._failed = error

@@ -18,6 +18,7 @@ from engine.errors import (
     InvalidTopicNameError,
     PartitionNotFoundError,
     PartitionOfflineError,
+    StorageError,
     TopicExistsError,
     TopicNotFoundError,
 )
@@ -334,3 +335,26 @@ async def test_a_topic_with_an_offline_partition_can_be_deleted(tmp_path: Path) 
         assert engine.partition("a", 0).high_watermark == 0
     async with open_engine(cfg(tmp_path)) as engine:
         assert not engine.offline_partitions() and engine.partition("a", 0).high_watermark == 0
+
+
+async def test_a_data_dir_replaced_under_a_running_server_gets_nothing_more_from_it(tmp_path: Path) -> None:
+    """Seen while soaking: a server left running after its data dir was removed kept writing
+    its checkpoints by path into the new data dir of the next server, whose recovery then
+    believed those recovery points and left offset gaps after a crash."""
+    data = tmp_path / "data"
+    async with open_engine(cfg(data, checkpoint_interval_ms=100)) as engine:
+        await engine.create_topic("t", 1)
+        await produce(engine, "t", 0, [b"a"])
+        os.rename(data, tmp_path / "removed")
+        data.mkdir()  # another server's data dir now, at the same path
+        theirs = b"0\n1\nt 0 7\n"
+        (data / "recovery-point-offset-checkpoint").write_bytes(theirs)
+        log = engine.partition("t", 0)
+        with anyio.fail_after(10):
+            while log.failed is None:
+                await anyio.sleep(0.02)
+        with pytest.raises(StorageError):
+            await produce(engine, "t", 0, [b"b"])
+        assert values_of(engine, "t", 0) == [b"a"], "reads go on"
+    assert sorted(p.name for p in data.iterdir()) == ["recovery-point-offset-checkpoint"]
+    assert (data / "recovery-point-offset-checkpoint").read_bytes() == theirs
