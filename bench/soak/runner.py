@@ -158,10 +158,12 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         final["duration_seconds"] = stats.now()
     finally:
         gate.stopping = True
-        await drain(tasks)
-        await client.aclose()
-        if server.alive():
-            await asyncio.to_thread(server.kill)
+        try:
+            await drain(tasks)
+            await client.aclose()
+        finally:  # never leave a server behind: it would write into the next run's data dir
+            if server.alive():
+                await asyncio.to_thread(server.kill)
     return _results(cfg, model, stats, cycles, final, server, load)
 
 
