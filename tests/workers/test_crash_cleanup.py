@@ -474,7 +474,9 @@ def _kill_when(
     server: ServerProcess, directory: Path, trigger: str, timeout_s: float = 60.0
 ) -> tuple[list[int], set[str]]:
     """Wait for `trigger` during the pass, SIGKILL the server, and return its worker processes
-    as they were just before, and the .cleaned files there were."""
+    as they were just before, and the .cleaned files there were once the server was gone (the
+    worker's death signal comes with its parent's death, not with our kill: on a loaded machine
+    a fast pass may write a few more files in between)."""
     assert server.proc is not None
     deadline = time.monotonic() + timeout_s
     spawned_at = None
@@ -494,6 +496,7 @@ def _kill_when(
             fire = any(n.endswith((filenames.SWAP_SUFFIX, filenames.DELETED_SUFFIX)) for n in names)
         if fire:
             server.proc.send_signal(signal.SIGKILL)
+            server.proc.wait(10)
             return workers, cleaned_files(directory)
         time.sleep(0.001)  # watching for the moment to kill: nothing signals it, and it is brief
     raise AssertionError(f"{trigger} never happened:\n{server.log()[-3000:]}")
