@@ -98,6 +98,10 @@ class LogSegment:
         self._file: FileHandle | None = None
         self._fd_writable = False  # _file was opened for writing
         self._appendable = False  # the active segment: appends allowed
+        # the handle the last unsynced write went through: flush() fsyncs that very descriptor
+        # (a write-back error is reported to descriptors open when it happened, not to one
+        # opened after it, so a handle the budget took back must not be swapped for a new one)
+        self._unsynced: FileHandle | None = None
         self._fd_lock = threading.Lock()
         self._index_lock = threading.Lock()
         self._max_timestamp: int | None = None  # None = not loaded yet
@@ -361,6 +365,7 @@ class LogSegment:
         position = self.size - self._staged_bytes
         try:
             handle = self._writable_handle()  # held while its descriptor is in use
+            self._unsynced = handle
             pwrite_all(handle.fd, self._staged, position)
         except OSError as exc:
             raise storage_error(exc, self.log_path, "append failed") from exc
@@ -388,10 +393,11 @@ class LogSegment:
         if not self._appendable:
             self.open_for_append()
         with io_errors(self.log_path, "cannot undo a failed append"):
-            handle = self._writable_handle()
+            handle = self._unsynced or self._writable_handle()
             os.ftruncate(handle.fd, size)
         try:
             fdatasync(handle.fd)
+            self._unsynced = None
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise StorageError(self.log_path, f"cannot undo a failed append: {exc}") from exc
@@ -414,12 +420,13 @@ class LogSegment:
         self.write_staged()
 
     def flush(self) -> None:
-        """fdatasync the .log (indexes are rebuilt by recovery, so they are synced on close).
-        Any descriptor of the file will do: a reopened one syncs what an evicted one wrote."""
+        """fdatasync the .log (indexes are rebuilt by recovery, so they are synced on close),
+        through the descriptor the unsynced writes went through."""
         if self._appendable:
             try:
-                handle = self._writable_handle()  # held while its descriptor is in use
+                handle = self._unsynced or self._writable_handle()  # held while in use
                 fdatasync(handle.fd)
+                self._unsynced = None
             except OSError as exc:
                 raise storage_error(exc, self.log_path, "fsync failed") from exc
 
