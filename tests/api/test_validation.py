@@ -12,10 +12,11 @@ import httpx
 import pytest
 from crc32c import crc32c
 
+from ..engine.helpers import patch_last_offset_delta
 from ..kafka_oracle import build_batch
+from .test_api import RAW, assert_problem
 from .test_security import _problem_of, _read_response
 
-RAW = "application/vnd.kafka.record-batch.v2"
 T0 = 1_700_000_000_000
 
 
@@ -25,23 +26,12 @@ def client(server):
         yield c
 
 
-def assert_problem(response: httpx.Response, status: int, code: str) -> dict:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/problem+json")
-    body = response.json()
-    assert body["code"] == code, body
-    return body
-
-
 def _high_watermark(client: httpx.Client, topic: str, partition: int = 0) -> int:
     return client.get(f"/v1/topics/{topic}").json()["partitions"][partition]["high_watermark"]
 
 
 def _with_last_offset_delta(batch: bytes, delta: int) -> bytes:
-    out = bytearray(batch)
-    struct.pack_into(">i", out, 23, delta)
-    struct.pack_into(">I", out, 17, crc32c(bytes(out[21:])))
-    return bytes(out)
+    return bytes(patch_last_offset_delta(bytearray(batch), delta))
 
 
 def _produce_raw(client: httpx.Client, topic: str, body: bytes) -> httpx.Response:

@@ -16,21 +16,12 @@ from app.main import create_app
 from app.server import protocol_class, uvicorn_config
 from app.settings import Settings
 
+from ..api.test_security import _read_response
 from ..conftest import free_port
 
 LIMIT = 8192
 
 
-def _read_response(sock: socket.socket) -> bytes:
-    data = b""
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except (ConnectionResetError, TimeoutError):
-            return data
-        if not chunk:
-            return data
-        data += chunk
 
 
 def _status_and_code(response: bytes) -> tuple[int, str | None]:
