@@ -95,7 +95,7 @@ _produce_problems: dict[int | str, dict[str, Any]] = {
     413: {"model": Problem, "description": "record_too_large, request_too_large (the body, or what its compressed batches inflate to)"},
     415: {"model": Problem, "description": "unsupported_media_type"},
     422: {"model": Problem, "description": "validation_error, key_required, idempotency_key_reused"},
-    503: {"model": Problem, "description": "unavailable: the server is shutting down; partition_offline"},
+    503: {"model": Problem, "description": "unavailable: the server is shutting down; partition_offline; too_many_open_files (Retry-After): nothing was written"},
     507: {"model": Problem, "description": "storage_full: the disk is full; nothing was written"},
 }
 

@@ -516,13 +516,6 @@ class LogManager:
             except OSError as exc:  # the directories are gone from the name space either way
                 logger.warning("%s: fsync after removing partitions: %s", parent, exc)
 
-    async def _add_partition_logs(self, state: TopicState, count: int) -> None:
-        assert self._tg is not None
-        for p in range(len(state.partitions), count):
-            log = await self._load_partition(state.name, p, state.config, state.meta.topic_id)
-            await self._tg.start(log.run)
-            state.partitions.append(log)
-
     async def alter_topic_configs(self, name: str, configs: Mapping[str, Any], *, replace_all: bool = False) -> TopicState:
         """Merge `configs` into the topic's overrides (a null value removes an override)."""
         async with self._topic_lock:
@@ -649,10 +642,19 @@ class LogManager:
                     return loaded.stats
 
                 stats[p] = await anyio.to_thread.run_sync(stage_and_recover, limiter=self._recovery_limiter)
-            await self._append_event("topic_created", name, topic_id, partitions=count, configs=overrides)
-            state = TopicState(self.image.topics[name], config)
+            # as create_topic: the partitions first (the staged ones load, missing ones start
+            # empty), the event next, the topic published last
+            state = TopicState(TopicMeta(name, topic_id, count, overrides, self.clock()), config)
+            logs = await self._create_partition_logs(state, range(count))
+            try:
+                await self._append_event("topic_created", name, topic_id, partitions=count, configs=overrides)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self._discard_partition_logs(logs)
+                raise
+            state.meta = self.image.topics[name]
+            state.partitions = logs
             self.topics[name] = state
-            await self._add_partition_logs(state, count)
         await self.checkpoint()
         return state, stats
 
