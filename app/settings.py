@@ -8,6 +8,7 @@ plain EngineConfig that engine_config() derives.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -26,6 +27,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EVENTLOG_", extra="ignore", frozen=True)
 
     data_dir: Path = Field(Path("./data"), description="where topics live (and snapshots)")
+    processes: int = Field(
+        default_factory=lambda: os.cpu_count() or 1, ge=1, le=256,
+        description="shard processes serving this data dir (one per core by default; 1: a single process)",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     log_dirs: Annotated[tuple[Path, ...], NoDecode] = Field(

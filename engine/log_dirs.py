@@ -110,14 +110,22 @@ class LogDir:
         # what the marker covers; None: it did not say (every partition counts as clean)
         self.clean_tails: dict[tuple[str, int], CleanTail] | None = None
 
-    def open(self, node_id: int, cluster_id: str | None) -> None:
+    def open(self, node_id: int, cluster_id: str | None, *, family_lock_fd: int | None = None) -> None:
         """Create if needed, take the lock, read or write meta.properties, and note (then
-        remove) the clean-shutdown marker. Raises DataDirLockedError or DataDirError."""
+        remove) the clean-shutdown marker. Raises DataDirLockedError or DataDirError.
+
+        A shard of a family (eventlog serve --processes N) passes `family_lock_fd`: the
+        descriptor of the lock its supervisor took (and handed down), so it takes no lock of
+        its own; the family holds the dir until its last process exits."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DataDirError(self.path, f"cannot create: {exc}") from exc
-        self._lock()
+        if family_lock_fd is None:
+            self._lock()
+        else:
+            self._lock_fd = family_lock_fd
+            self._family_locked = True
         meta_path = self.path / META_PROPERTIES
         if meta_path.exists():
             self.meta = read_properties(meta_path)
@@ -227,6 +235,9 @@ class LogDir:
         self._lock_fd = fd
 
     def unlock(self) -> None:
+        if getattr(self, "_family_locked", False):  # the supervisor's lock: not ours to drop
+            self._lock_fd = None
+            return
         if self._lock_fd is not None:
             try:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)

@@ -91,6 +91,18 @@ MAX_PARTITIONS = 10_000  # per topic
 
 
 @dataclass(frozen=True)
+class ShardSpec:
+    """This process's place in a shard family (eventlog serve --processes N, N >= 2):
+    its index, the family's size, and the family's private run directory (Unix sockets and
+    the shared-memory partition table live there). The supervisor holds the log dirs' locks
+    for the whole family (log_dirs.LogDir.open(family_locked=True) in the shards)."""
+
+    index: int
+    count: int
+    run_dir: Path
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """What the engine needs from the settings (built by app/)."""
 
@@ -107,6 +119,8 @@ class EngineConfig:
     producer_id_expiration_ms: int = DEFAULT_EXPIRATION_MS
     # how long deleting a topic, and shutdown, wait for a closed partition's writer to finish
     writer_stop_timeout_ms: int = 30_000
+    # None: a single process owning every partition (eventlog serve --processes 1)
+    shard: ShardSpec | None = None
 
 
 @dataclass(eq=False)
