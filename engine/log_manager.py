@@ -100,6 +100,8 @@ class ShardSpec:
     index: int
     count: int
     run_dir: Path
+    # the supervisor's lock descriptors, one per log dir in the order of log_dirs
+    lock_fds: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
