@@ -289,9 +289,10 @@ class LogManager:
     def _open_dirs(self) -> None:
         cluster_id = None
         opened: list[LogDir] = []
+        lock_fds = self.config.shard.lock_fds if self.config.shard is not None else ()
         try:
-            for d in self.dirs:
-                d.open(self.config.node_id, cluster_id)
+            for i, d in enumerate(self.dirs):
+                d.open(self.config.node_id, cluster_id, family_lock_fd=lock_fds[i] if lock_fds else None)
                 cluster_id = d.cluster_id
                 opened.append(d)
         except BaseException:
