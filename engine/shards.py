@@ -106,7 +106,7 @@ class PartitionTable:
             self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
-        self._slots: dict[int, int] = {}  # key -> slot index (found or claimed)
+        self._slots: dict[tuple[int, int], int] = {}  # (shard, key) -> slot index (found or claimed)
 
     def close(self) -> None:
         try:
@@ -138,7 +138,7 @@ class PartitionTable:
 
     def claim(self, shard: int, key: int) -> int:
         """The slot of `key` in `shard`'s region (the caller is that shard), claimed if new."""
-        found = self._slots.get(key)
+        found = self._slots.get((shard, key))
         if found is not None:
             return found
         start = key % REGION_SLOTS
@@ -147,18 +147,18 @@ class PartitionTable:
             index = (start + i) % REGION_SLOTS
             _seq, k, *_rest, flags = SLOT.unpack_from(self._map, self._offset(shard, index))
             if k == key:
-                self._slots[key] = index
+                self._slots[(shard, key)] = index
                 return index
             if k == 0:
                 index = tombstone if tombstone is not None else index
                 self._write(shard, index, key, 0, 0, 0, 0, 0, 0)
-                self._slots[key] = index
+                self._slots[(shard, key)] = index
                 return index
             if flags & DELETED and tombstone is None:
                 tombstone = index
         if tombstone is not None:
             self._write(shard, tombstone, key, 0, 0, 0, 0, 0, 0)
-            self._slots[key] = tombstone
+            self._slots[(shard, key)] = tombstone
             return tombstone
         raise EngineError(f"the partition table of shard {shard} is full ({REGION_SLOTS} partitions)")
 
@@ -177,7 +177,7 @@ class PartitionTable:
 
     def find(self, shard: int, key: int) -> int | None:
         """The slot index of `key` in `shard`'s region, None if the owner has not claimed it."""
-        found = self._slots.get(key)
+        found = self._slots.get((shard, key))
         if found is not None:
             return found
         start = key % REGION_SLOTS
@@ -185,7 +185,7 @@ class PartitionTable:
             index = (start + i) % REGION_SLOTS
             k = struct.unpack_from("<Q", self._map, self._offset(shard, index) + 8)[0]
             if k == key:
-                self._slots[key] = index
+                self._slots[(shard, key)] = index
                 return index
             if k == 0:
                 return None
