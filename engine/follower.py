@@ -109,6 +109,15 @@ class FollowerSegment(LogSegment):
         return segment
 
 
+def _gone(exc: BaseException) -> bool:
+    """A file that is no longer where the view found it."""
+    while exc is not None:
+        if isinstance(exc, FileNotFoundError):
+            return True
+        exc = exc.__cause__  # type: ignore[assignment]
+    return False
+
+
 def _read_entries(path: Path, kind: type) -> Any:
     import numpy as np
 
@@ -216,21 +225,23 @@ class FollowedPartition:
                     for entry in entries:
                         parsed = filenames.parse_segment_file(entry.name)
                         if parsed is not None and parsed[1] == filenames.LOG_SUFFIX and parsed[2] == "":
-                            bases.append(parsed[0])
+                            bases.append((parsed[0], entry.inode()))
             except FileNotFoundError:
                 raise TopicDeletedError(self.name, self.topic) from None
             bases.sort()
             again = self._slot()
-            if again.generation != state.generation or again.active_base != state.active_base or state.active_base not in bases:
+            if again.generation != state.generation or again.active_base != state.active_base or state.active_base not in {b for b, _ in bases}:
                 state = again
                 continue
             state = again
-            known = {s.base_offset: s for s in (old.segments[:-1] if old is not None else ())}
+            # a closed segment already open is kept only if it is the same file (a compaction
+            # swap puts a new file under the same base offset)
+            known = {(s.base_offset, s.inode): s for s in (old.segments[:-1] if old is not None else ())}  # type: ignore[attr-defined]
             segments: list[LogSegment] = []
-            for base in bases:
+            for base, inode in bases:
                 if base >= state.active_base:
                     break
-                seg = known.get(base)
+                seg = known.get((base, inode))
                 if seg is None:
                     try:
                         seg = FollowerSegment.open_existing(self.directory, base, max_index_bytes=self.config.segment_index_bytes)
@@ -240,6 +251,7 @@ class FollowedPartition:
                         continue  # renamed away since the listing
                     if seg is not None:
                         seg.index_interval_bytes = self.config.index_interval_bytes
+                        seg.inode = inode  # type: ignore[attr-defined]
                 if seg is not None:
                     segments.append(seg)
             segments.append(self._active(state))
@@ -264,9 +276,20 @@ class FollowedPartition:
     def check_offset(self, offset: int, view: LogView | None = None) -> LogView:
         return reader.check_offset(view or self.view, offset)
 
+    def _again(self, fn: Any, *args: Any) -> Any:
+        """fn(view, *args); once more on a fresh listing if a file went away under the view
+        (retention or a compaction swap renamed it while this shard's view listed it)."""
+        try:
+            return fn(self.view, *args)
+        except (OSError, StorageError) as exc:
+            if not _gone(exc):
+                raise
+            self._state = self._view = None
+            return fn(self.view, *args)
+
     def fetch_slice(self, offset: int, max_bytes: int) -> FetchSlice | None:
         try:
-            return reader.fetch_slice(self.view, offset, max_bytes)
+            return self._again(reader.fetch_slice, offset, max_bytes)
         except OSError as exc:
             raise self._read_error(exc) from exc
 
@@ -289,7 +312,13 @@ class FollowedPartition:
                     return reader.read_records(view, offset, max_records, max_bytes, cached_only=True)
                 except reader.NotCached:
                     pass
-            return await anyio.to_thread.run_sync(reader.read_records, view, offset, max_records, max_bytes)
+            try:
+                return await anyio.to_thread.run_sync(reader.read_records, view, offset, max_records, max_bytes)
+            except (OSError, StorageError) as exc:
+                if not _gone(exc):
+                    raise
+                self._state = self._view = None
+                return await anyio.to_thread.run_sync(reader.read_records, self.view, offset, max_records, max_bytes)
         except OSError as exc:
             raise self._read_error(exc) from exc
         except CorruptDataError as exc:
@@ -303,13 +332,13 @@ class FollowedPartition:
 
     async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         try:
-            return reader.offset_for_timestamp(self.view, timestamp)
+            return self._again(reader.offset_for_timestamp, timestamp)
         except OSError as exc:
             raise self._read_error(exc) from exc
 
     async def max_timestamp_offset(self) -> tuple[int, int] | None:
         try:
-            return reader.max_timestamp_offset(self.view)
+            return self._again(reader.max_timestamp_offset)
         except OSError as exc:
             raise self._read_error(exc) from exc
 
