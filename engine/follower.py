@@ -91,22 +91,34 @@ class FollowerSegment(LogSegment):
     def active_view(cls, directory: Path, base_offset: int, end: int, high_watermark: int, config: LogConfig) -> FollowerSegment:
         """The owner's active segment, readable up to `end`, with the index entries its files
         hold below that (entries are written with the batches; a partial one is ignored)."""
-        log_path, index_path, time_path = filenames.segment_files(directory, base_offset, "")
+        _log_path, index_path, time_path = filenames.segment_files(directory, base_offset, "")
         max_bytes = config.segment_index_bytes
-        offsets = _read_entries(index_path, OffsetIndex)
-        offsets = offsets[: _prefix(offsets["position"] < end)] if len(offsets) else offsets
-        times = _read_entries(time_path, TimeIndex)
-        if len(times):
-            times = times[: _prefix(times["relative_offset"].astype("i8") + base_offset < high_watermark)]
         segment = cls(
             directory, base_offset, end,
-            OffsetIndex.in_memory(index_path, base_offset, max_bytes, offsets.tobytes()),
-            TimeIndex.in_memory(time_path, base_offset, max_bytes, times.tobytes()),
+            OffsetIndex.in_memory(index_path, base_offset, max_bytes, b""),
+            TimeIndex.in_memory(time_path, base_offset, max_bytes, b""),
             0,
         )
-        segment._indexes_verified = True
         segment.index_interval_bytes = config.index_interval_bytes
+        segment.refresh_active(end, high_watermark)
         return segment
+
+    def refresh_active(self, end: int, high_watermark: int) -> None:
+        """Read the active segment's index entries again, those below `end` (and the high
+        watermark): the same segment object, so its open descriptor stays in use."""
+        index_path, time_path = self._offset_index.path, self._time_index.path
+        max_bytes = self._offset_index.max_entries * OffsetIndex.ENTRY_SIZE
+        offsets = _read_entries(index_path, OffsetIndex)
+        if len(offsets):
+            offsets = offsets[: _prefix(offsets["position"] < end)]
+        times = _read_entries(time_path, TimeIndex)
+        if len(times):
+            times = times[: _prefix(times["relative_offset"].astype("i8") + self.base_offset < high_watermark)]
+        self._offset_index = OffsetIndex.in_memory(index_path, self.base_offset, max_bytes, offsets.tobytes())
+        self._time_index = TimeIndex.in_memory(time_path, self.base_offset, max_bytes, times.tobytes())
+        self._indexes_verified = True
+        self._max_timestamp = self._next_offset = None  # facts of a growing segment: computed again
+        self.size = max(self.size, end)
 
 
 def _gone(exc: BaseException) -> bool:
@@ -199,8 +211,9 @@ class FollowedPartition:
         if old is not None and old.active.base_offset == state.active_base and (same_generation or state.flags & CHANGING):
             # only the offsets moved (or files are being renamed: the previous list still reads)
             active = old.segments[-1]
-            if state.active_end - self._active_built_end >= ACTIVE_REFRESH_BYTES:
-                active = self._active(state)
+            if state.active_end - self._active_built_end >= ACTIVE_REFRESH_BYTES and isinstance(active, FollowerSegment):
+                active.refresh_active(state.active_end, state.high_watermark)
+                self._active_built_end = state.active_end
             else:
                 active.size = max(active.size, state.active_end)
             segments = old.segments[:-1] + (active,)
@@ -255,6 +268,11 @@ class FollowedPartition:
                 if seg is not None:
                     segments.append(seg)
             segments.append(self._active(state))
+            if old is not None:  # let go of files the owner removed (their space comes back)
+                kept = {id(seg) for seg in segments}
+                for seg in old.segments:
+                    if id(seg) not in kept:
+                        seg.release_descriptors()
             self._state = state
             return LogView.build(tuple(segments), max(state.log_start_offset, segments[0].base_offset), state.high_watermark, state.active_end)
         raise StorageError(self.directory, "the segment list kept changing while it was read")
@@ -393,6 +411,9 @@ class FollowedPartition:
         self._deleted = self._deleted or deleted
         self._closed = True
         self.wake()
+        if self._view is not None:
+            for seg in self._view.segments:
+                seg.release_descriptors()
 
     # -- writes: the owner's ------------------------------------------------------------------
 

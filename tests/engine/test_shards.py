@@ -207,3 +207,22 @@ async def test_followers_read_through_a_compaction_swap(tmp_path: Path) -> None:
         # every key's latest value survives, seen from the follower
         latest = {i % 5: b"v%03d" % i + b"x" * 40 for i in range(120)}
         assert set(latest.values()) <= set(after)
+
+
+async def test_follower_reads_a_growing_active_segment_by_offset_and_time(tmp_path: Path) -> None:
+    async with family(tmp_path) as (s0, s1):
+        await s0.create_topic("g", 2)
+        p = next(p for p in range(2) if owner_of("g", p, 2) == 1)
+        owner = s1.partition("g", p)
+        follower = s0.partition("g", p)
+        for i in range(2500):  # ~2.6 MB in one active segment: the follower re-reads its index
+            batch = encode_batch(0, [(b"k", b"%05d" % i + b"y" * 1000, T0 + i, [])])
+            await owner.append(prepare_batches(batch, owner.config))
+            if i in (10, 1100, 2499):
+                view = follower.view
+                assert view.high_watermark == i + 1
+                got = reader.read_records(view, i, 1, 10**6).records
+                assert [r.value[:5] for r in got] == [b"%05d" % i]
+        assert len(follower.view.segments[-1].offset_index.view()) > 100  # entries from the owner's file
+        assert await follower.offset_for_timestamp(T0 + 2000) == await owner.offset_for_timestamp(T0 + 2000) == (2000, T0 + 2000)
+        assert await follower.max_timestamp_offset() == (2499, T0 + 2499)
