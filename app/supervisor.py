@@ -19,11 +19,13 @@ A shard is `python -m app.shard` (app/shard.py) in a process group of its own, w
 
 Life of a family:
 
-    start     shard 0, then, once it serves, the others (STAGED_START). Each writes one byte
-              to its ready pipe once it serves; when all have, the supervisor logs
-              "ready: N shards on URL". A shard that exits
-              before it is ready (the engine refused the data dir, say) stops the family: the
-              others get SIGTERM and the supervisor exits 1. Start-up failures do not restart.
+    start     all N shards at once (their engines wait for one another: engine/shards.py).
+              Each writes one byte to its ready pipe once it serves; when all have, the
+              supervisor logs "ready: N shards on URL". A shard that exits before it is ready
+              (the engine refused the data dir, say) stops the family: the others get SIGTERM,
+              and SIGKILL STARTING_GRACE_S later if they are still starting (waiting for the
+              dead one, they would otherwise sit out their watchdog); the supervisor exits 1.
+              Start-up failures do not restart.
     a death   a ready shard that exits (a crash, SIGKILL, the OOM killer) stops the family the
               same way, then a new family starts on the same socket and locks, with a new run
               dir; a family that served less than FAMILY_STABLE_S first waits (0.5 s, doubling
@@ -71,13 +73,11 @@ STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 FAMILY_STABLE_S = 10.0
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 10.0
-# True: shard 0 starts alone and the others once it serves, so what the shards share is
-# created or recovered by one of them first (the metadata log and internal topics of a new
-# data dir: started together, the shards race to create them). False: all N at once.
-STAGED_START = True
 # beyond a shard's own shutdown watchdog, before the supervisor kills it; and after SIGKILL,
 # how long to wait for the kernel to reap it (a process stuck in the kernel outlives SIGKILL)
 KILL_SLACK_S = 5.0
+# after a shard failed to start: how long the others, still starting, get after SIGTERM
+STARTING_GRACE_S = 2.0
 
 
 def supervise(settings: Settings) -> int:
@@ -283,8 +283,9 @@ class Supervisor:
         run_dir = Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX))  # mode 0700
         shards: list[_Shard] = []
         try:
-            shards.append(self._spawn(0, run_dir))
-            return self._watch(shards, run_dir)
+            for index in range(self.settings.processes):
+                shards.append(self._spawn(index, run_dir))
+            return self._watch(shards)
         finally:
             for shard in shards:  # still running: after an error in this process, or stuck
                 if shard.running:
@@ -342,14 +343,12 @@ class Supervisor:
             os.close(shard.ready_fd)
             shard.ready_fd = None
 
-    def _watch(self, shards: list[_Shard], run_dir: Path) -> _FamilyEnd:
-        """Serve until the family ends: a signal, a start-up failure, a death. `shards` holds
-        shard 0; the others start once it is ready (STAGED_START) or at once."""
-        if not STAGED_START:
-            shards.extend(self._spawn(i, run_dir) for i in range(1, self.settings.processes))
+    def _watch(self, shards: list[_Shard]) -> _FamilyEnd:
+        """Serve until the family ends: a signal, a start-up failure, a death."""
         end: _FamilyEnd | None = None
         ready_at: float | None = None
         stop_deadline: float | None = None  # SIGTERM sent; SIGKILL at this time
+        stop_grace_s = 0.0  # ... which is this long after the SIGTERM
         kill_deadline: float | None = None  # SIGKILL sent; stop waiting at this time
         killed = False
         while any(s.running for s in shards):
@@ -358,9 +357,7 @@ class Supervisor:
             woken = self._wait(None if deadline is None else max(0.0, deadline - now))
             for shard in woken:
                 self._read_ready(shard)
-            if end is None and len(shards) < self.settings.processes and shards[0].ready:
-                shards.extend(self._spawn(i, run_dir) for i in range(1, self.settings.processes))
-            if ready_at is None and end is None and len(shards) == self.settings.processes and all(s.ready for s in shards):
+            if ready_at is None and end is None and all(s.ready for s in shards):
                 ready_at = time.monotonic()
                 logger.info("ready: %d shards on %s", len(shards), self.url)
             for shard in shards:
@@ -373,10 +370,13 @@ class Supervisor:
                     log = logger.info if shard.proc.returncode == 0 else logger.warning
                     log("shard %d (pid %d) %s", shard.index, shard.proc.pid, how)
                     continue
+                grace_s = self._stop_wait_s()
                 if not shard.ready:
                     message = f"shard {shard.index} (pid {shard.proc.pid}) {how} before it was ready"
                     logger.error("%s; stopping the others", message)
                     end = _FamilyEnd("startup", False, 0.0, message)
+                    if not any(s.ready for s in shards if s.running):
+                        grace_s = STARTING_GRACE_S
                 else:
                     served = time.monotonic() - ready_at if ready_at is not None else 0.0
                     logger.error(
@@ -384,26 +384,27 @@ class Supervisor:
                         shard.index, shard.proc.pid, how, served,
                     )
                     end = _FamilyEnd("died", False, served)
-                stop_deadline = self._terminate(shards, signal.SIGTERM)
+                stop_deadline, stop_grace_s = self._terminate(shards, signal.SIGTERM, grace_s), grace_s
             while self._signals:
                 sig = self._signals.pop(0)
                 name = signal.Signals(sig).name
                 running = sum(s.running for s in shards)
                 if end is not None and end.why == "signal":
                     logger.info("%s again: forwarded to %d shard(s)", name, running)
-                    self._terminate(shards, sig)
+                    self._terminate(shards, sig, 0.0)
                     continue
                 logger.info("%s: stopping %d shard(s)", name, running)
                 end = _FamilyEnd("signal", False, end.served_s if end is not None else 0.0)
-                deadline = self._terminate(shards, signal.SIGTERM)
-                stop_deadline = stop_deadline or deadline  # a stop already under way keeps its time
+                deadline = self._terminate(shards, signal.SIGTERM, self._stop_wait_s())
+                if stop_deadline is None:  # a stop already under way keeps its time
+                    stop_deadline, stop_grace_s = deadline, self._stop_wait_s()
             now = time.monotonic()
             if kill_deadline is None and stop_deadline is not None and now >= stop_deadline:
                 left = [s for s in shards if s.running]
                 if left:
                     logger.error(
-                        "shard(s) %s still running %.0f s after SIGTERM; killing them",
-                        ", ".join(f"{s.index} (pid {s.proc.pid})" for s in left), self._stop_wait_s(),
+                        "shard(s) %s still running after SIGTERM and %.0f s; killing them",
+                        ", ".join(f"{s.index} (pid {s.proc.pid})" for s in left), stop_grace_s,
                     )
                     for s in left:
                         s.proc.kill()
@@ -438,12 +439,9 @@ class Supervisor:
         """How long a shard may take to stop after SIGTERM before it is killed."""
         return shutdown_watchdog_s(self.settings) + KILL_SLACK_S
 
-    def _terminate(self, shards: list[_Shard], sig: int) -> float:
+    def _terminate(self, shards: list[_Shard], sig: int, grace_s: float) -> float:
         """Send `sig` to every running shard; the time by which they must be gone."""
         for shard in shards:
             if shard.running:
-                try:
-                    shard.proc.send_signal(sig)
-                except ProcessLookupError:  # pragma: no cover - exited, not yet reaped
-                    pass
-        return time.monotonic() + self._stop_wait_s()
+                shard.proc.send_signal(sig)  # does nothing once reaped; a zombie takes signals
+        return time.monotonic() + grace_s

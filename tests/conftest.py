@@ -135,9 +135,9 @@ class ServerProcess:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 headers = {"authorization": f"Bearer {token}"} if token else {}
-                if httpx.get(f"{self.url}/readyz", headers=headers, timeout=1).status_code == 200:
-                    if not family or b" eventlog.supervisor: ready: " in self._log_since_start():
-                        return self
+                answered = httpx.get(f"{self.url}/readyz", headers=headers, timeout=1).status_code == 200
+                if answered and (not family or b" eventlog.supervisor: ready: " in self._log_since_start()):
+                    return self
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
