@@ -7,8 +7,11 @@ The supervisor serves nothing itself. It holds what the family shares, for its w
                descriptor, so a dir stays locked until the last process of the family is gone
     socket     the listening socket (host, port, backlog), made here and inherited by every
                shard, which accept on it; connections wait in its queue while a family restarts
-    run dir    a private directory per family start (mkdtemp "eventlog-shards-*", 0700):
-               the shards' Unix sockets and shared memory; removed once that family is gone
+    run dir    a private directory per family start (mkdtemp "eventlog-shards-<pid>-*", 0700,
+               <pid> the supervisor's): the shards' Unix sockets and shared memory; removed
+               once that family is gone. The supervisor holds a flock on RUN_DIR_LOCK in it;
+               a SIGKILLed one cannot remove its dir, so the next supervisor on this machine
+               removes every run dir whose lock nobody holds
 
 A shard is `python -m app.shard` (app/shard.py) in a process group of its own, with
 
@@ -42,6 +45,7 @@ Single-threaded: signals and child exits wake one selector loop (signal.set_wake
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -68,6 +72,7 @@ logger = logging.getLogger("eventlog.supervisor")
 SHARD_ENV = "EVENTLOG_SHARD"
 SHARD_SETTINGS_ENV = "EVENTLOG_SHARD_SETTINGS"
 RUN_DIR_PREFIX = "eventlog-shards-"
+RUN_DIR_LOCK = ".supervisor.lock"
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 # a family that served this long before a shard died restarts at once
 FAMILY_STABLE_S = 10.0
@@ -91,6 +96,7 @@ def supervise(settings: Settings) -> int:
         except AuthConfigError as exc:
             raise CannotStart(str(exc), 2) from None
     dirs = open_log_dirs(settings)
+    remove_stale_run_dirs()
     try:
         listener = listen(settings)
     except BaseException:
@@ -125,6 +131,29 @@ def open_log_dirs(settings: Settings) -> list[LogDir]:
             d.unlock()
         raise
     return opened
+
+
+def remove_stale_run_dirs(tmp: Path | None = None) -> list[Path]:
+    """Remove the run dirs whose supervisor is gone (SIGKILLed: its shards died with it): those
+    whose RUN_DIR_LOCK nobody holds. The dirs removed."""
+    removed = []
+    for entry in (tmp or Path(tempfile.gettempdir())).glob(f"{RUN_DIR_PREFIX}*"):
+        try:
+            fd = os.open(entry / RUN_DIR_LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # not a run dir of ours (or not one at all), or another user's
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # its supervisor is running
+            continue
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+        finally:
+            os.close(fd)
+    if removed:
+        logger.info("removed the run dirs of supervisors no longer running: %s", ", ".join(p.name for p in removed))
+    return removed
 
 
 def listen(settings: Settings) -> socket.socket:
@@ -280,7 +309,9 @@ class Supervisor:
     # -- one family ----------------------------------------------------------------------------
 
     def _run_family(self) -> _FamilyEnd:
-        run_dir = Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX))  # mode 0700
+        run_dir = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-"))  # mode 0700
+        lock_fd = os.open(run_dir / RUN_DIR_LOCK, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
         shards: list[_Shard] = []
         try:
             for index in range(self.settings.processes):
@@ -296,6 +327,7 @@ class Supervisor:
                         pass
                 self._close_ready(shard)
             shutil.rmtree(run_dir, ignore_errors=True)
+            os.close(lock_fd)
 
     def _spawn(self, index: int, run_dir: Path) -> _Shard:
         ready_r, ready_w = os.pipe()

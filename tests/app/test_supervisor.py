@@ -74,8 +74,11 @@ def test_a_sigkilled_supervisor_takes_its_shards_with_it(server_factory) -> None
     server.start()
     shards = server.shard_pids()
     assert len(shards) == 2
+    run_dir = Path(_identity(shards[0])["run_dir"])
+    assert run_dir.name.startswith(f"eventlog-shards-{server.proc.pid}-")
     assert server.kill() == -signal.SIGKILL
     wait_until(lambda: not any(pid_alive(pid) for pid in shards), timeout=5, what="the shards' exit")
+    assert run_dir.exists()  # nobody was left to remove it
     # nothing holds the port or the data dir: a new server starts on both
     again = server_factory(server.data_dir)
     again.port = server.port
@@ -83,6 +86,7 @@ def test_a_sigkilled_supervisor_takes_its_shards_with_it(server_factory) -> None
     again.start()
     with again.client() as client:
         assert client.get("/readyz").status_code == 200
+    assert not run_dir.exists()  # the next supervisor did
     assert again.stop() == 0
 
 
