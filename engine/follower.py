@@ -39,7 +39,8 @@ from .errors import (
     StorageError,
     TopicDeletedError,
 )
-from .fileutil import FileHandle, io_errors
+from .descriptors import BUDGET
+from .fileutil import FileHandle
 from .index_builder import IndexBuilder
 from .offset_index import OffsetIndex
 from .reader import FetchSlice
@@ -73,19 +74,38 @@ class FollowerSegment(LogSegment):
         self._time_index = TimeIndex.in_memory(self._time_index.path, self.base_offset, max_bytes, builder.time_entries)
         self._max_timestamp, self._offset_of_max_timestamp = builder.max_timestamp, builder.offset_of_max_timestamp
 
+    inode: int | None = None  # of the .log this segment was listed as (closed segments)
+
     def open_handle(self) -> FileHandle:
-        try:
+        """The .log's descriptor, opened by name on first use: the name is checked to still be
+        the file this segment was listed as. A compaction swap puts a new file under the same
+        name, and the listed one is then found under its .deleted name (the owner unlinks those
+        only after file.delete.delay.ms); when neither is it, the caller's view is stale
+        (StorageError caused by FileNotFoundError: FollowedPartition lists again)."""
+        handle = self._file
+        if handle is not None:
+            BUDGET.touch(self)
+            return handle
+        if self.inode is None:
             return super().open_handle()
-        except StorageError as exc:
-            # the owner renamed it away (retention, compaction) after our view listed it
-            deleted = filenames.log_file(self.directory, self.base_offset, filenames.DELETED_SUFFIX)
-            if not isinstance(exc.__cause__, FileNotFoundError) and not deleted.exists():
-                raise
-            with self._fd_lock:
-                if self._file is None:
-                    with io_errors(deleted, "cannot open segment"):
-                        self._file = FileHandle(deleted, os.O_RDONLY)
-                return self._file
+        BUDGET.touch(self)
+        with self._fd_lock:
+            if self._file is None:
+                for path in (self.log_path, filenames.log_file(self.directory, self.base_offset, filenames.DELETED_SUFFIX)):
+                    try:
+                        candidate = FileHandle(path, os.O_RDONLY)
+                    except FileNotFoundError:
+                        continue
+                    except OSError as exc:
+                        raise StorageError(path, f"cannot open segment: {exc}") from exc
+                    if os.fstat(candidate.fd).st_ino == self.inode:
+                        self._file = candidate
+                        break
+                else:
+                    gone = FileNotFoundError(2, "the listed segment file is gone", str(self.log_path))
+                    raise StorageError(self.log_path, "the listed segment file is gone") from gone
+                self._fd_writable = False
+            return self._file
 
     @classmethod
     def active_view(cls, directory: Path, base_offset: int, end: int, high_watermark: int, config: LogConfig) -> FollowerSegment:
