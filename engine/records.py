@@ -265,10 +265,11 @@ def _encode_native(
     try:
         if isinstance(records[0], RecordInput):
             for i, rec in enumerate(records):
-                append(i, rec.timestamp, rec.key, rec.value, rec.headers)  # type: ignore[union-attr]
+                headers = rec.headers  # type: ignore[union-attr]
+                append(i, rec.timestamp, rec.key, rec.value, headers if type(headers) is list else list(headers))  # type: ignore[union-attr]
         else:
             for i, (key, value, ts, headers) in enumerate(records):  # type: ignore[misc]
-                append(i, ts, key, value, headers)
+                append(i, ts, key, value, headers if type(headers) is list else list(headers))
     except (UnicodeError, TypeError, ValueError, OverflowError):
         return None
     batch = builder.build()

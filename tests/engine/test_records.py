@@ -169,9 +169,16 @@ def _python_encoded(*args, **kwargs) -> bytearray:
         records_module._CBuilder = native
 
 
-def test_the_c_builder_is_installed() -> None:
+def test_the_c_builder_is_installed_and_takes_what_produce_gives_it() -> None:
     # aiokafka is a dependency: without its C builder JSON produce silently runs ~3 x slower
     assert records_module._CBuilder is not None
+    for records in (
+        [(b"k", b"v", 5, ()), (None, None, 6, []), (b"", b"x", 5, [("h", b"1"), ("g", None)])],
+        [RecordInput(b"k", b"v", 5), RecordInput(None, b"v", 7, (("h", None),))],
+    ):
+        for codec in CODEC_IDS:
+            assert records_module._encode_native(records, codec, -1, -1, -1) is not None
+            assert encode_batch(0, records, compression_type=codec) == _python_encoded(0, records, compression_type=codec)
 
 
 surrogate_header = st.tuples(st.sampled_from(["\udcff", "k\udc80"]), maybe_bytes)
