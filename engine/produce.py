@@ -41,6 +41,7 @@ done in slices (slicing.py). Safe to call from the event loop only.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import bisect
@@ -494,27 +495,51 @@ class ProduceService:
             free_in_slices(out)
 
     async def _append_all(self, prepared: _PreparedJson) -> dict[int, AppendResult]:
-        """Append each partition's batches, all partitions at once; the first refusal is the
-        answer (the other partitions' appends may have happened: each is its own unit)."""
+        """Append each partition's batches, all partitions at once, and wait for every append;
+        the first refusal in request order is the answer (the other partitions' appends may have
+        happened: each is its own unit). On asyncio the appends are plain tasks: anyio's task
+        group (its cancel scopes, and a getpid() per backend lookup in Python 3.11) cost more
+        than the appends' own work on the event loop."""
         groups = prepared.groups
+        expected_offset, producer_id = prepared.expected_offset, prepared.producer_id
+        if len(groups) == 1:
+            (p, (log, batches)), = groups.items()
+            return {p: await _append(log, batches, expected_offset, producer_id)}
+        loop = _asyncio_loop()
+        if loop is None:
+            return await self._append_all_anyio(prepared)
+        tasks = {
+            p: loop.create_task(_append(log, batches, expected_offset, producer_id)) for p, (log, batches) in groups.items()
+        }
+        try:
+            await asyncio.wait(tasks.values())
+        except BaseException:  # cancelled: so are the appends (queued ones may still be written)
+            for task in tasks.values():
+                task.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait(tasks.values())
+            raise
+        for task in tasks.values():
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        return {p: task.result() for p, task in tasks.items()}
+
+    async def _append_all_anyio(self, prepared: _PreparedJson) -> dict[int, AppendResult]:
         results: dict[int, AppendResult] = {}
 
         async def one(p: int, log: Partition, batches: list[PreparedBatch]) -> None:
-            results[p] = await _append(log, batches, prepared.expected_offset, prepared.producer_id)
+            try:
+                results[p] = await _append(log, batches, prepared.expected_offset, prepared.producer_id)
+            except Exception as exc:
+                errors[p] = exc
 
-        if len(groups) == 1:
-            (p, (log, batches)), = groups.items()
-            await one(p, log, batches)
-            return results
-        try:
-            async with anyio.create_task_group() as tg:
-                for p, (log, batches) in groups.items():
-                    tg.start_soon(one, p, log, batches)
-        except ExceptionGroup as group:  # one partition's refusal is the answer (the first one)
-            first = group
-            while isinstance(first, ExceptionGroup):
-                first = first.exceptions[0]
-            raise first from None
+        errors: dict[int, Exception] = {}
+        async with anyio.create_task_group() as tg:
+            for p, (log, batches) in prepared.groups.items():
+                tg.start_soon(one, p, log, batches)
+        for p in prepared.groups:
+            if p in errors:
+                raise errors[p]
         return results
 
     # -- raw Kafka batches -----------------------------------------------------------------------
@@ -581,6 +606,13 @@ def stamp_producer(batches: list[PreparedBatch], producer_id: int) -> list[Prepa
         out.append(PreparedBatch(b.data, b.header._replace(producer_id=producer_id, producer_epoch=0, base_sequence=sequence)))
         sequence += b.header.last_offset_delta + 1
     return out
+
+
+def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # not on asyncio
+        return None
 
 
 async def _append(

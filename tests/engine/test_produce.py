@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from engine import reader
+from engine import produce, reader
 from engine.errors import (
     IdempotencyKeyReusedError,
     InvalidFieldError,
@@ -161,3 +161,21 @@ async def test_raw_batches_are_stamped_with_the_idempotency_key(tmp_path: Path) 
         own = bytes(encode_batch(0, [(b"k", b"v", T0, [])], producer_id=7, producer_epoch=0, base_sequence=0))
         with pytest.raises(InvalidFieldError, match="carry their own producer id"):
             await service.produce_raw("t", 0, bytearray(own), principal="p", idempotency_key="s")
+
+
+@pytest.mark.parametrize("tasks", ["asyncio", "anyio"])
+async def test_a_refusal_in_one_partition_is_the_answer_once_every_append_is_over(tmp_path: Path, tasks: str, monkeypatch) -> None:
+    if tasks == "anyio":  # the task group used off asyncio
+        monkeypatch.setattr(produce, "_asyncio_loop", lambda: None)
+    async with open_engine(EngineConfig(log_dirs=(tmp_path,))) as engine:
+        await engine.create_topic("t", 3)
+        service = ProduceService(ProxyEngine(engine))
+        first = [{"value": "a", "partition": 0}, {"value": "b", "partition": 1}, {"value": "c", "partition": 2}]
+        await service.produce_json("t", body(first), principal="p", idempotency_key="k", answer=as_parts)
+        # the same key: partition 0 replays, 1 and 2 get other records (sequence errors)
+        changed = [first[0], first[1], first[1], first[2], first[2]]
+        with pytest.raises(IdempotencyKeyReusedError):
+            await service.produce_json("t", body(changed), principal="p", idempotency_key="k", answer=as_parts)
+        assert [len(stored(engine, "t", p)) for p in range(3)] == [1, 1, 1]
+        parts, replayed = await service.produce_json("t", body(first), principal="p", idempotency_key="k", answer=as_parts)
+        assert replayed and [o["offset"] for o in offsets(parts)] == [0, 0, 0]
