@@ -467,12 +467,15 @@ class _FastRoute(Route):
 
     def __init__(self, path: str, method: str, endpoint: Callable[..., Any], parse: Callable[[Scope, dict[str, Any]], dict[str, Any] | None]) -> None:
         super().__init__(path, endpoint, methods=[method], include_in_schema=False)
+        self._method = method  # only: Starlette would add HEAD to GET, FastAPI's route does not
         self._parse = parse
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope.get("method") != self._method:
+            return Match.NONE, {}  # another method: the documented route answers (405 and all)
         match, child = super().matches(scope)
         if match is not Match.FULL:
-            return Match.NONE, {}  # a wrong method: the documented route says 405
+            return Match.NONE, {}
         params = self._parse(scope, child["path_params"])
         if params is None:
             return Match.NONE, {}

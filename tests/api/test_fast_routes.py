@@ -45,6 +45,7 @@ REQUESTS = [
     (True, "POST", "/v1/topics/t/partitions/9/records", {}, {"records": [{"value": "v"}]}),
     (False, "POST", "/v1/topics/t/partitions/x/records", {}, {"records": [{"value": "v"}]}),
     (False, "PUT", "/v1/topics/t/records", {}, None),
+    (False, "HEAD", "/v1/topics/t/partitions/1/records", {}, None),
     (False, "DELETE", "/v1/topics/t/partitions/1/records", {}, None),
 ]
 
