@@ -91,16 +91,19 @@ def _murmur2_rows(keys: list[bytes], lengths: np.ndarray) -> np.ndarray:
     """murmur2 of each key as uint32 (two's complement of murmur2()), keys of at most
     MAX_VECTOR_KEY_BYTES."""
     n = len(keys)
+    longest = int(lengths.max())
+    if longest == int(lengths.min()):  # one length (a producer's keys usually share a format)
+        return _murmur2_same_length(b"".join(keys), n, longest)
     # room for 3 tail bytes after the last whole word of the longest key: padding is zeros, so
     # the tail is always bytes end, end+1, end+2 (zero past a key's end)
-    width = (int(lengths.max()) // 4 + 1) * 4
+    width = (longest // 4 + 1) * 4
     matrix = np.zeros((n, width), dtype=np.uint8)
     matrix[np.arange(width) < lengths[:, None]] = np.frombuffer(b"".join(keys), dtype=np.uint8)
     words = matrix.view("<u4")
     blocks = lengths // 4
     with np.errstate(over="ignore"):
         h = np.uint32(0x9747B28C) ^ lengths.astype(np.uint32)
-        for j in range(width // 4 - 1 if width > 4 else 0):
+        for j in range(width // 4 - 1):
             k = words[:, j] * _M32
             k ^= k >> np.uint32(24)
             k *= _M32
@@ -114,6 +117,34 @@ def _murmur2_rows(keys: list[bytes], lengths: np.ndarray) -> np.ndarray:
             | (matrix[rows, end + 2].astype(np.uint32) << np.uint32(16))
         )
         h = np.where((lengths & 3) > 0, (h ^ tail) * _M32, h)
+        h ^= h >> np.uint32(13)
+        h *= _M32
+        h ^= h >> np.uint32(15)
+    return h
+
+
+def _murmur2_same_length(joined: bytes, n: int, length: int) -> np.ndarray:
+    """_murmur2_rows for n keys of `length` bytes each, concatenated in `joined`."""
+    rows = np.frombuffer(joined, dtype=np.uint8).reshape(n, length) if length else np.zeros((n, 0), dtype=np.uint8)
+    whole = length // 4
+    words = np.ascontiguousarray(rows[:, : whole * 4]).view("<u4")
+    with np.errstate(over="ignore"):
+        h = np.full(n, (0x9747B28C ^ length) & _MASK, dtype=np.uint32)
+        for j in range(whole):
+            k = words[:, j] * _M32
+            k ^= k >> np.uint32(24)
+            k *= _M32
+            h *= _M32
+            h ^= k
+        rest = length & 3
+        if rest:
+            tail = rows[:, whole * 4].astype(np.uint32)
+            if rest >= 2:
+                tail |= rows[:, whole * 4 + 1].astype(np.uint32) << np.uint32(8)
+            if rest == 3:
+                tail |= rows[:, whole * 4 + 2].astype(np.uint32) << np.uint32(16)
+            h ^= tail
+            h *= _M32
         h ^= h >> np.uint32(13)
         h *= _M32
         h ^= h >> np.uint32(15)
