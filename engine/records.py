@@ -60,6 +60,7 @@ try:  # the C builder only: aiokafka's pure-Python fallback is slower than ours
 except ImportError:  # pragma: no cover - a dependency; the Python encoder does everything alone
     _CBuilder = None
 _NO_SIZE_LIMIT = 2**31 - 1
+_NO_HEADERS: list = []  # the builder takes lists only (and never changes them)
 _BASE_OFFSET = struct.Struct(">q")
 _LEADER_EPOCH = struct.Struct(">i")
 _MAX_TIMESTAMP = struct.Struct(">q")
@@ -266,10 +267,10 @@ def _encode_native(
         if isinstance(records[0], RecordInput):
             for i, rec in enumerate(records):
                 headers = rec.headers  # type: ignore[union-attr]
-                append(i, rec.timestamp, rec.key, rec.value, headers if type(headers) is list else list(headers))  # type: ignore[union-attr]
+                append(i, rec.timestamp, rec.key, rec.value, headers if type(headers) is list else list(headers) if headers else _NO_HEADERS)  # type: ignore[union-attr]
         else:
             for i, (key, value, ts, headers) in enumerate(records):  # type: ignore[misc]
-                append(i, ts, key, value, headers if type(headers) is list else list(headers))
+                append(i, ts, key, value, headers if type(headers) is list else list(headers) if headers else _NO_HEADERS)
     except (UnicodeError, TypeError, ValueError, OverflowError):
         return None
     batch = builder.build()
