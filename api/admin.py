@@ -37,6 +37,19 @@ def _workers(request: Request) -> Any:
     return workers
 
 
+async def _on_every_shard(request: Request, what: str, topic: str | None) -> list[Any]:
+    """The workers' pass on this process's partitions, and in a shard family on every other
+    shard's too (each shard cleans the partitions it owns)."""
+    results = list(await getattr(_workers(request), what)(topic))
+    engine = request.app.state.engine
+    channel = getattr(engine, "channel", None)
+    if channel is not None:
+        for shard in range(engine.shard_count):
+            if shard != engine.shard_index:
+                results += await channel.call(shard, what, topic)
+    return sorted(results, key=lambda r: (r.topic, r.partition))
+
+
 @router.post(
     "/retention/run",
     operation_id="runRetention",
@@ -58,7 +71,7 @@ async def run_retention(
     topic = body.topic if body else None
     if topic is not None:
         engine.topic(topic)  # 404 for an unknown topic
-    results = await _workers(request).run_retention(topic)
+    results = await _on_every_shard(request, "run_retention", topic)
     partitions = [
         RetentionPartition(
             topic=r.topic, partition=r.partition, segments_deleted=r.segments_deleted,
@@ -96,7 +109,7 @@ async def run_compaction(
     topic = body.topic if body else None
     if topic is not None:
         engine.topic(topic)
-    results = await _workers(request).run_compaction(topic)
+    results = await _on_every_shard(request, "run_compaction", topic)
     partitions = [
         CompactionPartition(
             topic=r.topic, partition=r.partition, cleaned=r.cleaned, first_dirty_offset=r.first_dirty_offset,

@@ -70,6 +70,7 @@ ENGINE_ERRORS: dict[type[e.EngineError], tuple[int, str]] = {
     e.OpenFilesLimitError: (507, "open_files_limit"),
     e.TopicDeletedError: (404, "topic_not_found"),  # what a new request would get
     e.LogClosedError: (503, "unavailable"),
+    e.ShardUnavailableError: (503, "unavailable"),
     e.CompactionFailedError: (500, "compaction_failed"),
     # the server's own stored bytes are bad (not a bad gateway): 500, like storage_error
     e.CorruptDataError: (500, "corrupt_data"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -62,7 +64,7 @@ async def fetch_offsets(
     topic: str | None = Query(None, description="only this topic's offsets"),
 ) -> GroupOffsets:
     principal = principal_of(request)
-    committed = [c for c in engine.groups.fetch(group, topic) if principal.covers_topic(c.topic)]
+    committed = [c for c in await _ready(engine.groups.fetch(group, topic)) if principal.covers_topic(c.topic)]
     return _model(group, committed)
 
 
@@ -78,7 +80,7 @@ async def delete_offsets(
     group: str, request: Request, engine: Engine, _principal: GroupMember, topic: str | None = Query(None)
 ) -> Response:
     principal = principal_of(request)
-    topics = {c.topic for c in engine.groups.fetch(group, topic)}
+    topics = {c.topic for c in await _ready(engine.groups.fetch(group, topic))}
     for t in sorted(topics):
         if principal.covers_topic(t):
             await engine.groups.delete(group, t)
@@ -99,5 +101,10 @@ async def delete_offsets(
 async def list_groups(request: Request, engine: Engine, _principal: Describer) -> GroupList:
     principal = principal_of(request)
     if principal.role == "admin":
-        return GroupList(groups=engine.groups.groups())
-    return GroupList(groups=[g for g in engine.groups.groups(principal.covers_topic) if principal.covers_group(g)])
+        return GroupList(groups=await _ready(engine.groups.groups()))
+    return GroupList(groups=[g for g in await _ready(engine.groups.groups(principal.covers_topic)) if principal.covers_group(g)])
+
+
+async def _ready(value: Any) -> Any:
+    """A lone process's group offsets answer at once; a shard's ask shard 0 (awaitable)."""
+    return await value if inspect.isawaitable(value) else value

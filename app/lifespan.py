@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from api.observability import Metrics
 from engine.errors import EngineError
 from engine import snapshots
-from engine.log_manager import open_engine
+from engine.log_manager import LogManager, open_engine
 from workers.manager import Workers
 
 from .settings import Settings
@@ -37,6 +37,8 @@ def make_lifespan(settings: Settings, metrics: Metrics):
                 workers = Workers(engine, settings.worker_settings())
                 app.state.workers = workers
                 metrics.attach(engine, workers)
+                if engine.channel is not None:
+                    _serve_family(app, engine, workers, metrics)
                 tg.start_soon(workers.run)
                 # Everything built at start-up lives as long as the process: keep it out of
                 # the cyclic GC's full collections, which would otherwise walk it each time.
@@ -58,3 +60,37 @@ def make_lifespan(settings: Settings, metrics: Metrics):
             raise
 
     return lifespan
+
+
+def _serve_family(app: FastAPI, engine: LogManager, workers: Workers, metrics: Metrics) -> None:
+    """A shard of a family: answer the other shards' requests for this shard's workers and
+    metrics, and gather theirs for /metrics."""
+    from prometheus_client import generate_latest
+
+    channel = engine.channel
+    assert channel is not None
+
+    async def run_retention(topic: str | None) -> list:
+        return [r for r in await workers.run_retention(_owned_topic(topic))] if _has(topic) else []
+
+    async def run_compaction(topic: str | None) -> list:
+        return [r for r in await workers.run_compaction(_owned_topic(topic))] if _has(topic) else []
+
+    def _has(topic: str | None) -> bool:
+        return topic is None or topic in engine.topics
+
+    def _owned_topic(topic: str | None) -> str | None:
+        return topic
+
+    async def own_metrics() -> bytes:
+        return generate_latest(metrics.registry)
+
+    async def peer_metrics() -> list[bytes]:
+        out = []
+        for shard in range(engine.shard_count):
+            if shard != engine.shard_index:
+                out.append(await channel.call(shard, "metrics"))
+        return out
+
+    channel.handlers.update({"run_retention": run_retention, "run_compaction": run_compaction, "metrics": own_metrics})
+    app.state.peer_metrics = peer_metrics

@@ -41,6 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.startup_error = None
     app.state.shutting_down = False
     app.state.loop = None
+    app.state.peer_metrics = None  # a shard of a family: the other shards' /metrics (lifespan)
     install_routes(app)
     # the last added runs first: body limit and authentication, then time limits, then quotas
     app.add_middleware(QuotaMiddleware, quotas=QuotaManager(settings.quota_config()), metrics=metrics)

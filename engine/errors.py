@@ -294,6 +294,16 @@ class LogClosedError(EngineError):
         self.name = name
 
 
+class ShardUnavailableError(EngineError):
+    """Raised when the shard that owns a partition (or the family's metadata) cannot be
+    reached: it is restarting or shutting down. The request may or may not have been applied
+    by the owner (a forwarded append in flight); retrying with an Idempotency-Key is safe."""
+
+    def __init__(self, shard: int, why: str) -> None:
+        super().__init__(f"shard {shard} is unavailable: {why}")
+        self.shard = shard
+
+
 class TopicDeletedError(LogClosedError):
     """Raised when a request reaches (or waits on) a partition log whose topic was deleted."""
 

@@ -151,6 +151,10 @@ class GroupOffsets:
             key=lambda c: (c.topic, c.partition),
         )
 
+    def pairs(self) -> list[tuple[str, str]]:
+        """(group, topic) of every committed offset, without repeats."""
+        return sorted({(g, t) for g, t, _p in self._offsets})
+
     def groups(self, topic_filter: Callable[[str], bool] | None = None) -> list[str]:
         """Groups with committed offsets, sorted; with `topic_filter`, only those with an offset
         committed on a topic it accepts."""

@@ -2,6 +2,8 @@
 
     .lock                     flock()ed by the process that owns the dir; holds its pid
     meta.properties           Java properties: version=1, node.id, cluster.id, directory.id
+    .shards.lock              flock()ed by a shard of a family while it merges its entries into
+                              a checkpoint or the clean-shutdown marker (eventlog serve --processes)
     .kafka_cleanshutdown      present only between a clean shutdown and the next start; JSON
                               saying what it covers, per partition (format_clean_shutdown)
     recovery-point-offset-checkpoint, log-start-offset-checkpoint, cleaner-offset-checkpoint
@@ -12,12 +14,14 @@ Blocking; used by the log manager at start-up and shutdown.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import orjson
 
@@ -32,6 +36,7 @@ logger = logging.getLogger("eventlog.engine")
 LOCK_FILE = ".lock"
 META_PROPERTIES = "meta.properties"
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
+FAMILY_LOCK_FILE = ".shards.lock"  # serialises shared-file rewrites among a family's shards
 CLEAN_SHUTDOWN_VERSION = 1
 
 
@@ -188,6 +193,41 @@ class LogDir:
         cleanly (format_clean_shutdown); a partition it does not name is recovered next time."""
         self.check_still_ours()
         replace_file(self.path / CLEAN_SHUTDOWN_FILE, format_clean_shutdown(tails))
+
+    @contextlib.contextmanager
+    def _family_files(self) -> Iterator[None]:
+        """Held while a shard of a family rewrites a file the whole family shares (a
+        checkpoint, the clean-shutdown marker): read, merge its own entries, write."""
+        fd = os.open(self.path / FAMILY_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def merge_checkpoint(
+        self, name: str, entries: dict[tuple[str, int], int], mine: Callable[[tuple[str, int]], bool]
+    ) -> None:
+        """A shard's write of a shared checkpoint: the entries of partitions other shards own
+        stay as they are in the file, this shard's are replaced by `entries`."""
+        self.check_still_ours()
+        with self._family_files():
+            kept = {tp: v for tp, v in read_checkpoint(self.path / name).items() if not mine(tp)}
+            write_checkpoint(self.path / name, kept | entries)
+
+    def merge_clean_shutdown(self, tails: dict[tuple[str, int], CleanTail], mine: Callable[[tuple[str, int]], bool]) -> None:
+        """A shard's part of the clean-shutdown marker: the shards write theirs one after the
+        other as they close; a shard that never writes (killed) leaves its partitions out, and
+        the next start recovers those."""
+        self.check_still_ours()
+        marker = self.path / CLEAN_SHUTDOWN_FILE
+        with self._family_files():
+            try:
+                existing = parse_clean_shutdown(marker.read_bytes()) or {}
+            except (FileNotFoundError, ValueError):
+                existing = {}
+            kept = {tp: t for tp, t in existing.items() if not mine(tp)}
+            replace_file(marker, format_clean_shutdown(kept | tails))
 
     def read_checkpoint(self, name: str) -> dict[tuple[str, int], int]:
         return read_checkpoint(self.path / name)

@@ -271,6 +271,12 @@ class PartitionLog:
         # refused by reads since
         self.corrupt_batches = {"recovery": 0, "read": 0}
         self.view = LogView.build(self._segments, self._log_start_offset, self._next_offset, active.size)
+        # for the other shards of a family (LogManager._publish_slot): bumped whenever the
+        # segment list changes; files_changing while segment files are being renamed
+        self.generation = 1
+        self._published_segments = self._segments
+        self.files_changing = False
+        self.on_publish: Callable[[PartitionLog], None] | None = None
 
     @property
     def name(self) -> str:
@@ -424,8 +430,20 @@ class PartitionLog:
     def _publish(self) -> None:
         active = self._segments[-1]
         self.view = LogView.build(self._segments, self._log_start_offset, self._next_offset, active.size)
+        if self._segments is not self._published_segments:
+            self._published_segments = self._segments
+            self.generation += 1
+        if self.on_publish is not None:
+            self.on_publish(self)
         event, self._data_event = self._data_event, anyio.Event()
         event.set()
+
+    def _files_changing(self, changing: bool) -> None:
+        """Segment files are about to be renamed (True) or are done (False): other shards
+        keep reading their previous segment list meanwhile."""
+        self.files_changing = changing
+        if self.on_publish is not None:
+            self.on_publish(self)
 
     # -- group commit (worker thread) ---------------------------------------------------------
 
@@ -708,7 +726,11 @@ class PartitionLog:
             return sum(s.size for s in doomed)
 
         async with self.files_lock:
-            return await self.call_in_writer(do, after)
+            self._files_changing(True)
+            try:
+                return await self.call_in_writer(do, after)
+            finally:
+                self._files_changing(False)
 
     async def replace_segments(self, new_segments: Sequence[LogSegment], old_segments: Sequence[LogSegment]) -> None:
         """Swap compacted segments in for the closed ones they were built from.
@@ -750,7 +772,11 @@ class PartitionLog:
             log._schedule_delete(log, list(old_segments))
 
         async with self.files_lock:
-            await self.call_in_writer(do, after)
+            self._files_changing(True)
+            try:
+                await self.call_in_writer(do, after)
+            finally:
+                self._files_changing(False)
 
     # -- reads (any task) ---------------------------------------------------------------------
 

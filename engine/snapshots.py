@@ -154,7 +154,7 @@ async def take_snapshot(
         for topic in topics:
             parts = []
             for log in topic.partitions:
-                parts.append(await _snapshot_partition(log, target))
+                parts.append(await snapshot_partition(log, target))
             configs = topic.configs
             manifest_topics.append({
                 "name": topic.name,
@@ -275,7 +275,11 @@ def _existing(path: Path) -> Path:
     return path
 
 
-async def _snapshot_partition(log: PartitionLog, target: Path) -> dict[str, Any]:
+async def snapshot_partition(log: PartitionLog, target: Path) -> dict[str, Any]:
+    """Link or copy one partition into the snapshot directory `target`: by its owner (in a
+    shard family a partition another shard owns is snapshotted by that shard)."""
+    if getattr(log, "owner", None) is not None:  # follower.FollowedPartition
+        return await log._call("snapshot", target)  # type: ignore[attr-defined]
     directory = target / filenames.partition_dir_name(log.topic, log.partition)
     async with log.files_lock:
         view = log.view

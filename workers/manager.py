@@ -85,7 +85,7 @@ class Workers:
 
     def _partitions(self, topic: str | None) -> list[PartitionLog]:
         if topic is not None:
-            return self.engine.topic(topic).online_partitions  # an offline partition is skipped
+            return self.engine.topic(topic).owned_partitions  # an offline partition, or another shard's, is skipped
         return [log for log in self.engine.all_partitions() if not log.closed]
 
     # -- the loops -----------------------------------------------------------------------------

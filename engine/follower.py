@@ -1,0 +1,398 @@
+"""A partition another shard owns, as this shard sees it: reads from the files, writes
+through the owner.
+
+Reads. The owner publishes the partition's offsets and segment-list generation in the
+family's partition table (shards.PartitionTable). A FollowedPartition builds a LogView from
+the partition directory's segment files and that slot: every closed segment as it is on
+disk, the active one read only up to the published end (`active_end`, a batch boundary below
+the high watermark), with its index entries read from the file and held in memory, only
+those below that end. The view is rebuilt when the slot changes: the segments are listed
+again when the generation moves (a roll, retention, compaction), otherwise only the offsets
+move. While the owner renames files (retention, a compaction swap) its slot says CHANGING
+and the previous view serves; a segment file that went away under a reader is found under
+its .deleted name (the owner unlinks those only after file.delete.delay.ms).
+
+Nothing here writes a file: an index that fails its sanity check is rebuilt in memory.
+
+Writes (appends, delete-records, rolls) are calls to the owner over the shard channel;
+wait_for_data is woken by the owner's notes (LogManager._on_partition_note).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import anyio
+
+from . import filenames, reader
+from .config import LogConfig
+from .errors import (
+    CorruptDataError,
+    CorruptIndexError,
+    LogClosedError,
+    PartitionOfflineError,
+    ShardUnavailableError,
+    StorageError,
+    TopicDeletedError,
+)
+from .fileutil import FileHandle, io_errors
+from .index_builder import IndexBuilder
+from .offset_index import OffsetIndex
+from .reader import FetchSlice
+from .segment import LogSegment
+from .segments import LogView
+from .shards import CHANGING, SlotState
+from .time_index import TimeIndex
+
+if TYPE_CHECKING:
+    from .partition_log import AppendResult, PreparedBatch
+
+logger = logging.getLogger("eventlog.engine")
+
+LARGE_READ_BYTES = 64 * 1024
+INLINE_READ_RECORDS = 1000
+INLINE_READ_BYTES = 1024 * 1024
+# the active segment's index entries are read again once this much more has been published
+ACTIVE_REFRESH_BYTES = 1024 * 1024
+
+
+class FollowerSegment(LogSegment):
+    """A segment of a partition this shard does not own: read-only, writes nothing."""
+
+    def _rebuild_indexes(self) -> None:
+        max_bytes = self._offset_index.max_entries * OffsetIndex.ENTRY_SIZE
+        builder = IndexBuilder(self.base_offset, self.index_interval_bytes, max_bytes)
+        for header in self.headers(0, self.size):
+            builder.add(header.last_offset, header.position, header.size, header.max_timestamp)
+        builder.finish_closed()
+        self._offset_index = OffsetIndex.in_memory(self._offset_index.path, self.base_offset, max_bytes, builder.offset_entries)
+        self._time_index = TimeIndex.in_memory(self._time_index.path, self.base_offset, max_bytes, builder.time_entries)
+        self._max_timestamp, self._offset_of_max_timestamp = builder.max_timestamp, builder.offset_of_max_timestamp
+
+    def open_handle(self) -> FileHandle:
+        try:
+            return super().open_handle()
+        except StorageError as exc:
+            # the owner renamed it away (retention, compaction) after our view listed it
+            deleted = filenames.log_file(self.directory, self.base_offset, filenames.DELETED_SUFFIX)
+            if not isinstance(exc.__cause__, FileNotFoundError) and not deleted.exists():
+                raise
+            with self._fd_lock:
+                if self._file is None:
+                    with io_errors(deleted, "cannot open segment"):
+                        self._file = FileHandle(deleted, os.O_RDONLY)
+                return self._file
+
+    @classmethod
+    def active_view(cls, directory: Path, base_offset: int, end: int, high_watermark: int, config: LogConfig) -> FollowerSegment:
+        """The owner's active segment, readable up to `end`, with the index entries its files
+        hold below that (entries are written with the batches; a partial one is ignored)."""
+        log_path, index_path, time_path = filenames.segment_files(directory, base_offset, "")
+        max_bytes = config.segment_index_bytes
+        offsets = _read_entries(index_path, OffsetIndex)
+        offsets = offsets[: _prefix(offsets["position"] < end)] if len(offsets) else offsets
+        times = _read_entries(time_path, TimeIndex)
+        if len(times):
+            times = times[: _prefix(times["relative_offset"].astype("i8") + base_offset < high_watermark)]
+        segment = cls(
+            directory, base_offset, end,
+            OffsetIndex.in_memory(index_path, base_offset, max_bytes, offsets.tobytes()),
+            TimeIndex.in_memory(time_path, base_offset, max_bytes, times.tobytes()),
+            0,
+        )
+        segment._indexes_verified = True
+        segment.index_interval_bytes = config.index_interval_bytes
+        return segment
+
+
+def _read_entries(path: Path, kind: type) -> Any:
+    import numpy as np
+
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = b""
+    count = len(data) // kind.ENTRY_SIZE
+    return np.frombuffer(data, dtype=kind.DTYPE, count=count)
+
+
+def _prefix(mask: Any) -> int:
+    """Length of the leading run of True in a boolean array."""
+    import numpy as np
+
+    bad = np.flatnonzero(~mask)
+    return int(bad[0]) if len(bad) else len(mask)
+
+
+class FollowedPartition:
+    """A partition owned by another shard (see the module's doc)."""
+
+    def __init__(
+        self, manager: Any, topic: str, topic_id: str, partition: int, directory: Path, config: LogConfig, owner: int,
+    ) -> None:
+        self._manager = manager
+        self.topic = topic
+        self.topic_id = topic_id
+        self.partition = partition
+        self.directory = directory
+        self.config = config
+        self.owner = owner
+        self.key = manager.slot_key(topic, topic_id, partition)
+        self._slot_index: int | None = None
+        self._state: SlotState | None = None
+        self._view: LogView | None = None
+        self._active_built_end = -1
+        self._closed = False
+        self._deleted = False
+        self._stop_waiting = False
+        self._data_event = asyncio.Event()
+        self.waiters = 0
+        self.corrupt_batches = {"recovery": 0, "read": 0}
+        self.failed = None
+        self.recovery_point = 0
+        self.files_lock = anyio.Lock()
+
+    @property
+    def name(self) -> str:
+        return filenames.partition_dir_name(self.topic, self.partition)
+
+    def __repr__(self) -> str:
+        return f"FollowedPartition({self.name}, owner shard {self.owner})"
+
+    # -- the view -----------------------------------------------------------------------------
+
+    def _slot(self) -> SlotState:
+        table = self._manager.table
+        if self._slot_index is None:
+            self._slot_index = table.find(self.owner, self.key)
+            if self._slot_index is None:
+                raise PartitionOfflineError(self.topic, self.partition, self.directory, f"shard {self.owner} has not opened it")
+        state = table.read(self.owner, self._slot_index, self.key)
+        if state is None or state.deleted:
+            raise TopicDeletedError(self.name, self.topic)
+        if not state.live:
+            raise PartitionOfflineError(self.topic, self.partition, self.directory, f"shard {self.owner} does not serve it")
+        return state
+
+    @property
+    def view(self) -> LogView:
+        if self._closed:
+            raise self._closed_error()
+        state = self._slot()
+        if state == self._state and self._view is not None:
+            return self._view
+        old = self._view
+        same_generation = self._state is not None and state.generation == self._state.generation
+        if old is not None and old.active.base_offset == state.active_base and (same_generation or state.flags & CHANGING):
+            # only the offsets moved (or files are being renamed: the previous list still reads)
+            active = old.segments[-1]
+            if state.active_end - self._active_built_end >= ACTIVE_REFRESH_BYTES:
+                active = self._active(state)
+            else:
+                active.size = max(active.size, state.active_end)
+            segments = old.segments[:-1] + (active,)
+            view = LogView.build(segments, max(state.log_start_offset, segments[0].base_offset), state.high_watermark, state.active_end)
+        else:
+            view = self._list(state, old)
+            state = self._state  # what the listing matched
+        self._state, self._view = state, view
+        return view
+
+    def _active(self, state: SlotState) -> FollowerSegment:
+        self._active_built_end = state.active_end
+        return FollowerSegment.active_view(self.directory, state.active_base, state.active_end, state.high_watermark, self.config)
+
+    def _list(self, state: SlotState, old: LogView | None) -> LogView:
+        """Segments from the directory listing: closed ones up to the active base (reusing
+        those already open), the active one as the slot says."""
+        for _ in range(20):
+            bases = []
+            try:
+                with os.scandir(self.directory) as entries:
+                    for entry in entries:
+                        parsed = filenames.parse_segment_file(entry.name)
+                        if parsed is not None and parsed[1] == filenames.LOG_SUFFIX and parsed[2] == "":
+                            bases.append(parsed[0])
+            except FileNotFoundError:
+                raise TopicDeletedError(self.name, self.topic) from None
+            bases.sort()
+            again = self._slot()
+            if again.generation != state.generation or again.active_base != state.active_base or state.active_base not in bases:
+                state = again
+                continue
+            state = again
+            known = {s.base_offset: s for s in (old.segments[:-1] if old is not None else ())}
+            segments: list[LogSegment] = []
+            for base in bases:
+                if base >= state.active_base:
+                    break
+                seg = known.get(base)
+                if seg is None:
+                    try:
+                        seg = FollowerSegment.open_existing(self.directory, base, max_index_bytes=self.config.segment_index_bytes)
+                    except CorruptIndexError:
+                        seg = None  # its owner rebuilds it at its next start; scan meanwhile
+                    except StorageError:
+                        continue  # renamed away since the listing
+                    if seg is not None:
+                        seg.index_interval_bytes = self.config.index_interval_bytes
+                if seg is not None:
+                    segments.append(seg)
+            segments.append(self._active(state))
+            self._state = state
+            return LogView.build(tuple(segments), max(state.log_start_offset, segments[0].base_offset), state.high_watermark, state.active_end)
+        raise StorageError(self.directory, "the segment list kept changing while it was read")
+
+    @property
+    def high_watermark(self) -> int:
+        return self.view.high_watermark
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.view.log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.view.high_watermark
+
+    # -- reads (as PartitionLog's) ------------------------------------------------------------
+
+    def check_offset(self, offset: int, view: LogView | None = None) -> LogView:
+        return reader.check_offset(view or self.view, offset)
+
+    def fetch_slice(self, offset: int, max_bytes: int) -> FetchSlice | None:
+        try:
+            return reader.fetch_slice(self.view, offset, max_bytes)
+        except OSError as exc:
+            raise self._read_error(exc) from exc
+
+    async def read_slice(self, slice_: FetchSlice) -> bytes | memoryview:
+        try:
+            if slice_.size <= LARGE_READ_BYTES:
+                return slice_.read()
+            data = slice_.read_if_cached()
+            if data is not None:
+                return data
+            return await anyio.to_thread.run_sync(slice_.read)
+        except OSError as exc:
+            raise self._read_error(exc) from exc
+
+    async def read_records(self, offset: int, max_records: int, max_bytes: int) -> reader.RecordsResult:
+        view = self.view
+        try:
+            if max_records <= INLINE_READ_RECORDS and max_bytes <= INLINE_READ_BYTES:
+                try:
+                    return reader.read_records(view, offset, max_records, max_bytes, cached_only=True)
+                except reader.NotCached:
+                    pass
+            return await anyio.to_thread.run_sync(reader.read_records, view, offset, max_records, max_bytes)
+        except OSError as exc:
+            raise self._read_error(exc) from exc
+        except CorruptDataError as exc:
+            self.corrupt_batches["read"] += 1
+            logger.error("%s: read refused: %s", self.name, exc)
+            raise
+
+    def _read_error(self, exc: OSError) -> StorageError:
+        logger.error("%s: read failed: %s", self.name, exc)
+        return StorageError(exc.filename or self.directory, f"read failed: {exc.strerror or exc}")
+
+    async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        try:
+            return reader.offset_for_timestamp(self.view, timestamp)
+        except OSError as exc:
+            raise self._read_error(exc) from exc
+
+    async def max_timestamp_offset(self) -> tuple[int, int] | None:
+        try:
+            return reader.max_timestamp_offset(self.view)
+        except OSError as exc:
+            raise self._read_error(exc) from exc
+
+    # -- waiting for data ---------------------------------------------------------------------
+
+    async def wait_for_data(self, offset: int, timeout_s: float) -> bool:
+        if self.view.high_watermark > offset:
+            return True
+        self.check_open()
+        self.waiters += 1
+        try:
+            with anyio.move_on_after(timeout_s):
+                while not (self._closed or self._stop_waiting):
+                    if self.view.high_watermark > offset:
+                        break
+                    event = self._data_event
+                    # a note can be lost while the channel reconnects: look again now and then
+                    with anyio.move_on_after(1.0):
+                        await event.wait()
+        finally:
+            self.waiters -= 1
+        if not self._closed and self.view.high_watermark > offset:
+            return True
+        self.check_open()
+        return False
+
+    def wake(self) -> None:
+        """The owner published something (its note reached us)."""
+        event, self._data_event = self._data_event, asyncio.Event()
+        event.set()
+
+    def stop_waiting(self) -> None:
+        self._stop_waiting = True
+        self.wake()
+
+    @property
+    def waiting_stopped(self) -> bool:
+        return self._stop_waiting
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise self._closed_error()
+
+    def _closed_error(self) -> LogClosedError:
+        return TopicDeletedError(self.name, self.topic) if self._deleted else LogClosedError(self.name)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def close(self, *, deleted: bool = False) -> None:
+        self._deleted = self._deleted or deleted
+        self._closed = True
+        self.wake()
+
+    # -- writes: the owner's ------------------------------------------------------------------
+
+    async def append(
+        self, batches: Sequence[PreparedBatch], *, expected_offset: int | None = None, size: int | None = None
+    ) -> AppendResult:
+        self.check_open()
+        data = b"".join(batches_bytes(batches))
+        headers = [b.header for b in batches]
+        return await self._call("append", data, headers, expected_offset, size)
+
+    async def delete_records(self, before_offset: int) -> int:
+        return await self._call("delete_records", before_offset)
+
+    async def roll(self) -> int:
+        return await self._call("roll")
+
+    async def flush(self) -> None:
+        await self._call("flush")
+
+    async def _call(self, what: str, *args: Any) -> Any:
+        self.check_open()
+        try:
+            return await self._manager.channel.call(self.owner, "partition", what, self.topic, self.topic_id, self.partition, *args)
+        except ShardUnavailableError:
+            if self._manager.stopping:
+                raise LogClosedError(self.name) from None
+            raise
+
+
+def batches_bytes(batches: Sequence[PreparedBatch]) -> list[bytes | memoryview]:
+    return [b.data for b in batches]

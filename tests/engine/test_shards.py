@@ -1,0 +1,187 @@
+"""A shard family in one process: two log managers over one data dir, each owning half the
+partitions, talking over their real Unix sockets and shared partition table.
+
+(The process side — the supervisor, one process per shard — is tested against
+`eventlog serve --processes 2` in tests/app/test_supervisor.py.)"""
+
+from __future__ import annotations
+
+import tempfile
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator
+
+import anyio
+import pytest
+
+from engine import reader
+from engine.errors import OffsetMismatchError, TopicDeletedError, TopicNotFoundError
+from engine.follower import FollowedPartition
+from engine.log_dirs import CLEAN_SHUTDOWN_FILE, LogDir, parse_clean_shutdown
+from engine.log_manager import EngineConfig, LogManager, ShardSpec, open_engine
+from engine.partition_log import PartitionLog, prepare_batches
+from engine.records import encode_batch
+from engine.shards import REGION_SLOTS, LIVE, PartitionTable, SlotState, owner_of, slot_key
+
+T0 = 1_700_000_000_000
+
+
+@asynccontextmanager
+async def family(data: Path, count: int = 2) -> AsyncIterator[list[LogManager]]:
+    """`count` shards over `data`, the lock held here as a supervisor would."""
+    lock = LogDir(data.resolve())
+    lock.open(0, None)
+    run_dir = Path(tempfile.mkdtemp(prefix="eventlog-shards-test-"))
+    engines: list[LogManager] = []
+    try:
+        async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
+            async def start(i: int, ready: anyio.Event) -> None:
+                spec = ShardSpec(i, count, run_dir, (lock._lock_fd,))
+                async with open_engine(EngineConfig(log_dirs=(data,), shard=spec)) as engine:
+                    engines.append(engine)
+                    ready.set()
+                    await done.wait()
+
+            done = anyio.Event()
+            events = []
+            for i in range(count):
+                ev = anyio.Event()
+                events.append(ev)
+                tg.start_soon(start, i, ev)
+            for ev in events:
+                await ev.wait()
+            try:
+                yield sorted(engines, key=lambda e: e.shard_index)
+            finally:
+                done.set()
+    finally:
+        lock.unlock()
+
+
+async def produce(engine: LogManager, topic: str, partition: int, values: list[bytes], expected: int | None = None) -> int:
+    log = engine.partition(topic, partition)
+    batch = encode_batch(0, [(b"k%d" % i, v, T0, []) for i, v in enumerate(values)])
+    return (await log.append(prepare_batches(batch, log.config), expected_offset=expected)).base_offset
+
+
+def values_of(engine: LogManager, topic: str, partition: int, start: int | None = None) -> list[bytes]:
+    log = engine.partition(topic, partition)
+    view = log.view
+    return [r.value for r in reader.read_records(view, view.log_start_offset if start is None else start, 10**6, 10**8).records]
+
+
+def test_ownership_is_stable_and_spreads_a_topics_partitions() -> None:
+    assert all(owner_of("__metadata", 0, n) == 0 and owner_of("__consumer_offsets", 0, n) == 0 for n in (1, 2, 16))
+    owners = [owner_of("orders", p, 4) for p in range(8)]
+    assert owners == [owner_of("orders", p, 4) for p in range(8)]  # a function of its arguments
+    assert sorted(owners) == [0, 0, 1, 1, 2, 2, 3, 3]  # round the shards
+
+
+def test_partition_table_slots(tmp_path: Path) -> None:
+    owner = PartitionTable(tmp_path / "t", 2)
+    reader_ = PartitionTable(tmp_path / "t", 2)  # another process's mapping of the same file
+    key = slot_key("orders", "id", 3)
+    assert reader_.find(1, key) is None
+    index = owner.claim(1, key)
+    owner.publish(1, index, key, SlotState(10, 2, 5, 8, 4096, LIVE))
+    assert reader_.read(1, reader_.find(1, key), key) == SlotState(10, 2, 5, 8, 4096, LIVE)
+    assert reader_.find(0, key) is None  # each owner has its own region
+    # colliding start positions probe on; a deleted slot is reused by the next claim
+    other = slot_key("orders", "id", 4)
+    while other % REGION_SLOTS != key % REGION_SLOTS:
+        other += 2
+    second = owner.claim(1, other)
+    assert second != index and reader_.find(1, other) == second
+    owner.publish(1, index, key, SlotState(10, 2, 5, 8, 4096, 2))
+    assert reader_.read(1, index, key).deleted
+    fresh = PartitionTable(tmp_path / "t", 2)
+    assert fresh.claim(1, slot_key("x", "y", 0)) is not None
+    for t in (owner, reader_, fresh):
+        t.close()
+
+
+async def test_any_shard_appends_and_reads_every_partition(tmp_path: Path) -> None:
+    async with family(tmp_path) as (s0, s1):
+        await s1.create_topic("orders", 4)  # forwarded to the controller
+        assert "orders" in s0.topics and "orders" in s1.topics
+        for p in range(4):
+            mine = s0 if owner_of("orders", p, 2) == 0 else s1
+            other = s1 if mine is s0 else s0
+            assert isinstance(mine.partition("orders", p), PartitionLog)
+            assert isinstance(other.partition("orders", p), FollowedPartition)
+            await produce(mine, "orders", p, [b"a%d" % p])
+            await produce(other, "orders", p, [b"b%d" % p])  # through the owner
+            for engine in (s0, s1):  # read-your-writes on either shard
+                assert values_of(engine, "orders", p) == [b"a%d" % p, b"b%d" % p]
+        # conditions are the owner's: a stale expected offset fails from either shard
+        follower = s1 if owner_of("orders", 0, 2) == 0 else s0
+        with pytest.raises(OffsetMismatchError):
+            await produce(follower, "orders", 0, [b"c"], expected=1)
+        assert await produce(follower, "orders", 0, [b"c"], expected=2) == 2
+
+
+async def test_followers_track_rolls_retention_and_waits(tmp_path: Path) -> None:
+    async with family(tmp_path) as (s0, s1):
+        await s0.create_topic("t", 2, {"segment.bytes": "1024", "retention.bytes": "2048"})
+        p = next(p for p in range(2) if owner_of("t", p, 2) == 1)  # owned by shard 1
+        owner, follower = s1, s0
+        for i in range(60):
+            await produce(follower, "t", p, [b"v%03d" % i + b"x" * 60])
+        view = follower.partition("t", p).view
+        assert len(view.segments) > 3
+        assert values_of(follower, "t", p) == values_of(owner, "t", p)
+        # retention on the owner: the follower's view drops the segments, reads go on
+        log = owner.partition("t", p)
+        deleted = await log.delete_segments(list(log.view.segments[:3]), reason="test")
+        assert deleted > 0
+        start = follower.partition("t", p).log_start_offset
+        assert start == log.log_start_offset > 0
+        assert values_of(follower, "t", p) == values_of(owner, "t", p)
+        # a long-poll on the follower is woken by an append the owner takes
+        hw = follower.partition("t", p).high_watermark
+        woke = []
+
+        async def wait() -> None:
+            woke.append(await follower.partition("t", p).wait_for_data(hw, 10))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.sleep(0.1)
+            await produce(owner, "t", p, [b"late"])
+        assert woke == [True]
+
+
+async def test_topic_changes_reach_every_shard_and_survive_restarts(tmp_path: Path) -> None:
+    async with family(tmp_path) as (s0, s1):
+        await s1.create_topic("a", 3)
+        await s1.alter_topic_configs("a", {"retention.ms": "5000"})
+        assert s0.topic("a").config.retention_ms == s1.topic("a").config.retention_ms == 5000
+        await s1.add_partitions("a", 5)
+        for p in range(5):
+            await produce(s1, "a", p, [b"x%d" % p])
+        await s1.create_topic("doomed", 2)
+        await produce(s0, "doomed", 1, [b"y"])
+        followed = next(e.partition("doomed", p) for e in (s0, s1) for p in range(2) if isinstance(e.partition("doomed", p), FollowedPartition))
+        await s1.delete_topic("doomed")
+        for engine in (s0, s1):
+            with pytest.raises(TopicNotFoundError):
+                engine.topic("doomed")
+        with pytest.raises(TopicDeletedError):
+            followed.view  # noqa: B018
+        await s0.groups.commit("g", [("a", 0, 1, "")])
+        assert [c.offset for c in await s1.groups.fetch("g")] == [1]
+    # each shard wrote its part of the clean-shutdown marker
+    marker = parse_clean_shutdown((tmp_path / CLEAN_SHUTDOWN_FILE).read_bytes())
+    assert {("a", p) for p in range(5)} <= set(marker)
+    assert not any(t == "doomed" for t, _ in marker)
+    async with family(tmp_path) as (s0, s1):
+        for p in range(5):
+            assert values_of(s0, "a", p) == values_of(s1, "a", p) == [b"x%d" % p]
+        assert s0.topic("a").config.retention_ms == 5000
+        assert [c.offset for c in await s1.groups.fetch("g")] == [1]
+        assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()  # removed once the family started
+    # the same data dir opens in a single process, and with another number of shards
+    async with open_engine(EngineConfig(log_dirs=(tmp_path,))) as lone:
+        assert [values_of(lone, "a", p) for p in range(5)] == [[b"x%d" % p] for p in range(5)]
+    async with family(tmp_path, 3) as shards:
+        assert all(values_of(e, "a", 4) == [b"x4"] for e in shards)
