@@ -19,7 +19,9 @@ nothing, and its bytes are not counted. An event stream already open is not cut 
 principal goes over the fetch quota: its next chunk waits out the throttle time instead, as
 Kafka delays a throttled fetch response. The principal is the token's name (with an auth
 file) or "anonymous", which every client shares without one. One QuotaManager per app; it
-runs on the event loop only.
+runs on the event loop only. In a shard family each shard passes what it records to the
+others (a note per event-loop round), so a principal's rate is the family's, whichever shards
+its connections reach; a shard sees the others' bytes a moment late.
 """
 
 from __future__ import annotations
@@ -118,6 +120,9 @@ class QuotaManager:
         self.config = config
         self._clock = clock
         self._rates: dict[tuple[str, str], Rate] = {}
+        # in a shard family: told of every recording, to pass on to the other shards, whose
+        # recordings come back through record_remote (so each shard sees the family's rate)
+        self.on_record: Callable[[str, str, int], None] | None = None
 
     def quota(self, principal: Principal, kind: str) -> int | None:
         own = principal.produce_bytes_per_sec if kind == PRODUCE else principal.fetch_bytes_per_sec
@@ -138,6 +143,16 @@ class QuotaManager:
     def record(self, principal: Principal, kind: str, n: int) -> None:
         if n and self.quota(principal, kind) is not None:
             self._rate(principal, kind).record(self._now_ms(), n)
+            if self.on_record is not None:
+                self.on_record(principal.name, kind, n)
+
+    def record_remote(self, name: str, kind: str, n: int) -> None:
+        """Bytes another shard of the family recorded for principal `name`."""
+        key = (name, kind)
+        rate = self._rates.get(key)
+        if rate is None:
+            rate = self._rates[key] = Rate(self.config.window_num, self.config.window_size_ms)
+        rate.record(self._now_ms(), n)
 
     def throttle_ms(self, principal: Principal, kind: str) -> float:
         quota = self.quota(principal, kind)

@@ -71,16 +71,10 @@ def _serve_family(app: FastAPI, engine: LogManager, workers: Workers, metrics: M
     assert channel is not None
 
     async def run_retention(topic: str | None) -> list:
-        return [r for r in await workers.run_retention(_owned_topic(topic))] if _has(topic) else []
+        return list(await workers.run_retention(topic)) if topic is None or topic in engine.topics else []
 
     async def run_compaction(topic: str | None) -> list:
-        return [r for r in await workers.run_compaction(_owned_topic(topic))] if _has(topic) else []
-
-    def _has(topic: str | None) -> bool:
-        return topic is None or topic in engine.topics
-
-    def _owned_topic(topic: str | None) -> str | None:
-        return topic
+        return list(await workers.run_compaction(topic)) if topic is None or topic in engine.topics else []
 
     async def own_metrics() -> bytes:
         return generate_latest(metrics.registry)
@@ -92,5 +86,27 @@ def _serve_family(app: FastAPI, engine: LogManager, workers: Workers, metrics: M
                 out.append(await channel.call(shard, "metrics"))
         return out
 
-    channel.handlers.update({"run_retention": run_retention, "run_compaction": run_compaction, "metrics": own_metrics})
+    quotas = app.state.quotas
+    recorded: dict[tuple[str, str], int] = {}
+
+    def pass_on(name: str, kind: str, n: int) -> None:
+        if not recorded:
+            asyncio.get_running_loop().call_soon(send_recorded)
+        recorded[(name, kind)] = recorded.get((name, kind), 0) + n
+
+    def send_recorded() -> None:
+        items = [(name, kind, n) for (name, kind), n in recorded.items()]
+        recorded.clear()
+        for shard in range(engine.shard_count):
+            if shard != engine.shard_index:
+                channel.note(shard, "quota", items)
+
+    async def quota_note(items: list) -> None:
+        for name, kind, n in items:
+            quotas.record_remote(name, kind, n)
+
+    quotas.on_record = pass_on
+    channel.handlers.update({
+        "run_retention": run_retention, "run_compaction": run_compaction, "metrics": own_metrics, "quota": quota_note,
+    })
     app.state.peer_metrics = peer_metrics

@@ -44,7 +44,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.peer_metrics = None  # a shard of a family: the other shards' /metrics (lifespan)
     install_routes(app)
     # the last added runs first: body limit and authentication, then time limits, then quotas
-    app.add_middleware(QuotaMiddleware, quotas=QuotaManager(settings.quota_config()), metrics=metrics)
+    quotas = QuotaManager(settings.quota_config())
+    app.state.quotas = quotas
+    app.add_middleware(QuotaMiddleware, quotas=quotas, metrics=metrics)
     app.add_middleware(LimitsMiddleware, request_timeout_ms=settings.request_timeout_ms)
     app.add_middleware(
         ObservabilityMiddleware,

@@ -91,22 +91,43 @@ class FollowerSegment(LogSegment):
     def active_view(cls, directory: Path, base_offset: int, end: int, high_watermark: int, config: LogConfig) -> FollowerSegment:
         """The owner's active segment, readable up to `end`, with the index entries its files
         hold below that (entries are written with the batches; a partial one is ignored)."""
-        log_path, index_path, time_path = filenames.segment_files(directory, base_offset, "")
+        _log_path, index_path, time_path = filenames.segment_files(directory, base_offset, "")
         max_bytes = config.segment_index_bytes
-        offsets = _read_entries(index_path, OffsetIndex)
-        offsets = offsets[: _prefix(offsets["position"] < end)] if len(offsets) else offsets
-        times = _read_entries(time_path, TimeIndex)
-        if len(times):
-            times = times[: _prefix(times["relative_offset"].astype("i8") + base_offset < high_watermark)]
         segment = cls(
             directory, base_offset, end,
-            OffsetIndex.in_memory(index_path, base_offset, max_bytes, offsets.tobytes()),
-            TimeIndex.in_memory(time_path, base_offset, max_bytes, times.tobytes()),
+            OffsetIndex.in_memory(index_path, base_offset, max_bytes, b""),
+            TimeIndex.in_memory(time_path, base_offset, max_bytes, b""),
             0,
         )
-        segment._indexes_verified = True
         segment.index_interval_bytes = config.index_interval_bytes
+        segment.refresh_active(end, high_watermark)
         return segment
+
+    def refresh_active(self, end: int, high_watermark: int) -> None:
+        """Read the active segment's index entries again, those below `end` (and the high
+        watermark): the same segment object, so its open descriptor stays in use."""
+        index_path, time_path = self._offset_index.path, self._time_index.path
+        max_bytes = self._offset_index.max_entries * OffsetIndex.ENTRY_SIZE
+        offsets = _read_entries(index_path, OffsetIndex)
+        if len(offsets):
+            offsets = offsets[: _prefix(offsets["position"] < end)]
+        times = _read_entries(time_path, TimeIndex)
+        if len(times):
+            times = times[: _prefix(times["relative_offset"].astype("i8") + self.base_offset < high_watermark)]
+        self._offset_index = OffsetIndex.in_memory(index_path, self.base_offset, max_bytes, offsets.tobytes())
+        self._time_index = TimeIndex.in_memory(time_path, self.base_offset, max_bytes, times.tobytes())
+        self._indexes_verified = True
+        self._max_timestamp = self._next_offset = None  # facts of a growing segment: computed again
+        self.size = max(self.size, end)
+
+
+def _gone(exc: BaseException) -> bool:
+    """A file that is no longer where the view found it."""
+    while exc is not None:
+        if isinstance(exc, FileNotFoundError):
+            return True
+        exc = exc.__cause__  # type: ignore[assignment]
+    return False
 
 
 def _read_entries(path: Path, kind: type) -> Any:
@@ -190,8 +211,9 @@ class FollowedPartition:
         if old is not None and old.active.base_offset == state.active_base and (same_generation or state.flags & CHANGING):
             # only the offsets moved (or files are being renamed: the previous list still reads)
             active = old.segments[-1]
-            if state.active_end - self._active_built_end >= ACTIVE_REFRESH_BYTES:
-                active = self._active(state)
+            if state.active_end - self._active_built_end >= ACTIVE_REFRESH_BYTES and isinstance(active, FollowerSegment):
+                active.refresh_active(state.active_end, state.high_watermark)
+                self._active_built_end = state.active_end
             else:
                 active.size = max(active.size, state.active_end)
             segments = old.segments[:-1] + (active,)
@@ -216,21 +238,23 @@ class FollowedPartition:
                     for entry in entries:
                         parsed = filenames.parse_segment_file(entry.name)
                         if parsed is not None and parsed[1] == filenames.LOG_SUFFIX and parsed[2] == "":
-                            bases.append(parsed[0])
+                            bases.append((parsed[0], entry.inode()))
             except FileNotFoundError:
                 raise TopicDeletedError(self.name, self.topic) from None
             bases.sort()
             again = self._slot()
-            if again.generation != state.generation or again.active_base != state.active_base or state.active_base not in bases:
+            if again.generation != state.generation or again.active_base != state.active_base or state.active_base not in {b for b, _ in bases}:
                 state = again
                 continue
             state = again
-            known = {s.base_offset: s for s in (old.segments[:-1] if old is not None else ())}
+            # a closed segment already open is kept only if it is the same file (a compaction
+            # swap puts a new file under the same base offset)
+            known = {(s.base_offset, s.inode): s for s in (old.segments[:-1] if old is not None else ())}  # type: ignore[attr-defined]
             segments: list[LogSegment] = []
-            for base in bases:
+            for base, inode in bases:
                 if base >= state.active_base:
                     break
-                seg = known.get(base)
+                seg = known.get((base, inode))
                 if seg is None:
                     try:
                         seg = FollowerSegment.open_existing(self.directory, base, max_index_bytes=self.config.segment_index_bytes)
@@ -240,9 +264,15 @@ class FollowedPartition:
                         continue  # renamed away since the listing
                     if seg is not None:
                         seg.index_interval_bytes = self.config.index_interval_bytes
+                        seg.inode = inode  # type: ignore[attr-defined]
                 if seg is not None:
                     segments.append(seg)
             segments.append(self._active(state))
+            if old is not None:  # let go of files the owner removed (their space comes back)
+                kept = {id(seg) for seg in segments}
+                for seg in old.segments:
+                    if id(seg) not in kept:
+                        seg.release_descriptors()
             self._state = state
             return LogView.build(tuple(segments), max(state.log_start_offset, segments[0].base_offset), state.high_watermark, state.active_end)
         raise StorageError(self.directory, "the segment list kept changing while it was read")
@@ -264,9 +294,20 @@ class FollowedPartition:
     def check_offset(self, offset: int, view: LogView | None = None) -> LogView:
         return reader.check_offset(view or self.view, offset)
 
+    def _again(self, fn: Any, *args: Any) -> Any:
+        """fn(view, *args); once more on a fresh listing if a file went away under the view
+        (retention or a compaction swap renamed it while this shard's view listed it)."""
+        try:
+            return fn(self.view, *args)
+        except (OSError, StorageError) as exc:
+            if not _gone(exc):
+                raise
+            self._state = self._view = None
+            return fn(self.view, *args)
+
     def fetch_slice(self, offset: int, max_bytes: int) -> FetchSlice | None:
         try:
-            return reader.fetch_slice(self.view, offset, max_bytes)
+            return self._again(reader.fetch_slice, offset, max_bytes)
         except OSError as exc:
             raise self._read_error(exc) from exc
 
@@ -289,7 +330,13 @@ class FollowedPartition:
                     return reader.read_records(view, offset, max_records, max_bytes, cached_only=True)
                 except reader.NotCached:
                     pass
-            return await anyio.to_thread.run_sync(reader.read_records, view, offset, max_records, max_bytes)
+            try:
+                return await anyio.to_thread.run_sync(reader.read_records, view, offset, max_records, max_bytes)
+            except (OSError, StorageError) as exc:
+                if not _gone(exc):
+                    raise
+                self._state = self._view = None
+                return await anyio.to_thread.run_sync(reader.read_records, self.view, offset, max_records, max_bytes)
         except OSError as exc:
             raise self._read_error(exc) from exc
         except CorruptDataError as exc:
@@ -303,13 +350,13 @@ class FollowedPartition:
 
     async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         try:
-            return reader.offset_for_timestamp(self.view, timestamp)
+            return self._again(reader.offset_for_timestamp, timestamp)
         except OSError as exc:
             raise self._read_error(exc) from exc
 
     async def max_timestamp_offset(self) -> tuple[int, int] | None:
         try:
-            return reader.max_timestamp_offset(self.view)
+            return self._again(reader.max_timestamp_offset)
         except OSError as exc:
             raise self._read_error(exc) from exc
 
@@ -364,6 +411,9 @@ class FollowedPartition:
         self._deleted = self._deleted or deleted
         self._closed = True
         self.wake()
+        if self._view is not None:
+            for seg in self._view.segments:
+                seg.release_descriptors()
 
     # -- writes: the owner's ------------------------------------------------------------------
 

@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="results file; the plot goes next to it as .png (default bench/results/soak.json)")
     parser.add_argument("--work-dir", type=Path, default=REPO / "bench" / "work" / "soak",
                         help="the data dir and server log (default bench/work/soak, emptied first)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="eventlog serve --processes (default 1); with 2 or more every other kill is one shard's")
     parser.add_argument("--keep", action="store_true", help="keep the work dir afterwards (default: removed on success)")
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.kill_every <= 0:
@@ -43,13 +45,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
     cfg = SoakConfig(minutes=args.minutes, kill_every=args.kill_every, seed=args.seed,
-                     work_dir=args.work_dir, min_restarts=args.min_restarts, log=log)
+                     work_dir=args.work_dir, min_restarts=args.min_restarts, processes=args.processes, log=log)
     document = run_async(run_soak, cfg)
     command = shlex.join([sys.executable, "-m", "bench.soak", *argv])
     report.write(document, args.out, command, args.work_dir)
     report.plot(document, args.out.with_suffix(".png"))
     r = document["results"]
-    summary = {k: r[k] for k in ("passed", "duration_seconds", "restarts_survived", "requests_per_second_total",
+    summary = {k: r[k] for k in ("passed", "duration_seconds", "restarts_survived", "shard_kills", "requests_per_second_total",
                                  "records_acknowledged", "records_verified", "records_expired",
                                  "records_in_doubt", "lost", "duplicated", "failure_counts")}
     log(f"results in {args.out}: {json.dumps(summary)}")

@@ -1,6 +1,9 @@
 """One soak: start the server, create the topics, run the load, and every `kill_every` seconds
 (jittered by the seed) SIGKILL the server, decode its files, start it again and verify.
 
+With processes >= 2 (eventlog serve --processes N) every other cycle SIGKILLs one shard instead
+of the supervisor (step 2), skips the decode (3) and waits for the supervisor's new family (4).
+
 A cycle:
 1. load runs for kill_every x U(0.75, 1.25) seconds (the seed's random stream); in cycles 1, 4,
    7, ... with a disk-full phase in the middle (ENOSPC on soak-full-0's writes or fsyncs, through
@@ -63,12 +66,14 @@ class SoakConfig:
     seed: int = 1
     work_dir: Path = Path("bench/work/soak")
     min_restarts: int = 0  # keep going past `minutes` until this many restarts were survived
+    processes: int = 1  # eventlog serve --processes; with 2 or more every other kill is one shard's
     log: Any = print
 
 
 @dataclass
 class Cycle:
     kill_at: float
+    killed: str = "server"  # or "shard <i>": one shard SIGKILLed, the supervisor restarts the family
     orphans: list[int] = field(default_factory=list)
     disk: dict[str, int] = field(default_factory=dict)
     ready_seconds: float = 0.0
@@ -85,7 +90,7 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     data_dir = work / "data"
     faults_file = work / "faults.json"
     write_rules(faults_file, [])
-    server = SoakServer(data_dir, work / "server.log", {"EVENTLOG_FAULTS_FILE": str(faults_file)})
+    server = SoakServer(data_dir, work / "server.log", {"EVENTLOG_FAULTS_FILE": str(faults_file)}, cfg.processes)
     rng = random.Random(cfg.seed)
     stats, gate = Stats(), Gate()
     model = Model(clock=stats.now)
@@ -120,7 +125,10 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
                 await asyncio.sleep(interval)
             else:
                 await fault_phase(kind, interval, load.faults, model, stats, faults_file, data_dir, rng, cfg.log)
-            cycle = await _kill_and_restart(server, data_dir, model, stats, disk_cache)
+            if cfg.processes > 1 and len(cycles) % 2 == 1:
+                cycle = await _kill_shard(server, model, stats, rng)
+            else:
+                cycle = await _kill_and_restart(server, data_dir, model, stats, disk_cache)
             cycles.append(cycle)
             await gate.close()
             cycle.verify_started = stats.now()
@@ -129,7 +137,7 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
             cycle.verify_seconds = stats.now() - cycle.verify_started
             gate.open()
             cfg.log(
-                f"restart {len(cycles)} at {cycle.kill_at:.0f} s: ready in {cycle.ready_seconds:.1f} s, "
+                f"restart {len(cycles)} ({cycle.killed} killed) at {cycle.kill_at:.0f} s: ready in {cycle.ready_seconds:.1f} s, "
                 f"verified in {cycle.verify_seconds:.1f} s: {cycle.verified.get('verified', 0)} records, "
                 f"{model.counts['acked']} acked, {model.counts['in_doubt']} in doubt, "
                 f"{len(model.failures)} failures"
@@ -182,6 +190,23 @@ async def _kill_and_restart(server: SoakServer, data_dir: Path, model: Model, st
     return cycle
 
 
+async def _kill_shard(server: SoakServer, model: Model, stats: Stats, rng: random.Random) -> Cycle:
+    """SIGKILL one shard of the family; the supervisor must stop the others and start a new
+    family on the same port (the files are decoded only after whole-server kills: here the new
+    family may already be writing while they would be read)."""
+    cycle = Cycle(kill_at=stats.now())
+    if not server.alive():
+        model.fail("server_died", f"the server exited with status {server.process.returncode} before kill "
+                                  f"{server.starts} (see server.log)")
+    try:
+        index, cycle.ready_seconds = await asyncio.to_thread(server.kill_shard, rng)
+    except RuntimeError as exc:
+        model.fail("shard_restart", str(exc))
+        raise
+    cycle.killed = f"shard {index}"
+    return cycle
+
+
 async def _after_restart(client: httpx.AsyncClient, model: Model, data_dir: Path) -> None:
     """The topics came back; the snapshot dir holds only finished snapshots; ours are deleted."""
     r = await client.get("/v1/topics")
@@ -231,7 +256,7 @@ def _results(cfg: SoakConfig, model: Model, stats: Stats, cycles: list[Cycle], f
     return {
         "params": {
             "minutes": cfg.minutes, "kill_every_seconds": cfg.kill_every, "seed": cfg.seed,
-            "min_restarts": cfg.min_restarts, "partitions": PARTITIONS, "topic_configs": TOPIC_CONFIGS,
+            "min_restarts": cfg.min_restarts, "processes": cfg.processes, "partitions": PARTITIONS, "topic_configs": TOPIC_CONFIGS,
             "server_env": SERVER_ENV, "server_command": " ".join(server.command),
         },
         "results": {
@@ -239,6 +264,7 @@ def _results(cfg: SoakConfig, model: Model, stats: Stats, cycles: list[Cycle], f
             "duration_seconds": round(duration, 1),
             "load_seconds": round(load_seconds, 1),
             "kills": len(cycles),
+            "shard_kills": sum(1 for c in cycles if c.killed != "server"),
             "restarts_survived": len(cycles),
             "server_starts": server.starts,
             "seconds_to_ready_after_kill": [round(c.ready_seconds, 2) for c in cycles],

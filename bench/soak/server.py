@@ -1,6 +1,9 @@
 """The server under test: `eventlog serve` as a subprocess on one data dir and one port for the
 whole soak, SIGKILLed and started again.
 
+With --processes N (N >= 2) the server is a supervisor and N shard processes; some cycles then
+SIGKILL one shard instead of the supervisor, and the supervisor must bring a new family up.
+
 The server runs in its own session (process group = its pid), so a Ctrl-C of the soak does not
 reach it and its worker processes (the compactor's) can be found by group. After a SIGKILL only
 the server itself is signalled, as when the OOM killer picks it; its workers must die with it
@@ -16,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -37,7 +41,8 @@ SERVER_ENV = {
 
 
 class SoakServer:
-    def __init__(self, data_dir: Path, log_path: Path, extra_env: dict[str, str] | None = None):
+    def __init__(self, data_dir: Path, log_path: Path, extra_env: dict[str, str] | None = None, processes: int = 1):
+        self.processes = processes
         self.data_dir = data_dir
         self.log_path = log_path
         self.extra_env = dict(extra_env or {})  # e.g. EVENTLOG_FAULTS_FILE
@@ -53,7 +58,7 @@ class SoakServer:
     def command(self) -> list[str]:
         script = Path(sys.executable).with_name("eventlog")
         base = [str(script)] if script.exists() else [sys.executable, "-m", "app.cli"]
-        return [*base, "serve", "--data-dir", str(self.data_dir), "--port", str(self.port)]
+        return [*base, "serve", "--data-dir", str(self.data_dir), "--port", str(self.port), "--processes", str(self.processes)]
 
     def start(self) -> float:
         """Start on the same port and data dir; return the seconds until /readyz said 200."""
@@ -117,6 +122,34 @@ class SoakServer:
             self.process.wait()
             return -9
 
+    def shard_pids(self) -> list[int]:
+        """The live shard processes of the family (children of the supervisor running app.shard)."""
+        if self.process is None:
+            return []
+        return [pid for pid in _children(self.process.pid) if b"app.shard" in _cmdline(pid)]
+
+    def kill_shard(self, rng: Any) -> tuple[int, float]:
+        """SIGKILL one shard (the supervisor stays); return (its index in the family, seconds
+        until the supervisor's new family answered /readyz)."""
+        before = sorted(self.shard_pids())
+        if not before:
+            raise RuntimeError("no shard processes to kill")
+        index = rng.randrange(len(before))
+        begin = time.monotonic()
+        os.kill(before[index], signal.SIGKILL)
+        deadline = begin + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"the supervisor exited ({self.process.returncode}) after a shard was killed:\n"
+                                   f"{tail(self.log_path, 60)}")
+            now = self.shard_pids()
+            if len(now) == self.processes and not set(now) & set(before):
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                        return index, time.monotonic() - begin
+            time.sleep(0.05)
+        raise RuntimeError(f"the family did not come back within {START_TIMEOUT_S:.0f} s:\n{tail(self.log_path, 60)}")
+
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
@@ -136,3 +169,18 @@ def _group_members(pgid: int) -> list[int]:
         if group == pgid and state != "Z":
             members.append(int(entry.name))
     return members
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            out += [int(x) for x in task.read_text().split()]
+    return out
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

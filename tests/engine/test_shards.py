@@ -185,3 +185,44 @@ async def test_topic_changes_reach_every_shard_and_survive_restarts(tmp_path: Pa
         assert [values_of(lone, "a", p) for p in range(5)] == [[b"x%d" % p] for p in range(5)]
     async with family(tmp_path, 3) as shards:
         assert all(values_of(e, "a", 4) == [b"x4"] for e in shards)
+
+
+async def test_followers_read_through_a_compaction_swap(tmp_path: Path) -> None:
+    from workers.manager import Workers, WorkerSettings
+
+    async with family(tmp_path) as (s0, s1):
+        await s0.create_topic("c", 2, {"cleanup.policy": "compact", "segment.bytes": "2048"})
+        p = next(p for p in range(2) if owner_of("c", p, 2) == 1)
+        owner, follower = s1, s0
+        log = owner.partition("c", p)
+        for i in range(120):
+            batch = encode_batch(0, [(b"key%d" % (i % 5), b"v%03d" % i + b"x" * 40, T0, [])])
+            await follower.partition("c", p).append(prepare_batches(batch, log.config))
+        before = values_of(follower, "c", p)
+        assert len(before) == 120 and len(follower.partition("c", p).view.segments) > 2
+        results = await Workers(owner, WorkerSettings(cleaner_run_in="thread")).run_compaction("c")
+        assert any(r.cleaned for r in results)
+        after = values_of(follower, "c", p)
+        assert after == values_of(owner, "c", p) and len(after) < 120
+        # every key's latest value survives, seen from the follower
+        latest = {i % 5: b"v%03d" % i + b"x" * 40 for i in range(120)}
+        assert set(latest.values()) <= set(after)
+
+
+async def test_follower_reads_a_growing_active_segment_by_offset_and_time(tmp_path: Path) -> None:
+    async with family(tmp_path) as (s0, s1):
+        await s0.create_topic("g", 2)
+        p = next(p for p in range(2) if owner_of("g", p, 2) == 1)
+        owner = s1.partition("g", p)
+        follower = s0.partition("g", p)
+        for i in range(2500):  # ~2.6 MB in one active segment: the follower re-reads its index
+            batch = encode_batch(0, [(b"k", b"%05d" % i + b"y" * 1000, T0 + i, [])])
+            await owner.append(prepare_batches(batch, owner.config))
+            if i in (10, 1100, 2499):
+                view = follower.view
+                assert view.high_watermark == i + 1
+                got = reader.read_records(view, i, 1, 10**6).records
+                assert [r.value[:5] for r in got] == [b"%05d" % i]
+        assert len(follower.view.segments[-1].offset_index.view()) > 100  # entries from the owner's file
+        assert await follower.offset_for_timestamp(T0 + 2000) == await owner.offset_for_timestamp(T0 + 2000) == (2000, T0 + 2000)
+        assert await follower.max_timestamp_offset() == (2499, T0 + 2499)

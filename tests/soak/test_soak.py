@@ -24,11 +24,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_short_soak_loses_and_duplicates_nothing_across_kills(tmp_path: Path) -> None:
+@pytest.mark.parametrize("processes", [1, 2])
+def test_short_soak_loses_and_duplicates_nothing_across_kills(tmp_path: Path, processes: int) -> None:
+    """At --processes 2 every other kill is one shard's (the supervisor restarts the family)."""
     out = tmp_path / "soak.json"
     cmd = [
         sys.executable, "-m", "bench.soak", "--minutes", "0.75", "--kill-every", "8", "--min-restarts", "4",
-        "--seed", "7", "--out", str(out), "--work-dir", str(tmp_path / "work"),
+        "--seed", "7", "--out", str(out), "--work-dir", str(tmp_path / "work"), "--processes", str(processes),
     ]
     done = subprocess.run(cmd, check=False, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert out.exists(), done.stdout + done.stderr
@@ -37,6 +39,7 @@ def test_short_soak_loses_and_duplicates_nothing_across_kills(tmp_path: Path) ->
     assert r["failures"] == [] and r["passed"], r["failures"]
     assert done.returncode == 0, done.stdout + done.stderr
     assert r["restarts_survived"] >= 4
+    assert r["shard_kills"] == (0 if processes == 1 else r["kills"] // 2) and (processes == 1 or r["shard_kills"] >= 2)
     assert r["records_verified"] > 0 and r["final_disk"]["verified"] > 0  # through the API, and on disk
     assert r["final_exit_status"] == 0
     # every kind of load ran, and the maintenance endpoints did work
