@@ -14,7 +14,8 @@ two shards >= 1.4 x one process, at every connection count.
 
 Per cell: records/s (wrk's completed requests x 500 / wrk's duration), latency percentiles, the
 server's CPU use in cores (utime + stime of the supervisor and every process under it, read
-from /proc before and after the cell: see tree_cpu_seconds), wrk's own CPU, and group commits
+from /proc before and after the cell: see tree_cpu_seconds), wrk's own CPU, what the rest of
+the machine used (other sessions share these 2 CPUs), and group commits
 from /metrics (the family's sum once the shards aggregate it). After each cell the topic's high
 watermarks must account for every acknowledged record (more is fine: requests in flight when
 wrk stops are appended but not counted). A server that does not know `--processes` yet (before
@@ -127,6 +128,14 @@ def tree_pids(root: int) -> list[int]:
     return sorted(out)
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds every CPU of the machine spent busy (/proc/stat: user, nice, system, irq,
+    softirq; not idle, iowait or steal)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    user, nice, system, _idle, _iowait, irq, softirq = fields
+    return (user + nice + system + irq + softirq) / CLK_TCK
+
+
 def tree_cpu_seconds(root: int) -> float:
     """CPU seconds of a process tree: for every live process under `root` (itself included)
     utime + stime + cutime + cstime. A descendant that exited and was reaped is in its parent's
@@ -183,7 +192,8 @@ def run(ctx: Context) -> dict[str, Any]:
                             f"--processes {n} x {connections:>2} connections (repeat {repeat + 1}): "
                             f"{cell['records_per_s']:>9,.0f} rec/s, p50 {cell['latency_us']['p50_us'] / 1000:6.1f} ms, "
                             f"p99 {cell['latency_us']['p99_us'] / 1000:6.1f} ms; server {cell['server_cores']:.2f} cores "
-                            f"({cell['server_processes']} processes), wrk {cell['wrk_cores']:.2f}"
+                            f"({cell['server_processes']} processes), wrk {cell['wrk_cores']:.2f}, "
+                            f"others {cell['other_cores']:.2f}"
                         )
         facts = {n: s.facts() for n, s in servers.items()}
         for n, s in servers.items():
@@ -207,7 +217,8 @@ def _cell(
             raise RuntimeError(f"create topic: {made.status_code} {made.text}")
         before_metrics = _counters(client)
         pids = tree_pids(server.pid)
-        cpu0, tools0, t0 = tree_cpu_seconds(server.pid), children_cpu_seconds(), time.perf_counter()
+        cpu0, tools0, busy0 = tree_cpu_seconds(server.pid), children_cpu_seconds(), machine_busy_seconds()
+        t0 = time.perf_counter()
         out = run_wrk(
             script,
             f"{server.url}/v1/topics/{topic}/records",
@@ -218,6 +229,7 @@ def _cell(
         wall = time.perf_counter() - t0
         cpu = tree_cpu_seconds(server.pid) - cpu0
         tools = children_cpu_seconds() - tools0
+        busy = machine_busy_seconds() - busy0
         commits = _commit_stats(before_metrics, _counters(client))
         detail = client.get(f"/v1/topics/{topic}").json()
         stored = sum(part["high_watermark"] for part in detail["partitions"])
@@ -240,6 +252,8 @@ def _cell(
         "server_cpu_us_per_record": round(cpu / acknowledged * 1e6, 3) if acknowledged else None,
         "server_processes": len(pids),
         "wrk_cores": round(tools / wall, 3),
+        # everything else on the machine (the other server idles; other sessions may not)
+        "other_cores": round(max(0.0, busy - cpu - tools) / wall, 3),
         "commits": commits,
         "wrk": out,
     }
@@ -289,6 +303,7 @@ def _results(cells: list[dict[str, Any]], measured: tuple[int, ...], flag: bool)
                 "median_p50_us": median(r["latency_us"]["p50_us"] for r in runs),
                 "median_p99_us": median(r["latency_us"]["p99_us"] for r in runs),
                 "median_wrk_cores": round(median(r["wrk_cores"] for r in runs), 3),
+                "median_other_cores": round(median(r["other_cores"] for r in runs), 3),
             }
     ratio = None
     if len(measured) > 1:
