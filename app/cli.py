@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import signal
-import sys
-import threading
 from pathlib import Path
-from types import FrameType
-from typing import Callable, Iterator, Optional
+from typing import Optional
 
 import typer
-import uvicorn
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from .server import CannotStart, configure_logging
+from .server import Server as _Server  # noqa: F401 -- tests stub its run()
 from .settings import Settings
 
 cli = typer.Typer(
@@ -26,10 +21,12 @@ cli = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts are plain: their "[env EVENTLOG_...]" is not markup
 )
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-# beyond the two shutdown_timeout_ms waits: checkpoints, the clean-shutdown markers
-SHUTDOWN_SLACK_S = 10.0
+# False: `eventlog serve` without --processes or EVENTLOG_PROCESSES runs one process, as before
+# the shard family existed. True: it runs Settings.processes' default, one shard per core.
+SHARDS_BY_DEFAULT = False
 
 
 def _settings(**overrides: object) -> Settings:
@@ -39,70 +36,6 @@ def _settings(**overrides: object) -> Settings:
     except ValidationError as exc:
         err.print(f"[red]invalid settings:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server, minus re-raising the shutdown signal afterwards: SIGTERM and SIGINT
-    mean a clean shutdown and exit status 0. The first signal also ends long-polls and event
-    streams at once (on_exit), so the graceful wait for open requests is short, and arms a
-    watchdog: a shutdown still running `watchdog_s` later (a writer stuck in a system call on a
-    hung disk, which no task can cancel) ends the process with status 1. Acknowledged appends
-    were fsynced; the next start recovers as after a crash."""
-
-    on_exit: Callable[[], None] | None = None
-    watchdog_s: float | None = None
-    _watchdog: threading.Timer | None = None
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        super().handle_exit(sig, frame)
-        if self._watchdog is None and self.watchdog_s is not None:
-            self._watchdog = threading.Timer(self.watchdog_s, _shutdown_overdue, (self.watchdog_s,))
-            self._watchdog.daemon = True
-            self._watchdog.start()
-        if self.on_exit is not None:
-            self.on_exit()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        handled = (signal.SIGINT, signal.SIGTERM)
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-
-def _shutdown_overdue(after_s: float) -> None:
-    logging.getLogger("eventlog.app").error(
-        "shutdown did not finish within %.0f s of the signal; exiting now without a clean close "
-        "(the next start recovers the partitions)", after_s,
-    )
-    logging.shutdown()
-    os._exit(1)
-
-
-class _HideStartupTraceback(logging.Filter):
-    """When the engine refuses to start (a locked or broken data dir), the lifespan has logged
-    one clear line and the CLI prints it again; uvicorn's traceback of it adds only noise."""
-
-    def __init__(self, app: object) -> None:
-        super().__init__()
-        self.app = app
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.ERROR and self.app.state.startup_error is not None)  # type: ignore[attr-defined]
-
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 @cli.command()
@@ -129,19 +62,23 @@ def serve(
     request_timeout_ms: Optional[int] = typer.Option(
         None, "--request-timeout-ms", help="time for a body to arrive, a GET to answer [env EVENTLOG_REQUEST_TIMEOUT_MS; 30000]"
     ),
+    processes: Optional[int] = typer.Option(
+        None, "--processes", help="shard processes serving the data dir together; 1: one process [env EVENTLOG_PROCESSES; default 1]"
+    ),
 ) -> None:
     """Run the HTTP service until SIGTERM or SIGINT, then shut down cleanly."""
-    from api.auth import AuthConfigError
-
-    from .main import begin_shutdown, create_app
-    from .server import uvicorn_config
-
     settings = _settings(
         data_dir=data_dir, host=host, port=port, log_level=log_level, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
         limit_concurrency=limit_concurrency, timeout_keep_alive_ms=timeout_keep_alive_ms, backlog=backlog,
         max_header_bytes=max_header_bytes, header_timeout_ms=header_timeout_ms, request_timeout_ms=request_timeout_ms,
+        processes=processes,
     )
-    _configure_logging(settings.log_level)
+    if "processes" not in settings.model_fields_set and not SHARDS_BY_DEFAULT:
+        settings = settings.model_copy(update={"processes": 1})
+    if settings.processes > 1:
+        configure_logging(settings.log_level, "supervisor")
+    else:
+        configure_logging(settings.log_level)
     log = logging.getLogger("eventlog.app")
     if settings.listens_beyond_loopback and settings.auth_file is None:
         log.warning(
@@ -151,24 +88,20 @@ def serve(
     elif settings.listens_beyond_loopback and settings.ssl_certfile is None:
         log.warning("listening on %s without TLS (EVENTLOG_SSL_CERTFILE): bearer tokens cross the network in clear", settings.host)
     try:
-        app = create_app(settings)
-    except AuthConfigError as exc:
-        err.print(f"[red]eventlog: cannot start:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
-    logging.getLogger("uvicorn.error").addFilter(_HideStartupTraceback(app))
-    server = _Server(uvicorn_config(app, settings))
-    server.on_exit = lambda: begin_shutdown(app)
-    # requests get shutdown_timeout_ms, then the partition writers as long again
-    server.watchdog_s = 2 * settings.shutdown_timeout_ms / 1000 + SHUTDOWN_SLACK_S
-    try:
-        server.run()  # on uvloop when installed (uvicorn picks the loop)
-    except SystemExit:  # uvicorn exits with status 3 when the lifespan fails
-        pass
-    if app.state.startup_error is not None:
-        err.print(f"[red]eventlog: cannot start:[/red] {escape(str(app.state.startup_error))}")
-        raise typer.Exit(1)
-    if not server.started:
-        raise typer.Exit(1)
+        if settings.processes > 1:
+            from .supervisor import supervise
+
+            status = supervise(settings)
+            if status != 0:
+                raise typer.Exit(status)
+            return
+        from .server import serve as serve_http
+
+        serve_http(settings)
+    except CannotStart as exc:
+        if exc.message is not None:
+            err.print(f"[red]eventlog: cannot start:[/red] {escape(exc.message)}")
+        raise typer.Exit(exc.status) from None
 
 
 @cli.command("dump-log")
@@ -195,7 +128,7 @@ def import_kafka(
     from .importer import run_import
 
     settings = _settings(data_dir=data_dir)
-    _configure_logging("warning")
+    configure_logging("warning")
     wanted = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
     raise typer.Exit(run_import(settings, kafka_log_dir, wanted, link=link))
 
@@ -213,7 +146,7 @@ def snapshot(
     from .snapshot import run_snapshot
 
     settings = _settings(data_dir=data_dir)
-    _configure_logging("warning")
+    configure_logging("warning")
     wanted = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
     raise typer.Exit(run_snapshot(settings, wanted, url=url, token=token))
 

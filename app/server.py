@@ -24,13 +24,23 @@ The protocol classes made here add both limits, for httptools and h11 alike:
                    the request is done as far as the application can tell.
 
 The body and the answer have their limits in api/limits.py.
+
+serve() runs the app until SIGTERM or SIGINT: on a socket of its own (eventlog serve, one
+process) or on one it inherited (a shard of a family, app/shard.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from typing import Any
+import os
+import signal
+import socket
+import sys
+import threading
+from types import FrameType
+from typing import Any, Callable, Iterator, Sequence
 
 import orjson
 import uvicorn
@@ -279,3 +289,137 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
         ssl_keyfile=settings.ssl_keyfile,
         ssl_keyfile_password=settings.ssl_keyfile_password,
     )
+
+
+# beyond the two shutdown_timeout_ms waits: checkpoints, the clean-shutdown markers
+SHUTDOWN_SLACK_S = 10.0
+
+
+def shutdown_watchdog_s(settings: Settings) -> float:
+    """How long after SIGTERM a server may still be shutting down: requests get
+    shutdown_timeout_ms, then the partition writers as long again, then the slack."""
+    return 2 * settings.shutdown_timeout_ms / 1000 + SHUTDOWN_SLACK_S
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, minus re-raising the shutdown signal afterwards: SIGTERM and SIGINT
+    mean a clean shutdown and exit status 0. The first signal also ends long-polls and event
+    streams at once (on_exit), so the graceful wait for open requests is short, and arms a
+    watchdog: a shutdown still running `watchdog_s` later (a writer stuck in a system call on a
+    hung disk, which no task can cancel) ends the process with status 1. Acknowledged appends
+    were fsynced; the next start recovers as after a crash. `on_started` is called once the
+    lifespan is up and the socket accepts (a shard tells its supervisor it is ready)."""
+
+    on_exit: Callable[[], None] | None = None
+    on_started: Callable[[], None] | None = None
+    watchdog_s: float | None = None
+    # SIGTERM/SIGINT that came before the server ran (a shard noting them while it starts)
+    early_signals: Sequence[int] = ()
+    _watchdog: threading.Timer | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self.on_started is not None:
+            self.on_started()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._watchdog is None and self.watchdog_s is not None:
+            self._watchdog = threading.Timer(self.watchdog_s, _shutdown_overdue, (self.watchdog_s,))
+            self._watchdog.daemon = True
+            self._watchdog.start()
+        if self.on_exit is not None:
+            self.on_exit()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        for sig in self.early_signals:
+            self.handle_exit(sig, None)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def _shutdown_overdue(after_s: float) -> None:
+    logger.error(
+        "shutdown did not finish within %.0f s of the signal; exiting now without a clean close "
+        "(the next start recovers the partitions)", after_s,
+    )
+    logging.shutdown()
+    os._exit(1)
+
+
+class _HideStartupTraceback(logging.Filter):
+    """When the engine refuses to start (a locked or broken data dir), the lifespan has logged
+    one clear line and the CLI prints it again; uvicorn's traceback of it adds only noise."""
+
+    def __init__(self, app: Any) -> None:
+        super().__init__()
+        self.app = app
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and self.app.state.startup_error is not None)
+
+
+def configure_logging(level: str, process: str | None = None) -> None:
+    """Log lines on stderr; `process` ("supervisor", "shard-1") names the process of a family."""
+    tag = f" {process}" if process else ""
+    logging.basicConfig(
+        level=level.upper(),
+        format=f"%(asctime)s %(levelname)s{tag} %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+class CannotStart(Exception):
+    """Raised when serve() could not start: `status` is the exit status to end with."""
+
+    def __init__(self, message: str | None, status: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+def serve(
+    settings: Settings,
+    sockets: list[socket.socket] | None = None,
+    on_started: Callable[[], None] | None = None,
+    early_signals: list[int] | None = None,
+) -> None:
+    """Serve until SIGTERM or SIGINT and a clean shutdown: on host:port, or on `sockets` (listening
+    already). `on_started` is called once it serves; `early_signals` are SIGTERM/SIGINT received
+    before, acted on as soon as the server's own handlers are in place. Raises CannotStart:
+    status 2 for an invalid auth file, 1 when the engine refused to start (the message says
+    why) or the server could not listen (message None: uvicorn logged it)."""
+    from api.auth import AuthConfigError
+
+    from .main import begin_shutdown, create_app
+
+    try:
+        app = create_app(settings)
+    except AuthConfigError as exc:
+        raise CannotStart(str(exc), 2) from None
+    logging.getLogger("uvicorn.error").addFilter(_HideStartupTraceback(app))
+    server = Server(uvicorn_config(app, settings))
+    server.on_exit = lambda: begin_shutdown(app)
+    server.on_started = on_started
+    server.early_signals = early_signals if early_signals is not None else ()
+    server.watchdog_s = shutdown_watchdog_s(settings)
+    try:  # on uvloop when installed (uvicorn picks the loop)
+        if sockets is None:
+            server.run()
+        else:
+            server.run(sockets=sockets)
+    except SystemExit:  # uvicorn exits with status 3 when the lifespan fails
+        pass
+    if app.state.startup_error is not None:
+        raise CannotStart(str(app.state.startup_error), 1)
+    if not server.started:
+        raise CannotStart(None, 1)

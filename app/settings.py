@@ -7,18 +7,19 @@ plain EngineConfig that engine_config() derives.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from api.quotas import QuotaConfig
 from engine.config import LogConfig
 from engine.errors import InvalidConfigError
-from engine.log_manager import EngineConfig
+from engine.log_manager import EngineConfig, ShardSpec
 from engine.snapshots import SnapshotLimits
 from workers.manager import WorkerSettings
 
@@ -119,6 +120,8 @@ class Settings(BaseSettings):
         math.inf, gt=0, description="log.cleaner.io.max.bytes.per.second: a compaction pass's bytes read + written "
         "per second, at most [default: unlimited]",
     )
+    # this process's place in a shard family (app/shard.py sets it; never from the environment)
+    _shard: ShardSpec | None = PrivateAttr(None)
 
     @field_validator("log_dirs", mode="before")
     @classmethod
@@ -212,7 +215,31 @@ class Settings(BaseSettings):
             max_partitions=self.max_partitions,
             producer_id_expiration_ms=self.producer_id_expiration_ms,
             writer_stop_timeout_ms=self.shutdown_timeout_ms,
+            shard=self._shard,
         )
+
+    @property
+    def shard(self) -> ShardSpec | None:
+        """This process's place in a shard family; None in a single process."""
+        return self._shard
+
+    def for_shard(self, shard: ShardSpec) -> Settings:
+        """These settings for shard `shard` of a family: engine_config() carries it."""
+        copy = self.model_copy()
+        copy._shard = shard
+        return copy
+
+    def to_json(self) -> str:
+        """Every field, for from_json() in another process (a shard gets its supervisor's
+        settings this way, CLI flags included). Standard JSON but for an unlimited float, written
+        as Infinity (Python's json reads it back; JSON null would not validate)."""
+        return json.dumps(self.model_dump(mode="json"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Settings:
+        """The settings to_json() wrote, equal to the original (every field given, so nothing
+        comes from this process's environment)."""
+        return cls.model_validate(json.loads(text))
 
     @property
     def listens_beyond_loopback(self) -> bool:

@@ -157,6 +157,11 @@ class LogDir:
     def cluster_id(self) -> str:
         return self.meta["cluster.id"]
 
+    @property
+    def lock_fd(self) -> int | None:
+        """The descriptor holding the lock (a supervisor hands it to its shards); None when not open."""
+        return self._lock_fd
+
     def _read_clean_shutdown(self) -> None:
         marker = self.path / CLEAN_SHUTDOWN_FILE
         try:

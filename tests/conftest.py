@@ -30,6 +30,10 @@ from .inprocess import InProcessServer
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+# EVENTLOG_TEST_PROCESSES=N: every ServerProcess that names no `processes` runs
+# `eventlog serve --processes N` (the suite at N = 1 and N = 2); unset: no --processes flag.
+# Read at import: _clean_env removes EVENTLOG_* from each test's environment.
+TEST_PROCESSES: int | None = int(os.environ["EVENTLOG_TEST_PROCESSES"]) if os.environ.get("EVENTLOG_TEST_PROCESSES") else None
 
 
 @pytest.fixture(autouse=True)
@@ -99,37 +103,51 @@ class ServerProcess:
     open_files_limit: int | None = None
     # where the server's log goes; None: next to the data dir (not on a small filesystem!)
     log_dir: Path | None = None
+    # --processes N; None: EVENTLOG_TEST_PROCESSES, or no flag when that is unset
+    processes: int | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0, token: str | None = None) -> "ServerProcess":
-        """Start and wait for /readyz (asked with `token` when the server has an auth file)."""
+        """Start and wait for /readyz (asked with `token` when the server has an auth file);
+        a shard family also for its supervisor's "ready:" line (every shard serving)."""
         self.log_path = (self.log_dir or self.data_dir.parent) / f"server-{self.port}.log"
+        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = {**os.environ, **self.env}
         self._log = open(self.log_path, "ab")
         limit = self.open_files_limit
+        processes = self.processes if self.processes is not None else TEST_PROCESSES
         self.proc = subprocess.Popen(
-            [str(VENV_BIN / "eventlog"), "serve", "--data-dir", str(self.data_dir), "--port", str(self.port)],
+            [str(VENV_BIN / "eventlog"), "serve", "--data-dir", str(self.data_dir), "--port", str(self.port),
+             *(["--processes", str(processes)] if processes is not None else [])],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
             preexec_fn=None if limit is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)),
         )
         deadline = time.monotonic() + timeout
+        family = processes is not None and processes > 1
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self._log.close()
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 headers = {"authorization": f"Bearer {token}"} if token else {}
-                if httpx.get(f"{self.url}/readyz", headers=headers, timeout=1).status_code == 200:
+                answered = httpx.get(f"{self.url}/readyz", headers=headers, timeout=1).status_code == 200
+                if answered and (not family or b" eventlog.supervisor: ready: " in self._log_since_start()):
                     return self
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
         raise TimeoutError(f"server did not become ready:\n{self.log()}")
+
+    def _log_since_start(self) -> bytes:
+        assert self.log_path is not None
+        with open(self.log_path, "rb") as f:
+            f.seek(self._log_start)
+            return f.read()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
@@ -147,9 +165,38 @@ class ServerProcess:
     def kill(self) -> int:
         return self.stop(signal.SIGKILL)
 
+    def shard_pids(self) -> list[int]:
+        """The pids of the server's shard processes (the children of `eventlog serve` when it
+        supervises a family), lowest first; [] for a single process or once it has exited."""
+        assert self.proc is not None
+        return child_pids(self.proc.pid)
+
     def client(self, token: str | None = None) -> httpx.Client:
         """A client of this server; with `token`, it sends it as a bearer token."""
         return httpx.Client(base_url=self.url, headers=_bearer(token), timeout=30)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live children of process `pid`, from /proc (every process's parent pid: the kernel
+    here may lack /proc/<pid>/task/<tid>/children); [] once it is gone."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            children.append(int(stat.parent.name))
+    return sorted(children)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _bearer(token: str | None) -> dict[str, str]:
