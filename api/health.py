@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from .auth import Monitor, Principal
 from .errors import problem
+from .metrics_merge import merge_expositions
 from .schemas import Problem, Status
 
 router = APIRouter(tags=["health"])
@@ -49,6 +50,8 @@ async def readyz(request: Request, _principal: Monitor) -> Status | Response:
 )
 async def metrics(request: Request, principal: Monitor) -> Response:
     text = generate_latest(request.app.state.metrics.registry)
+    if (peer_metrics := getattr(request.app.state, "peer_metrics", None)) is not None:  # a shard
+        text = merge_expositions([text, *await peer_metrics()])
     if principal.role != "admin":
         text = _only_covered_topics(text, principal)
     return Response(text, media_type=CONTENT_TYPE_LATEST)

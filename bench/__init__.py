@@ -7,9 +7,12 @@ http_raw, http_fetch (the HTTP API: `eventlog serve` as a subprocess, next to re
 nats-server, with servers.py starting and stopping them); compaction (workers.cleaner's pass in a
 fresh process, and produce latency of a real server while a pass runs); snapshot (1,000 segments
 against cp -al and cp -r); spark (the eventlog PySpark data source against spark.read.parquet
-of the same rows).
+of the same rows); http_shards (JSON produce from wrk against `eventlog serve --processes 1`
+and `--processes 2`, with the server's cores per cell). bench/capacity/ is the capacity run for
+big machines (its own scripts; see bench/README.md).
 """
 
 BENCHMARKS = (
     "append", "read", "lookup", "restart", "http_produce", "http_raw", "http_fetch", "compaction", "snapshot", "spark",
+    "http_shards",
 )

@@ -52,6 +52,7 @@ SPACE_GB = {
     "compaction": (2, 0.5),
     "snapshot": (2.5, 0.6),
     "spark": (1.5, 0.5),
+    "http_shards": (1.5, 0.5),
 }
 
 
@@ -101,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.plot_only:
         for name in names:
-            if (results_dir / f"{name}.json").exists():
-                _plot(_module(name), results_dir / f"{name}.json")
+            if (results_dir / f"{_stem(name)}.json").exists():
+                _plot(_module(name), results_dir / f"{_stem(name)}.json")
         _write_tables(results_dir, update_readme=not args.quick and args.results_dir is None)
         return 0
 
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         # other processes share the CPUs and the disk: the load says whether they were busy
         report["load_average_before"] = load_before
         report["cpu_during_run"] = witness.report()
-        path = write_report(ctx, name, report, elapsed)
+        path = write_report(ctx, _stem(name), report, elapsed)
         _plot(module, path)
         ctx.log(
             f"== {name} done in {elapsed:.0f} s -> {path.relative_to(REPO) if path.is_relative_to(REPO) else path}"
@@ -162,6 +163,12 @@ def _module(name: str) -> ModuleType:
     return importlib.import_module(f"bench.{name}")
 
 
+def _stem(name: str) -> str:
+    """The file stem of a benchmark's results: its module's NAME (http_shards writes
+    shards.json), the module name when it has none."""
+    return getattr(_module(name), "NAME", name)
+
+
 def _plot(module: ModuleType, json_path: Path) -> None:
     """Draw the PNG from the JSON file, so a plot always shows what the file says."""
     document = json.loads(json_path.read_text())
@@ -172,7 +179,7 @@ def _write_tables(results_dir: Path, *, update_readme: bool) -> None:
     """summary.md from every results file in `results_dir`; optionally the README table."""
     reports = []
     for name in BENCHMARKS:
-        path = results_dir / f"{name}.json"
+        path = results_dir / f"{_stem(name)}.json"
         if path.exists():
             reports.append(json.loads(path.read_text()))
     if not reports:
