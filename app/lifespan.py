@@ -101,7 +101,7 @@ def _serve_family(app: FastAPI, engine: LogManager, workers: Workers, metrics: M
             if shard != engine.shard_index:
                 channel.note(shard, "quota", items)
 
-    async def quota_note(items: list) -> None:
+    def quota_note(items: list) -> None:
         for name, kind, n in items:
             quotas.record_remote(name, kind, n)
 

@@ -1042,7 +1042,7 @@ class LogManager:
             if shard != self.shard_index:
                 self.channel.note(shard, "wake", keys)
 
-    async def _on_wake(self, keys: list[int]) -> None:
+    def _on_wake(self, keys: list[int]) -> None:
         for key in keys:
             followed = self._followed.get(key)
             if followed is not None:

@@ -235,9 +235,9 @@ class _Peer:
 class ShardChannel:
     """Requests and one-way notes between the shards of a family, over Unix sockets.
 
-    call(shard, kind, *args) runs the handler registered for `kind` on that shard and returns
-    its result (or raises its error: engine errors pickle). note(shard, kind, *args) sends
-    without waiting. A peer that goes away fails its calls in flight with
+    call(shard, kind, *args) runs the (async) handler registered for `kind` on that shard and
+    returns its result (or raises its error: engine errors pickle). note(shard, kind, *args)
+    sends without waiting; a note's handler is a plain function, run as the note is read. A peer that goes away fails its calls in flight with
     ShardUnavailableError (503 `unavailable`); its supervisor restarts the family.
     """
 
@@ -367,9 +367,12 @@ class ShardChannel:
             while True:
                 rid, kind, args = await _receive(reader)
                 handler = self.handlers.get(kind)
-                if rid == 0:
+                if rid == 0:  # a note: its handler is a plain function, run here (no task each)
                     if handler is not None:
-                        self._spawn(self._run_note(handler, kind, args))
+                        try:
+                            handler(*args)
+                        except Exception:  # noqa: BLE001 -- one bad note must not end the connection
+                            logger.exception("shard note %s failed", kind)
                     continue
                 self._spawn(self._answer(writer, rid, kind, handler, args))
         except (asyncio.IncompleteReadError, ConnectionError, OSError, asyncio.CancelledError):
@@ -381,12 +384,6 @@ class ShardChannel:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _run_note(self, handler: Handler, kind: str, args: tuple) -> None:
-        try:
-            await handler(*args)
-        except Exception:  # noqa: BLE001
-            logger.exception("shard note %s failed", kind)
 
     async def _answer(self, writer: asyncio.StreamWriter, rid: int, kind: str, handler: Handler | None, args: tuple) -> None:
         try:
@@ -408,9 +405,10 @@ class ShardChannel:
 
 def _send(writer: asyncio.StreamWriter, message: tuple) -> None:
     data = pickle.dumps(message, protocol=5)
-    writer.write(FRAME.pack(len(data)) + data if len(data) < 65536 else FRAME.pack(len(data)))
-    if len(data) >= 65536:
-        writer.write(data)
+    if len(data) < 65536:  # one write; a big one goes as it is rather than copied onto the head
+        writer.write(FRAME.pack(len(data)) + data)
+    else:
+        writer.writelines((FRAME.pack(len(data)), data))
 
 
 async def _receive(reader: asyncio.StreamReader) -> Any:

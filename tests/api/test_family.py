@@ -46,3 +46,24 @@ def test_every_connection_sees_one_server(tmp_path) -> None:
         assert in_flight is not None and float(in_flight.group(1)) >= 1  # this scrape, on some shard
     finally:
         assert server.stop() == 0, server.log()
+
+
+def test_a_quota_is_the_familys_whichever_shards_the_connections_reach(tmp_path) -> None:
+    """50 kB/s of produce for the (anonymous) principal; 80 kB sent within a second over new
+    connections, about half to each shard: neither shard alone sees its quota passed, the
+    family does, and answers 429 `quota_exceeded`."""
+    env = {"EVENTLOG_QUOTA_PRODUCE_BYTES_PER_SEC": "50000", "EVENTLOG_QUOTA_WINDOW_NUM": "2",
+           "EVENTLOG_QUOTA_WINDOW_SIZE_MS": "1000", "EVENTLOG_ACCESS_LOG": "false"}
+    server = ServerProcess(tmp_path / "data", processes=2, env=env).start()
+    try:
+        with server.client() as c:
+            assert c.post("/v1/topics", json={"name": "q", "partitions": 2}).status_code == 201
+        body = {"records": [{"value": "x" * 1900}]}
+        statuses = []
+        for _ in range(40):
+            with httpx.Client(base_url=server.url, timeout=30) as c:
+                statuses.append(c.post("/v1/topics/q/records", json=body).status_code)
+        assert set(statuses) <= {200, 429}
+        assert 429 in statuses, statuses
+    finally:
+        assert server.stop() == 0, server.log()
