@@ -78,7 +78,7 @@ def summarize(machines: list[dict[str, Any]], cells: list[dict[str, Any]]) -> di
     for kind in ("dd-write", "page-cache-read"):
         rates = [c["mb_per_s"] for c in of(system="dd", cell=kind)]
         if rates:
-            peers[kind] = {"median_mb_per_s": statistics.median(rates), "mb_per_s": rates}
+            peers[kind] = {"median_mb_per_s": round(statistics.median(rates), 1), "mb_per_s": rates}
     return {
         "processes_measured": counts,
         "by_processes": by_n,
