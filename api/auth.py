@@ -182,19 +182,25 @@ def require(action: str) -> Callable[..., Principal]:
     async def check(  # async: no threadpool hop for a dictionary lookup
         request: Request, _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
     ) -> Principal:
-        principal = principal_of(request)
-        if not principal.may(action):
-            raise ApiError(403, "forbidden", f"role {principal.role!r} may not {action}")
-        # the path's topic, or the one a query names (?topic= filters group offsets)
-        for topic in (request.path_params.get("topic"), request.query_params.get("topic")):
-            if topic is not None and not principal.covers_topic(topic):
-                raise ApiError(403, "forbidden", f"{principal.name!r} has no access to topic {topic!r}")
-        group = request.path_params.get("group")
-        if group is not None and not principal.covers_group(group):
-            raise ApiError(403, "forbidden", f"{principal.name!r} has no access to group {group!r}")
-        return principal
+        return authorize(request, action)
 
     return check
+
+
+def authorize(request: Request, action: str) -> Principal:
+    """The caller's principal if it may do `action` on the path's topic and group (if any);
+    ApiError 403 otherwise. What require(action) checks, for routes outside FastAPI's."""
+    principal = principal_of(request)
+    if not principal.may(action):
+        raise ApiError(403, "forbidden", f"role {principal.role!r} may not {action}")
+    # the path's topic, or the one a query names (?topic= filters group offsets)
+    for topic in (request.path_params.get("topic"), request.query_params.get("topic")):
+        if topic is not None and not principal.covers_topic(topic):
+            raise ApiError(403, "forbidden", f"{principal.name!r} has no access to topic {topic!r}")
+    group = request.path_params.get("group")
+    if group is not None and not principal.covers_group(group):
+        raise ApiError(403, "forbidden", f"{principal.name!r} has no access to group {group!r}")
+    return principal
 
 
 Admin = Annotated[Principal, Depends(require("admin"))]

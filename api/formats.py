@@ -1,9 +1,10 @@
-"""Key, value and header value formats: string (UTF-8), base64, json."""
+"""Key, value and header value formats of fetched records: string (UTF-8), base64, json.
+
+Produced records are encoded by the produce service (engine/produce.py, encode_value)."""
 
 from __future__ import annotations
 
 import base64
-import binascii
 from typing import Any
 
 import orjson
@@ -11,26 +12,6 @@ import orjson
 from .errors import ApiError
 
 FORMATS = ("string", "base64", "json")
-
-
-def encode(value: Any, fmt: str, what: str) -> bytes | None:
-    """A JSON-side value to record bytes. None stays None (null key / tombstone)."""
-    if value is None:
-        return None
-    if fmt == "string":
-        if not isinstance(value, str):
-            raise ApiError(422, "validation_error", f"{what}: expected a string for format 'string'")
-        return value.encode("utf-8", "surrogatepass")
-    if fmt == "base64":
-        if not isinstance(value, str):
-            raise ApiError(422, "validation_error", f"{what}: expected a base64 string")
-        try:
-            return base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            raise ApiError(422, "validation_error", f"{what}: not valid base64") from None
-    if fmt == "json":
-        return orjson.dumps(value)
-    raise ApiError(422, "validation_error", f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
 
 
 def decode(data: bytes | None, fmt: str, what: str, offset: int) -> Any:

@@ -138,6 +138,12 @@ class _PartitionCollector:
                 offline.add_metric(labels, 0)
                 for where, n in log.corrupt_batches.items():
                     corrupt.add_metric([*labels, where], n)
+            # in a shard family: what requests met on partitions other shards own (/metrics sums
+            # the shards, so every shard reports its own waiters and refused reads)
+            for followed in getattr(engine, "followed_partitions", list)():
+                labels = [followed.topic, str(followed.partition)]
+                waiters.add_metric(labels, followed.waiters)
+                corrupt.add_metric([*labels, "read"], followed.corrupt_batches["read"])
             for part in engine.offline_partitions():
                 offline.add_metric([part.topic, str(part.partition)], 1)
         return [hw, start, size, segments, offline, corrupt, waiters]

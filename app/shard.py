@@ -74,13 +74,33 @@ def main() -> int:
 
     listener = socket.socket(fileno=listen_fd)
     try:
-        serve(settings, sockets=[listener], on_started=ready, early_signals=early)
+        own = _own_listener(listener, settings.backlog)
+        serve(settings, sockets=[own, listener], on_started=ready, early_signals=early)
     except CannotStart as exc:
         if exc.message is not None:
             print(f"eventlog: cannot start: {exc.message}", file=sys.stderr, flush=True)
         logging.shutdown()
         return exc.status
     return 0
+
+
+def _own_listener(shared: "socket.socket", backlog: int) -> "socket.socket":
+    """This shard's own listening socket in the family's SO_REUSEPORT group (see
+    supervisor.listen): the kernel gives each shard its share of new connections."""
+    import socket
+
+    own = socket.socket(shared.family, socket.SOCK_STREAM)
+    try:
+        own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if shared.family == socket.AF_INET6:
+            own.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, shared.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY))
+        own.bind(shared.getsockname())
+        own.listen(backlog)
+    except OSError:
+        own.close()
+        raise
+    return own
 
 
 if __name__ == "__main__":

@@ -158,7 +158,15 @@ def remove_stale_run_dirs(tmp: Path | None = None) -> list[Path]:
 
 def listen(settings: Settings) -> socket.socket:
     """The family's listening socket on host:port (IPv6 for an IPv6 host), inheritable.
-    Raises CannotStart when the address is in use or cannot be had."""
+    Raises CannotStart when the address is in use or cannot be had.
+
+    It is bound without SO_REUSEPORT, so a port any other socket holds (another family's
+    included) is refused, and only then joins a SO_REUSEPORT group: each shard adds a
+    listening socket of its own to it (app/shard.py), and the kernel spreads new connections
+    over the group by address hash. One socket shared by every shard instead would let the
+    first shard to wake accept a whole burst of connections (seen: 64 of 64 on one shard),
+    leaving the others idle. This socket stays in the group while a family restarts, so
+    connections made meanwhile wait in its queue for the new shards, which accept on it too."""
     try:
         infos = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -167,7 +175,8 @@ def listen(settings: Settings) -> socket.socket:
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
+        sock.bind(address)  # exclusive: no SO_REUSEPORT yet
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.listen(settings.backlog)
     except OSError as exc:
         sock.close()

@@ -76,6 +76,7 @@ NATIVE: list[tuple[str, re.Pattern[str]]] = [
 PYTHON: list[tuple[str, re.Pattern[str]]] = [
     (name, re.compile(pattern))
     for name, pattern in [
+        ("produce service: JSON records parse, placement, batching, answer", r"^engine/(produce|slicing)\.py$"),
         ("encode_batch (records -> v2 batch)", r"^engine/records\.py$"),
         ("murmur2 key hash (partitioner)", r"^engine/partitioner\.py$"),
         ("engine: validation, append, index, read", r"^engine/"),
@@ -112,10 +113,15 @@ INCLUSIVE = (
     "Router.__call__",
     "solve_dependencies",
     "serialize_response",
-    "_parse_records",
-    "_encode_batches",
+    "parse_records",
+    "encode_batches",
     "encode_records",
+    "_encode_native",
     "partition_for_key",
+    "partitions_for_keys",
+    "ProduceService._append_all",
+    "_fast_produce",
+    "_fast_fetch",
     "PartitionLog.append",
     "prepare_batches",
     "run_sync (anyio/to_thread.py",

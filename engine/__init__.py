@@ -8,6 +8,8 @@ What other packages may use:
     LogConfig                                   config.py: topic configs (Kafka names)
     encode_batch, decode_batch, Record          records.py: v2 batches (split_records, frame_batch,
                                                 encode_record_tails: what compaction re-frames)
+    ProduceService                              produce.py: JSON and raw produce (the routers' rules)
+    slicing                                     big JSON documents and lists off the event loop
     errors                                      the error classes API code maps to HTTP
 
 Names are imported lazily, so `import engine.format` (all analytics/ may use) stays free of
@@ -25,6 +27,7 @@ _EXPORTS = {
     "LogConfig": "config",
     "LogManager": "log_manager",
     "PartitionLog": "partition_log",
+    "ProduceService": "produce",
     "Record": "records",
     "decode_batch": "records",
     "encode_batch": "records",

@@ -15,12 +15,15 @@
     │   ├── TransactionsUnsupportedError
     │   ├── RecordTooLargeError
     │   ├── InflatedTooLargeError
-    │   └── InvalidPartitionsError
+    │   ├── InvalidPartitionsError
+    │   ├── InvalidJsonError
+    │   └── InvalidFieldError
     ├── OffsetOutOfRangeError
     ├── ConflictError
     │   ├── OffsetMismatchError
     │   ├── OutOfOrderSequenceError
-    │   └── ProducerFencedError
+    │   ├── ProducerFencedError
+    │   └── IdempotencyKeyReusedError
     ├── LogClosedError
     │   └── TopicDeletedError
     ├── OpenFilesLimitError
@@ -238,6 +241,23 @@ class InvalidPartitionsError(InvalidRequestError):
         self.current = current
 
 
+class InvalidJsonError(InvalidRequestError):
+    """Raised when a produce request's body is not JSON (`reason`: the parser's message)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"request body is not JSON: {reason}")
+        self.reason = reason
+
+
+class InvalidFieldError(InvalidRequestError):
+    """Raised when a produce request breaks its schema: a field missing, unknown, of the wrong
+    type or out of range, or fields that disagree (the message names the field first)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 class OffsetOutOfRangeError(EngineError):
     """Raised when an offset lies outside [log_start_offset, high_watermark]."""
 
@@ -284,6 +304,17 @@ class ProducerFencedError(ConflictError):
         self.producer_id = producer_id
         self.epoch = epoch
         self.current_epoch = current_epoch
+
+
+class IdempotencyKeyReusedError(ConflictError):
+    """Raised when a request reuses an Idempotency-Key (its producer id) for a different request:
+    its batches do not match the sequences the first request's left behind."""
+
+    def __init__(self, producer_id: int) -> None:
+        super().__init__(
+            "this Idempotency-Key was used for a different request (another number of records or partitions)"
+        )
+        self.producer_id = producer_id
 
 
 class LogClosedError(EngineError):

@@ -39,7 +39,8 @@ from .errors import (
     StorageError,
     TopicDeletedError,
 )
-from .fileutil import FileHandle, io_errors
+from .descriptors import BUDGET
+from .fileutil import FileHandle
 from .index_builder import IndexBuilder
 from .offset_index import OffsetIndex
 from .reader import FetchSlice
@@ -73,19 +74,89 @@ class FollowerSegment(LogSegment):
         self._time_index = TimeIndex.in_memory(self._time_index.path, self.base_offset, max_bytes, builder.time_entries)
         self._max_timestamp, self._offset_of_max_timestamp = builder.max_timestamp, builder.offset_of_max_timestamp
 
+    inode: int | None = None  # of the .log this segment was listed as (closed segments)
+    index_inodes: dict[str, int] = {}  # of its .index and .timeindex, as listed
+
+    def _verify_indexes(self) -> None:
+        """First use of a closed segment's indexes: read the index files this segment was
+        listed with into memory (by name, checked to still be those files, or under .deleted),
+        then sanity-check them as the owner does; rebuild them in memory from the .log when a
+        file is gone or fails. Mapping them by name could map a compaction's new files."""
+        if self.inode is None:
+            return super()._verify_indexes()
+        with self._index_lock:
+            if self._indexes_verified:
+                return
+            max_bytes = self._offset_index.max_entries * OffsetIndex.ENTRY_SIZE
+            offsets = self._read_listed(filenames.INDEX_SUFFIX, OffsetIndex)
+            times = self._read_listed(filenames.TIME_INDEX_SUFFIX, TimeIndex)
+            if offsets is None or times is None:
+                self._rebuild_indexes()
+            else:
+                self._offset_index = OffsetIndex.in_memory(self._offset_index.path, self.base_offset, max_bytes, offsets)
+                self._time_index = TimeIndex.in_memory(self._time_index.path, self.base_offset, max_bytes, times)
+                try:
+                    self.sanity_check()
+                except CorruptIndexError:
+                    self._rebuild_indexes()
+            self._indexes_verified = True
+
+    def _read_listed(self, suffix: str, kind: type) -> bytes | None:
+        inode = self.index_inodes.get(suffix)
+        if inode is None:
+            return None
+        name = f"{self.base_offset:020d}{suffix}"
+        for path in (self.directory / name, self.directory / (name + filenames.DELETED_SUFFIX)):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if st.st_ino != inode:
+                    continue
+                data = os.pread(fd, st.st_size, 0)
+            finally:
+                os.close(fd)
+            return data[: len(data) - len(data) % kind.ENTRY_SIZE]
+        return None
+
+    @property
+    def max_timestamp(self) -> int:
+        if self._max_timestamp is None and self.inode is not None:
+            self._verify_indexes()  # from the listed files, not by name
+        return LogSegment.max_timestamp.fget(self)  # type: ignore[attr-defined]
+
     def open_handle(self) -> FileHandle:
-        try:
+        """The .log's descriptor, opened by name on first use: the name is checked to still be
+        the file this segment was listed as. A compaction swap puts a new file under the same
+        name, and the listed one is then found under its .deleted name (the owner unlinks those
+        only after file.delete.delay.ms); when neither is it, the caller's view is stale
+        (StorageError caused by FileNotFoundError: FollowedPartition lists again)."""
+        handle = self._file
+        if handle is not None:
+            BUDGET.touch(self)
+            return handle
+        if self.inode is None:
             return super().open_handle()
-        except StorageError as exc:
-            # the owner renamed it away (retention, compaction) after our view listed it
-            deleted = filenames.log_file(self.directory, self.base_offset, filenames.DELETED_SUFFIX)
-            if not isinstance(exc.__cause__, FileNotFoundError) and not deleted.exists():
-                raise
-            with self._fd_lock:
-                if self._file is None:
-                    with io_errors(deleted, "cannot open segment"):
-                        self._file = FileHandle(deleted, os.O_RDONLY)
-                return self._file
+        BUDGET.touch(self)
+        with self._fd_lock:
+            if self._file is None:
+                for path in (self.log_path, filenames.log_file(self.directory, self.base_offset, filenames.DELETED_SUFFIX)):
+                    try:
+                        candidate = FileHandle(path, os.O_RDONLY)
+                    except FileNotFoundError:
+                        continue
+                    except OSError as exc:
+                        raise StorageError(path, f"cannot open segment: {exc}") from exc
+                    if os.fstat(candidate.fd).st_ino == self.inode:
+                        self._file = candidate
+                        break
+                else:
+                    gone = FileNotFoundError(2, "the listed segment file is gone", str(self.log_path))
+                    raise StorageError(self.log_path, "the listed segment file is gone") from gone
+                self._fd_writable = False
+            return self._file
 
     @classmethod
     def active_view(cls, directory: Path, base_offset: int, end: int, high_watermark: int, config: LogConfig) -> FollowerSegment:
@@ -233,12 +304,17 @@ class FollowedPartition:
         those already open), the active one as the slot says."""
         for _ in range(20):
             bases = []
+            index_inodes: dict[int, dict[str, int]] = {}
             try:
                 with os.scandir(self.directory) as entries:
                     for entry in entries:
                         parsed = filenames.parse_segment_file(entry.name)
-                        if parsed is not None and parsed[1] == filenames.LOG_SUFFIX and parsed[2] == "":
+                        if parsed is None or parsed[2] != "":
+                            continue
+                        if parsed[1] == filenames.LOG_SUFFIX:
                             bases.append((parsed[0], entry.inode()))
+                        else:
+                            index_inodes.setdefault(parsed[0], {})[parsed[1]] = entry.inode()
             except FileNotFoundError:
                 raise TopicDeletedError(self.name, self.topic) from None
             bases.sort()
@@ -264,7 +340,8 @@ class FollowedPartition:
                         continue  # renamed away since the listing
                     if seg is not None:
                         seg.index_interval_bytes = self.config.index_interval_bytes
-                        seg.inode = inode  # type: ignore[attr-defined]
+                        seg.inode = inode
+                        seg.index_inodes = index_inodes.get(base, {})
                 if seg is not None:
                     segments.append(seg)
             segments.append(self._active(state))
@@ -323,26 +400,28 @@ class FollowedPartition:
             raise self._read_error(exc) from exc
 
     async def read_records(self, offset: int, max_records: int, max_bytes: int) -> reader.RecordsResult:
-        view = self.view
         try:
-            if max_records <= INLINE_READ_RECORDS and max_bytes <= INLINE_READ_BYTES:
-                try:
-                    return reader.read_records(view, offset, max_records, max_bytes, cached_only=True)
-                except reader.NotCached:
-                    pass
             try:
-                return await anyio.to_thread.run_sync(reader.read_records, view, offset, max_records, max_bytes)
+                return await self._read_records(self.view, offset, max_records, max_bytes)
             except (OSError, StorageError) as exc:
                 if not _gone(exc):
                     raise
-                self._state = self._view = None
-                return await anyio.to_thread.run_sync(reader.read_records, self.view, offset, max_records, max_bytes)
+                self._state = self._view = None  # a file went away under the view: list again
+                return await self._read_records(self.view, offset, max_records, max_bytes)
         except OSError as exc:
             raise self._read_error(exc) from exc
         except CorruptDataError as exc:
             self.corrupt_batches["read"] += 1
             logger.error("%s: read refused: %s", self.name, exc)
             raise
+
+    async def _read_records(self, view: LogView, offset: int, max_records: int, max_bytes: int) -> reader.RecordsResult:
+        if max_records <= INLINE_READ_RECORDS and max_bytes <= INLINE_READ_BYTES:
+            try:
+                return reader.read_records(view, offset, max_records, max_bytes, cached_only=True)
+            except reader.NotCached:
+                pass
+        return await anyio.to_thread.run_sync(reader.read_records, view, offset, max_records, max_bytes)
 
     def _read_error(self, exc: OSError) -> StorageError:
         logger.error("%s: read failed: %s", self.name, exc)

@@ -20,11 +20,17 @@ split_records() (compaction's fields: stored batches, offset gaps allowed) and
 find_record_at_or_after() (time lookups). Encoding: encode_batch(), and frame_batch() /
 encode_record_tails() for batches re-formed from stored records.
 
+encode_batch() builds the records with aiokafka's C DefaultRecordBatchBuilder when it is
+installed and gives the very bytes the Python encoder gives (records whose first timestamp is
+the smallest, no control or LogAppendTime batch: JSON produce's case), ~3 x faster; the Python
+encoder is the reference (tests hold the two byte-identical) and the fallback.
+
 Pure functions, safe from any thread.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
@@ -45,6 +51,19 @@ from .format import (
 )
 
 Header = tuple[str, "bytes | None"]
+
+try:  # the C builder only: aiokafka's pure-Python fallback is slower than ours
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder as _CBuilder
+
+    if not _CBuilder.__module__.startswith("aiokafka.record._crecords"):  # pragma: no cover
+        _CBuilder = None
+except ImportError:  # pragma: no cover - a dependency; the Python encoder does everything alone
+    _CBuilder = None
+_NO_SIZE_LIMIT = 2**31 - 1
+_NO_HEADERS: list = []  # the builder takes lists only (and never changes them)
+_BASE_OFFSET = struct.Struct(">q")
+_LEADER_EPOCH = struct.Struct(">i")
+_MAX_TIMESTAMP = struct.Struct(">q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,11 +222,21 @@ def encode_batch(
     if not records:
         raise ValueError("a batch needs at least one record")
     first = records[0]
-    base_timestamp = first.timestamp if isinstance(first, RecordInput) else first[2]
+    first_timestamp = base_timestamp = first.timestamp if isinstance(first, RecordInput) else first[2]
     for rec in records:
         ts = rec.timestamp if isinstance(rec, RecordInput) else rec[2]
         if ts < base_timestamp:
             base_timestamp = ts
+    if (
+        _CBuilder is not None and base_timestamp == first_timestamp and log_append_time is None
+        and not transactional and not control
+    ):
+        batch = _encode_native(records, compression_type, producer_id, producer_epoch, base_sequence)
+        if batch is not None:
+            if base_offset:
+                _BASE_OFFSET.pack_into(batch, 0, base_offset)
+            _LEADER_EPOCH.pack_into(batch, 12, partition_leader_epoch)
+            return batch
     body, count, max_ts = encode_records(records, base_timestamp)
     attributes = compression_type
     if log_append_time is not None:
@@ -221,6 +250,39 @@ def encode_batch(
         body, base_offset=base_offset, attributes=attributes, last_offset_delta=count - 1,
         base_timestamp=base_timestamp, max_timestamp=max_ts, records_count=count, producer_id=producer_id,
         producer_epoch=producer_epoch, base_sequence=base_sequence, partition_leader_epoch=partition_leader_epoch,
+    )
+
+
+def _encode_native(
+    records: Sequence[tuple[bytes | None, bytes | None, int, Sequence[Header]] | RecordInput],
+    compression_type: int, producer_id: int, producer_epoch: int, base_sequence: int,
+) -> bytearray | None:
+    """encode_batch's bytes from the C builder (base offset 0; aiokafka writes partition leader
+    epoch -1, which the caller sets; neither is under the CRC), or None where it cannot make
+    them: a header key that is not UTF-8 (ours keeps the surrogate-escaped bytes), a type it
+    does not take. The first record's timestamp must be the smallest (aiokafka's base)."""
+    builder = _CBuilder(2, compression.NONE, 0, producer_id, producer_epoch, base_sequence, _NO_SIZE_LIMIT)
+    append = builder.append
+    try:
+        if isinstance(records[0], RecordInput):
+            for i, rec in enumerate(records):
+                headers = rec.headers  # type: ignore[union-attr]
+                append(i, rec.timestamp, rec.key, rec.value, headers if type(headers) is list else list(headers) if headers else _NO_HEADERS)  # type: ignore[union-attr]
+        else:
+            for i, (key, value, ts, headers) in enumerate(records):  # type: ignore[misc]
+                append(i, ts, key, value, headers if type(headers) is list else list(headers) if headers else _NO_HEADERS)
+    except (UnicodeError, TypeError, ValueError, OverflowError):
+        return None
+    batch = builder.build()
+    if compression_type == compression.NONE:
+        return batch
+    # the same records, compressed by our codecs (their settings decide the bytes)
+    count = len(records)
+    return frame_batch(
+        memoryview(batch)[HEADER_SIZE:], base_offset=0, attributes=compression_type, last_offset_delta=count - 1,
+        base_timestamp=records[0].timestamp if isinstance(records[0], RecordInput) else records[0][2],
+        max_timestamp=_MAX_TIMESTAMP.unpack_from(batch, 35)[0], records_count=count, producer_id=producer_id,
+        producer_epoch=producer_epoch, base_sequence=base_sequence,
     )
 
 

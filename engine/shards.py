@@ -227,6 +227,9 @@ class _Peer:
         self.connecting: asyncio.Lock = asyncio.Lock()
         self.reader_task: asyncio.Task | None = None
         self.broken = False
+        # a peer whose connection broke has died (a Unix socket does not drop a live peer): its
+        # calls fail at once until the supervisor's new family replaces every shard
+        self.dead = False
 
 
 class ShardChannel:
@@ -278,6 +281,8 @@ class ShardChannel:
                 return peer.writer
             if self.closing:
                 raise ShardUnavailableError(peer.shard, "shutting down")
+            if peer.dead:
+                raise ShardUnavailableError(peer.shard, "it exited; the family is restarting")
             path = str(socket_path(self.run_dir, peer.shard))
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 30
@@ -344,6 +349,7 @@ class ShardChannel:
         except Exception:  # noqa: BLE001 -- a reply that does not unpickle
             logger.exception("shard channel to shard %d: bad reply", peer.shard)
         peer.broken = True
+        peer.dead = True
         if peer.writer is not None:
             peer.writer.close()
         self._fail(peer, "connection lost")
@@ -366,8 +372,8 @@ class ShardChannel:
                         self._spawn(self._run_note(handler, kind, args))
                     continue
                 self._spawn(self._answer(writer, rid, kind, handler, args))
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            pass
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, asyncio.CancelledError):
+            pass  # the peer went away, or this shard is closing
         finally:
             writer.close()
 

@@ -229,9 +229,28 @@ def server(server_factory) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture
-def app_factory(tmp_path: Path) -> Iterator:
+def app_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator:
     """app_factory(data_dir=None, **EVENTLOG_settings) -> InProcessServer, not started; the
-    same arguments as server_factory. Whatever is still running at the end is stopped."""
+    same arguments as server_factory. Whatever is still running at the end is stopped.
+
+    With EVENTLOG_TEST_PROCESSES=N (N >= 2) it makes `eventlog serve --processes N` instead, so
+    the API tests written against the service in this process run against a shard family
+    (tests that need this process's app say so with @pytest.mark.in_process_only)."""
+    if TEST_PROCESSES is not None and TEST_PROCESSES > 1:
+        if request.node.get_closest_marker("in_process_only") is not None:
+            pytest.skip(f"looks inside the app in this process; EVENTLOG_TEST_PROCESSES={TEST_PROCESSES} runs a shard family")
+        processes: list[ServerProcess] = []
+
+        def make_family(data_dir: Path | None = None, **env: str) -> ServerProcess:
+            server = ServerProcess(data_dir or tmp_path / "data", env=env)
+            processes.append(server)
+            return server
+
+        yield make_family
+        for server in processes:
+            if server.proc is not None and server.proc.poll() is None:
+                server.kill()
+        return
     started: list[InProcessServer] = []
 
     def make(data_dir: Path | None = None, **env: str) -> InProcessServer:

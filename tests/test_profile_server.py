@@ -28,6 +28,7 @@ def test_idle_threads_and_the_event_loop_waiting_are_idle() -> None:
 def test_python_frames_are_attributed_by_package() -> None:
     assert categorize([*ASGI, "_parse_records (api/records.py:120)"]).startswith("eventlog api/")
     assert categorize([*ASGI, "encode_records (engine/records.py:180)"]).startswith("encode_batch")
+    assert categorize([*ASGI, "parse_records (engine/produce.py:250)"]).startswith("produce service")
     assert categorize([*ASGI, "solve_dependencies (fastapi/dependencies/utils.py:705)"]).startswith("fastapi")
     assert categorize([*ASGI, "Logger.info (logging/__init__.py:1489)", "write (libc.so.6)"]) == LOGGING
     assert categorize(["0x1 (libfoo.so)"]) == OTHER

@@ -109,6 +109,17 @@ class Stats:
         self.timeline: dict[int, Counter] = defaultdict(Counter)
         self.errors: Counter = Counter()
         self.events: Counter = Counter()  # not requests: 507s, retries, replays (also in the timeline)
+        # a shard was killed and its supervisor is restarting the family: the surviving shards
+        # shut down cleanly meanwhile, answering reads 503 `unavailable` (as any server that
+        # is stopping does); those are counted, not failures, while this holds
+        self.restarting = False
+
+    def unavailable(self, reader: str, status: int, code: str | None) -> bool:
+        """A 503 `unavailable` during a family restart: count it and say so."""
+        if self.restarting and status == 503 and code in ("unavailable", None):
+            self.errors[f"{reader}_503_restarting"] += 1
+            return True
+        return False
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -272,7 +283,8 @@ class Load(ExactWriters):
             if isinstance(outcome, str):
                 continue
             if outcome.status_code != 200:
-                self.model.fail("unexpected_status", f"{kind}: {outcome.status_code} {outcome.text[:300]}")
+                if not self.stats.unavailable(kind, outcome.status_code, _code(outcome)):
+                    self.model.fail("unexpected_status", f"{kind}: {outcome.status_code} {outcome.text[:300]}")
                 continue
             answer = outcome.json()
             self.stats.op(kind)
@@ -304,7 +316,8 @@ class Load(ExactWriters):
         if isinstance(outcome, str):
             return
         if outcome.status_code != 201:
-            self.model.fail("unexpected_status", f"snapshot: {outcome.status_code} {outcome.text[:300]}")
+            if not self.stats.unavailable("snapshot", outcome.status_code, _code(outcome)):
+                self.model.fail("unexpected_status", f"snapshot: {outcome.status_code} {outcome.text[:300]}")
             return
         answer = outcome.json()
         path = self.data_dir / answer["path"]
@@ -371,7 +384,8 @@ class Load(ExactWriters):
         if r.status_code == 416:
             return self._out_of_range(reader, topic, partition, position, r.json()), -1
         if r.status_code != 200:
-            self.model.fail("unexpected_status", f"{reader}: {r.status_code} {r.text[:300]}")
+            if not self.stats.unavailable(reader, r.status_code, _code(r)):
+                self.model.fail("unexpected_status", f"{reader}: {r.status_code} {r.text[:300]}")
             await asyncio.sleep(RETRY_PAUSE_S)
             return position, -1
         body = r.json()
@@ -412,7 +426,9 @@ class Load(ExactWriters):
                     positions[partition] = self._out_of_range(reader, topic, partition, position, r.json())
                     continue
                 if r.status_code != 200:
-                    self.model.fail("unexpected_status", f"{reader}: {r.status_code} {r.text[:300]}")
+                    if not self.stats.unavailable(reader, r.status_code, _code(r)):
+                        self.model.fail("unexpected_status", f"{reader}: {r.status_code} {r.text[:300]}")
+                    await asyncio.sleep(RETRY_PAUSE_S)
                     continue
                 try:
                     _batches, decoded = decode_all(r.content)
@@ -460,7 +476,8 @@ class Load(ExactWriters):
                         state["position"] = self._out_of_range(reader, topic, partition, state["position"], problem)
                         continue
                     if r.status_code != 200:
-                        self.model.fail("unexpected_status", f"{reader}: {r.status_code}")
+                        if not self.stats.unavailable(reader, r.status_code, None):
+                            self.model.fail("unexpected_status", f"{reader}: {r.status_code}")
                         await asyncio.sleep(RETRY_PAUSE_S)
                         continue
                     self.stats.op("sse_connect")
@@ -485,9 +502,18 @@ class Load(ExactWriters):
                 elif event == "error" and data.get("code") == "offset_out_of_range":
                     state["position"] = self._out_of_range(reader, topic, partition, state["position"], data)
                     return
+                elif event == "error" and self.stats.unavailable(reader, 503, data.get("code")):
+                    return  # the shard is stopping: reconnect (to the next family)
                 else:
                     self.model.fail("unexpected_event", f"{reader}: {event} {data}")
                 event, data = None, None
+
+
+def _code(r: httpx.Response) -> str | None:
+    try:
+        return orjson.loads(r.content).get("code")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
 
 
 async def drain(tasks: list[asyncio.Task]) -> None:

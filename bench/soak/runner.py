@@ -198,11 +198,15 @@ async def _kill_shard(server: SoakServer, model: Model, stats: Stats, rng: rando
     if not server.alive():
         model.fail("server_died", f"the server exited with status {server.process.returncode} before kill "
                                   f"{server.starts} (see server.log)")
+    stats.restarting = True
     try:
         index, cycle.ready_seconds = await asyncio.to_thread(server.kill_shard, rng)
     except RuntimeError as exc:
         model.fail("shard_restart", str(exc))
         raise
+    finally:
+        await asyncio.sleep(1.0)  # answers already on their way from the old family
+        stats.restarting = False
     cycle.killed = f"shard {index}"
     return cycle
 

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from api import slicing
+from engine import slicing
 
 # a stream that ends properly sends a few hundred bytes; the spinning one sent hundreds of MB
 STREAM_CAP_BYTES = 1 << 20

@@ -37,3 +37,22 @@ def test_agrees_with_kafka_python_on_many_keys() -> None:
     for _ in range(2000):
         key = rng.randbytes(rng.randrange(0, 40))
         assert murmur2(key) & 0xFFFFFFFF == kafka_python_murmur2(key) & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 12, 1000, 2**31 - 1])
+def test_keys_placed_together_land_where_each_alone_does(partitions: int) -> None:
+    import random
+
+    from engine.partitioner import MAX_VECTOR_KEY_BYTES, partitions_for_keys
+
+    rng = random.Random(partitions)
+    # every length up to past the vector limit, each length mod 4, empty keys, and the vectors
+    keys = [rng.randbytes(rng.randrange(0, MAX_VECTOR_KEY_BYTES + 20)) for _ in range(3000)]
+    keys += [v[0] for v in VECTORS] + [b"", b"\xff" * 64, b"\x00" * 3]
+    expected = [(kafka_python_murmur2(k) & 0x7FFFFFFF) % partitions for k in keys]
+    assert partitions_for_keys(keys, partitions) == expected
+    for n in (0, 1, 15, 16, 17):  # below and at the size where numpy takes over
+        assert partitions_for_keys(keys[:n], partitions) == expected[:n]
+    for length in range(0, 14):  # keys of one length take their own path
+        same_length = [rng.randbytes(length) for _ in range(40)]
+        assert partitions_for_keys(same_length, partitions) == [partition_for_key(k, partitions) for k in same_length]

@@ -6,6 +6,8 @@ partitions, talking over their real Unix sockets and shared partition table.
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -15,7 +17,7 @@ import anyio
 import pytest
 
 from engine import reader
-from engine.errors import OffsetMismatchError, TopicDeletedError, TopicNotFoundError
+from engine.errors import OffsetMismatchError, StorageError, TopicDeletedError, TopicNotFoundError
 from engine.follower import FollowedPartition
 from engine.log_dirs import CLEAN_SHUTDOWN_FILE, LogDir, parse_clean_shutdown
 from engine.log_manager import EngineConfig, LogManager, ShardSpec, open_engine
@@ -56,6 +58,7 @@ async def family(data: Path, count: int = 2) -> AsyncIterator[list[LogManager]]:
                 done.set()
     finally:
         lock.unlock()
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 async def produce(engine: LogManager, topic: str, partition: int, values: list[bytes], expected: int | None = None) -> int:
@@ -226,3 +229,29 @@ async def test_follower_reads_a_growing_active_segment_by_offset_and_time(tmp_pa
         assert len(follower.view.segments[-1].offset_index.view()) > 100  # entries from the owner's file
         assert await follower.offset_for_timestamp(T0 + 2000) == await owner.offset_for_timestamp(T0 + 2000) == (2000, T0 + 2000)
         assert await follower.max_timestamp_offset() == (2499, T0 + 2499)
+
+
+async def test_a_follower_never_reads_a_swapped_in_file_as_the_one_it_listed(tmp_path: Path) -> None:
+    """A compaction swap renames the listed .log to .deleted and puts a new file under its
+    name: a follower that opens the name afterwards (its descriptor was closed meanwhile)
+    must read the file it listed, or see that it is gone, never the new one with the old
+    size (seen in the soak: "0 bytes left, a batch header needs 61")."""
+    async with family(tmp_path) as (s0, s1):
+        await s0.create_topic("w", 2, {"segment.bytes": "1024"})
+        p = next(p for p in range(2) if owner_of("w", p, 2) == 1)
+        for i in range(40):
+            await produce(s0, "w", p, [b"%03d" % i + b"z" * 60])
+        followed = s0.partition("w", p)
+        segment = followed.view.segments[0]
+        expected = values_of(s0, "w", p)
+        assert segment.inode is not None and segment.release_descriptors()
+        live = segment.log_path
+        deleted = live.with_name(live.name + ".deleted")
+        os.replace(live, deleted)
+        live.write_bytes(b"\0" * 10)  # a stranger under the listed name
+        assert values_of(s0, "w", p) == expected  # read from the .deleted file it listed
+        segment.release_descriptors()
+        deleted.unlink()
+        with pytest.raises(StorageError):
+            segment.open_handle()
+        os.replace(live, tmp_path / "stranger")

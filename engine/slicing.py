@@ -1,7 +1,7 @@
 """Big JSON bodies and answers in slices, so that no request holds the event loop for long.
 
 The server is one event loop; work that grows with a request runs in worker threads
-(api/records.py decides which). Threads share the GIL, though, and a long C call holds it:
+(engine/produce.py and api/records.py decide which). Threads share the GIL, though, and a long C call holds it:
 orjson parsing or writing a whole 19 MB document (~0.4 s), a list of a million objects freed
 at once, a cyclic garbage collection walking them. Each of those would stop the loop as surely
 as running inline. So big documents are parsed and written a slice at a time, big lists freed

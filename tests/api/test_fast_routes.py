@@ -1,0 +1,119 @@
+"""The hot routes (produce, fetch) are served without FastAPI's dependency machinery
+(api/records.py, _FastRoute); every answer must be the one the documented route gives."""
+
+from __future__ import annotations
+
+import pytest
+from starlette.routing import Match
+
+from api import records
+
+RAW = records.RECORD_BATCH_MEDIA_TYPE
+
+# (taken by a fast route, method, path, headers, JSON body): parameters the fast route reads and
+# ones it leaves to the documented route
+REQUESTS = [
+    (True, "GET", "/v1/topics/t/partitions/1/records", {}, None),
+    (True, "GET", "/v1/topics/t/partitions/1/records?offset=1&max_records=2", {}, None),
+    (True, "GET", "/v1/topics/t/partitions/1/records?offset=2&max_bytes=1&key_format=base64&value_format=json", {}, None),
+    (True, "GET", "/v1/topics/t/partitions/1/records?offset=0&max_records=100000&max_bytes=67108864", {}, None),
+    (True, "GET", "/v1/topics/t/partitions/1/records?offset=1", {"accept": RAW}, None),
+    (True, "GET", "/v1/topics/t/partitions/01/records?offset=1&offset=0&unknown=3", {}, None),
+    (True, "GET", "/v1/topics/t/partitions/1/records?offset=9", {}, None),
+    (True, "GET", "/v1/topics/t/partitions/7/records", {}, None),
+    (True, "GET", "/v1/topics/nope/partitions/0/records", {}, None),
+    (False, "GET", "/v1/topics/t/partitions/x/records", {}, None),
+    (False, "GET", "/v1/topics/t/partitions/-1/records", {}, None),
+    (False, "GET", "/v1/topics/t/partitions/1/records?offset=-1", {}, None),
+    (False, "GET", "/v1/topics/t/partitions/1/records?offset=", {}, None),
+    (False, "GET", "/v1/topics/t/partitions/1/records?offset=+1", {}, None),
+    (False, "GET", "/v1/topics/t/partitions/1/records?offset=1.0", {}, None),
+    (False, "GET", "/v1/topics/t/partitions/1/records?max_records=0", {}, None),
+    (False, "GET", "/v1/topics/t/partitions/1/records?max_records=100001", {}, None),
+    (False, "GET", "/v1/topics/t/partitions/1/records?max_bytes=67108865", {}, None),
+    (False, "GET", "/v1/topics/t/partitions/1/records?max_wait_ms=300001", {}, None),
+    (False, "GET", "/v1/topics/t/partitions/1/records?key_format=hex", {}, None),
+    (False, "GET", "/v1/topics/t/partitions/1/records?offset=99999999999999999999999", {}, None),
+    (True, "POST", "/v1/topics/t/records", {}, {"records": []}),
+    (True, "POST", "/v1/topics/t/records", {}, {"records": [{"value": 1}]}),
+    (True, "POST", "/v1/topics/t/records", {"idempotency-key": " "}, {"records": [{"value": "v"}]}),
+    (True, "POST", "/v1/topics/nope/records", {}, {"records": [{"value": "v"}]}),
+    (True, "POST", "/v1/topics/__metadata/records", {}, {"records": [{"value": "v"}]}),
+    (True, "POST", "/v1/topics/t/partitions/1/records", {"if-match": "x"}, {"records": [{"value": "v"}]}),
+    (True, "POST", "/v1/topics/t/partitions/1/records", {"if-match": '"0"'}, {"records": [{"value": "v"}]}),
+    (True, "POST", "/v1/topics/t/partitions/1/records", {"content-type": "text/plain"}, None),
+    (True, "POST", "/v1/topics/t/partitions/9/records", {}, {"records": [{"value": "v"}]}),
+    (False, "POST", "/v1/topics/t/partitions/x/records", {}, {"records": [{"value": "v"}]}),
+    (False, "PUT", "/v1/topics/t/records", {}, None),
+    (False, "HEAD", "/v1/topics/t/partitions/1/records", {}, None),
+    (False, "DELETE", "/v1/topics/t/partitions/1/records", {}, None),
+]
+
+
+def _answers(server) -> list[tuple[int, str | None, bytes, dict[str, str]]]:
+    out = []
+    with server.client() as c:
+        assert c.post("/v1/topics", json={"name": "t", "partitions": 2}).status_code == 201
+        for i in range(3):
+            ok = c.post("/v1/topics/t/partitions/1/records", json={"records": [{"key": "aw==", "value": str(i), "timestamp": i}]})
+            assert ok.status_code == 200
+        for _fast, method, path, headers, body in REQUESTS:
+            r = c.request(method, path, headers=headers, json=body) if body is not None else c.request(method, path, headers=headers)
+            kept = {k: r.headers[k] for k in ("allow", "etag", "x-next-offset", "x-high-watermark", "content-type") if k in r.headers}
+            out.append((r.status_code, r.headers.get("content-type"), r.content, kept))
+    return out
+
+
+def test_every_answer_is_the_documented_routes(app_factory, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    taken: list[str] = []
+    matches = records._FastRoute.matches
+
+    def counting(self, scope):
+        match, child = matches(self, scope)
+        if match is Match.FULL:
+            taken.append(f"{scope['method']} {scope['path']}?{scope['query_string'].decode()}")
+        return match, child
+
+    monkeypatch.setattr(records._FastRoute, "matches", counting)
+    fast = _answers(app_factory(tmp_path / "fast").start())
+    assert taken[:3] == ["POST /v1/topics/t/partitions/1/records?"] * 3  # the set-up's produces
+    assert taken[3:] == [f"{m} {p}" if "?" in p else f"{m} {p}?" for fast, m, p, _h, _b in REQUESTS if fast]
+    monkeypatch.setattr(records._FastRoute, "matches", lambda self, scope: (Match.NONE, {}))
+    documented = _answers(app_factory(tmp_path / "documented").start())
+    for request, a, b in zip(REQUESTS, fast, documented):
+        assert a == b, request
+
+
+def test_the_hot_routes_stay_documented(app_server) -> None:
+    with app_server.client() as c:
+        paths = c.get("/openapi.json").json()["paths"]
+    assert paths["/v1/topics/{topic}/records"]["post"]["operationId"] == "produceRecords"
+    assert paths["/v1/topics/{topic}/partitions/{partition}/records"]["post"]["operationId"] == "produceToPartition"
+    assert paths["/v1/topics/{topic}/partitions/{partition}/records"]["get"]["operationId"] == "fetchRecords"
+
+
+def test_fast_routes_check_rights_as_the_dependencies_do(app_factory, tmp_path) -> None:
+    import json
+
+    auth = tmp_path / "auth.json"
+    auth.write_text(json.dumps({"tokens": [
+        {"name": "ops", "token": "admin-token-1", "role": "admin"},
+        {"name": "reader", "token": "reader-token-1", "role": "consumer", "topics": ["t"]},
+        {"name": "other", "token": "other-token-1", "role": "producer", "topics": ["u"]},
+    ]}))
+    server = app_factory(EVENTLOG_AUTH_FILE=str(auth)).start(token="admin-token-1")
+    with server.client() as c:
+        admin = {"authorization": "Bearer admin-token-1"}
+        assert c.post("/v1/topics", json={"name": "t", "partitions": 1}, headers=admin).status_code == 201
+        body = {"records": [{"value": "v"}]}
+        r = c.post("/v1/topics/t/records", json=body)
+        assert (r.status_code, r.json()["code"]) == (401, "unauthorized")
+        r = c.post("/v1/topics/t/records", json=body, headers={"authorization": "Bearer reader-token-1"})
+        assert (r.status_code, r.json()["detail"]) == (403, "role 'consumer' may not write")
+        r = c.post("/v1/topics/t/partitions/0/records", json=body, headers={"authorization": "Bearer other-token-1"})
+        assert (r.status_code, r.json()["detail"]) == (403, "'other' has no access to topic 't'")
+        r = c.get("/v1/topics/t/partitions/0/records", headers={"authorization": "Bearer other-token-1"})
+        assert (r.status_code, r.json()["detail"]) == (403, "role 'producer' may not read")
+        assert c.post("/v1/topics/t/records", json=body, headers=admin).status_code == 200
+        r = c.get("/v1/topics/t/partitions/0/records", headers={"authorization": "Bearer reader-token-1"})
+        assert r.status_code == 200 and [x["value"] for x in r.json()["records"]] == ["v"]
