@@ -26,7 +26,7 @@ cli = typer.Typer(
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 # False: `eventlog serve` without --processes or EVENTLOG_PROCESSES runs one process, as before
 # the shard family existed. True: it runs Settings.processes' default, one shard per core.
-SHARDS_BY_DEFAULT = False
+SHARDS_BY_DEFAULT = True
 
 
 def _settings(**overrides: object) -> Settings:
@@ -63,7 +63,7 @@ def serve(
         None, "--request-timeout-ms", help="time for a body to arrive, a GET to answer [env EVENTLOG_REQUEST_TIMEOUT_MS; 30000]"
     ),
     processes: Optional[int] = typer.Option(
-        None, "--processes", help="shard processes serving the data dir together; 1: one process [env EVENTLOG_PROCESSES; default 1]"
+        None, "--processes", help="shard processes serving the data dir together; 1: one process [env EVENTLOG_PROCESSES; default: the number of cores]"
     ),
 ) -> None:
     """Run the HTTP service until SIGTERM or SIGINT, then shut down cleanly."""

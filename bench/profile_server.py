@@ -191,7 +191,8 @@ class Server:
         self.log = open(directory / "server.log", "wb")  # noqa: SIM115 -- open while the server runs; stop() closes it
         exe = Path(sys.executable).with_name("eventlog")
         self.cmd = [str(exe), "serve", "--data-dir", str(directory / "data"), "--port", str(self.port)]
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        env = {**os.environ, "EVENTLOG_PROCESSES": os.environ.get("EVENTLOG_PROCESSES", "1")}  # one process, profiled
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:

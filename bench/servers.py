@@ -298,6 +298,9 @@ class EventlogServer(Server):
         port = free_port()
         cmd = [*base, "serve", "--data-dir", str(directory / "data"), "--port", str(port)]
         env = dict(os.environ)
+        # the benchmarks measure one process unless told otherwise (bench.http_shards and the
+        # capacity run pass --processes themselves)
+        env.setdefault("EVENTLOG_PROCESSES", "1")
         extracted = ctx.engine_source.get("extracted_to")
         if extracted:  # --engine-ref: the server imports that engine/
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [extracted, env.get("PYTHONPATH")]))

@@ -3,8 +3,8 @@
 Crash points
 
 `EVENTLOG_CRASH_AT=<point>[,<point>...]` (read once, at import) makes `crash_point(name)` send
-SIGKILL to its own process when it reaches a listed point; `<point>@<n>` waits for the n-th
-time. Unset (always, outside tests), a crash point is one failed truth test.
+SIGKILL to its own process when it reaches a listed point (a shard of a family to its supervisor
+first: the whole server dies); `<point>@<n>` waits for the n-th time. Unset (always, outside tests), a crash point is one failed truth test.
 
 Points:
     swap.after_swap_rename      replace_segments: new segments renamed .cleaned -> .swap
@@ -38,7 +38,25 @@ def crash_point(name: str) -> None:
         return
     _SEEN[name] = _SEEN.get(name, 0) + 1
     if _SEEN[name] >= _TARGETS[name]:
+        _supervisor_goes_too()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _supervisor_goes_too() -> None:
+    """A shard of a family (eventlog serve --processes N) takes its supervisor with it, and so
+    the whole family (PR_SET_PDEATHSIG): the point is a crash of the server, as in a single
+    process. A compaction worker process (its parent is a shard) dies alone."""
+    identity = os.environ.get("EVENTLOG_SHARD")
+    if not identity:
+        return
+    supervisor = orjson.loads(identity).get("supervisor_pid")
+    if supervisor and os.getppid() == supervisor:
+        os.kill(supervisor, signal.SIGKILL)
+        # let it be gone (its death SIGKILLs every shard, this one included) before this shard
+        # dies: a sibling must not see this one's socket close first and answer a request
+        deadline = time.monotonic() + 5
+        while os.getppid() == supervisor and time.monotonic() < deadline:
+            time.sleep(0.001)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping
 
 import anyio
+import orjson
 from anyio.abc import TaskGroup
 
 from . import filenames
@@ -1119,10 +1120,12 @@ class LogManager:
         for state, p, log in loaded:
             await tg.start(log.run)
             self._register_owned(log, state.meta.topic_id)
+        await anyio.to_thread.run_sync(self._write_offline_note)
         table.set_state(me, LOADED)
         forever = 365 * 86400.0  # a shard that dies while starting takes the family down
+        await table.wait_states(LOADED, forever)
+        await anyio.to_thread.run_sync(self._read_offline_notes)
         if self.is_controller:
-            await table.wait_states(LOADED, forever)
             await self._open_group_offsets()
             for d in self.dirs:
                 await anyio.to_thread.run_sync(d.clear_clean_shutdown)
@@ -1140,6 +1143,46 @@ class LogManager:
             "open-files limit %d", me, self.shard_count, len(self.image.topics), len(self.all_partitions()),
             len(self._offline), "clean" if clean else "unclean", BUDGET.limit,
         )
+        partitions = sum(len(state.partitions) for state in self.topics.values())  # each shard may read all
+        if partitions > BUDGET.max_partitions:
+            logger.warning(
+                "%d partitions, but the open-files limit of %d keeps only %d open at once: idle partitions' "
+                "descriptors are closed and reopened as needed, and no partitions can be added; raise the limit",
+                partitions, BUDGET.limit, BUDGET.max_partitions,
+            )
+
+    def _offline_note(self, shard: int) -> Path:
+        assert self.config.shard is not None
+        return self.config.shard.run_dir / f"offline-{shard}.json"
+
+    def _write_offline_note(self) -> None:
+        """The partitions this shard could not load, with why, for the others (run dir)."""
+        notes = [
+            {"topic": o.topic, "partition": o.partition, "path": str(o.error.path), "reason": o.error.reason}
+            for o in self._offline.values()
+        ]
+        self._offline_note(self.shard_index).write_bytes(orjson.dumps(notes))
+
+    def _read_offline_notes(self) -> None:
+        """Partitions other shards could not load are offline here too, with their reasons
+        (a request for one answers as on its owner)."""
+        for shard in range(self.shard_count):
+            if shard == self.shard_index:
+                continue
+            try:
+                notes = orjson.loads(self._offline_note(shard).read_bytes())
+            except (FileNotFoundError, orjson.JSONDecodeError):
+                continue
+            for note in notes:
+                state = self.topics.get(note["topic"])
+                p = note["partition"]
+                if state is None or not 0 <= p < len(state.partitions) or not isinstance(state.partitions[p], FollowedPartition):
+                    continue
+                followed = state.partitions[p]
+                self._unfollow(followed)
+                log_dir = self._find_partition_dir(state.name, p) or self.dirs[0]
+                error = StorageError(note["path"], note["reason"])
+                state.partitions[p] = OfflinePartition(state.name, p, followed.directory, log_dir, state.config, error)
 
     async def _follow_metadata_log(self) -> None:
         """A follower: wait for shard 0 to publish the metadata log, then replay it."""

@@ -64,6 +64,7 @@ def _answers(server) -> list[tuple[int, str | None, bytes, dict[str, str]]]:
     return out
 
 
+@pytest.mark.in_process_only  # patches the app's routing in this process
 def test_every_answer_is_the_documented_routes(app_factory, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     taken: list[str] = []
     matches = records._FastRoute.matches

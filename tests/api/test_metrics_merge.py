@@ -135,6 +135,7 @@ def test_conflicting_types_are_refused() -> None:
         merge_expositions([counter, gauge])
 
 
+@pytest.mark.in_process_only  # sets the apps' peers in this process
 def test_metrics_route_answers_for_the_family(app_factory, tmp_path: Path) -> None:
     """Two real apps, each with its own engine and partitions: the first one's /metrics, with
     the second as its peer, sums their counters and shows both one's partition gauges."""
