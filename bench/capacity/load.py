@@ -39,7 +39,11 @@ conv=fdatasync (1 GiB, before and after the eventlog cells) and dd of a warm 1 G
 
 Every cell records the server's CPU in cores (utime + stime + cutime + cstime of the server
 process and every live process under it, from /proc, before and after, per wall second), the
-load generators' cores, and the whole machine's busy cores (/proc/stat).
+load generators' cores, the whole machine's busy cores (/proc/stat) and what was left of them
+(other work, interrupts). A cell starts once everything but the idle server used less than 0.25
+cores for a second (at most 60 s of waiting; the cell says how long and whether it got quiet):
+on a dedicated machine that passes at once, on a shared one it keeps other sessions' load from
+taking the server's cores.
 """
 
 from __future__ import annotations
@@ -178,8 +182,9 @@ class Meter:
     """Cores used between start and stop by a server's process tree, by this process's waited
     children (wrk, redis-benchmark, client processes) and by the whole machine."""
 
-    def __init__(self, server_pid: int) -> None:
+    def __init__(self, server_pid: int, gate: dict[str, object] | None = None) -> None:
         self.pid = server_pid
+        self.gate = quiet_gate(server_pid) if gate is None else gate
         self.t0 = time.perf_counter()
         self.server0 = tree_cpu_s(server_pid)
         self.clients0 = _children_cpu_s()
@@ -187,12 +192,36 @@ class Meter:
 
     def stop(self) -> dict[str, float]:
         wall = time.perf_counter() - self.t0
+        server = (tree_cpu_s(self.pid) - self.server0) / wall
+        clients = (_children_cpu_s() - self.clients0) / wall
+        machine = (machine_busy_s() - self.busy0) / wall
         return {
             "wall_s": round(wall, 3),
-            "server_cores": round((tree_cpu_s(self.pid) - self.server0) / wall, 2),
-            "client_cores": round((_children_cpu_s() - self.clients0) / wall, 2),
-            "machine_cores": round((machine_busy_s() - self.busy0) / wall, 2),
+            "server_cores": round(server, 2),
+            "client_cores": round(clients, 2),
+            "machine_cores": round(machine, 2),
+            # other sessions (and interrupts): on a shared machine they take the server's cores
+            "other_cores": round(max(0.0, machine - server - clients), 2),
+            "start_gate": self.gate,
         }
+
+
+QUIET_CORES = 0.25
+QUIET_WAIT_S = 60.0
+
+
+def quiet_gate(server_pid: int) -> dict[str, object]:
+    """Wait (at most QUIET_WAIT_S) until everything but the idle server used less than
+    QUIET_CORES over a second: a machine shared with other work (the development machine)
+    would otherwise lend the server fewer cores than it has. Passes at once on a dedicated one."""
+    start = time.monotonic()
+    while True:
+        own0, busy0 = tree_cpu_s(server_pid), machine_busy_s()
+        time.sleep(1.0)
+        others = max(0.0, (machine_busy_s() - busy0) - (tree_cpu_s(server_pid) - own0))
+        waited = time.monotonic() - start
+        if others < QUIET_CORES or waited > QUIET_WAIT_S:
+            return {"waited_s": round(waited, 1), "quiet": others < QUIET_CORES}
 
 
 def _children_cpu_s() -> float:
@@ -363,6 +392,7 @@ def client_processes(
     target: object, port: int, count: int, seconds: int, cpus: Cpus, server_pid: int
 ) -> dict[str, object]:
     """`count` client processes started together; records/s over the cell."""
+    gate = quiet_gate(server_pid)
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     start = time.time() + 1.0  # all of them forked and connected first
@@ -371,7 +401,7 @@ def client_processes(
     for p in procs:
         p.start()
     time.sleep(max(0.0, start - time.time()))
-    meter = Meter(server_pid)
+    meter = Meter(server_pid, gate)
     got = [results.get(timeout=seconds + 180) for _ in procs]
     for p in procs:
         p.join()

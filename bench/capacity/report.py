@@ -3,7 +3,8 @@
 bench/results/capacity-<host>.json and .png.
 
 The JSON keeps every line (the machine, each cell, each server's exit) and adds, per N, the best
-cell of each kind with the server cores it used, the peers' best figures, and the issue's goals
+cell of each kind with the server cores it used (best among the cells during which other work
+used less than a quarter of a core, where there are such: on a shared machine), the peers' best figures, and the issue's goals
 for a 16-core machine as summary rows: judged (met or not) on a machine with 16 CPUs or more,
 informational on a smaller one, where client and server share too few cores for them to mean
 anything.
@@ -46,8 +47,14 @@ def load(paths: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
     return machines, cells
 
 
+QUIET_CORES = 0.25
+
+
 def _best(cells: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
-    return max(cells, key=lambda c: c[key]) if cells else None
+    """The best of `cells` by `key`, among those during which other work used less than
+    QUIET_CORES (all of them on a dedicated machine); among all when none was that quiet."""
+    quiet = [c for c in cells if c.get("other_cores", 0.0) < QUIET_CORES]
+    return max(quiet or cells, key=lambda c: c[key]) if cells else None
 
 
 def summarize(machines: list[dict[str, Any]], cells: list[dict[str, Any]]) -> dict[str, Any]:
@@ -63,6 +70,7 @@ def summarize(machines: list[dict[str, Any]], cells: list[dict[str, Any]]) -> di
             best = _best(of(system="eventlog", processes=n, cell=kind), key)
             if best is not None:
                 row[kind] = {key: best[key], "server_cores": best["server_cores"],
+                             "other_cores": best.get("other_cores"),
                              **{k: best[k] for k in ("partitions", "connections", "client_processes") if k in best}}
         eventlog_cells = [c for c in of(system="eventlog", processes=n) if "server_cores" in c]
         row["max_server_cores"] = max((c["server_cores"] for c in eventlog_cells), default=None)
@@ -74,11 +82,12 @@ def summarize(machines: list[dict[str, Any]], cells: list[dict[str, Any]]) -> di
             best = _best([c for c in of(system="redis", aof=aof, cell=kind) if "records_per_s" in c], "records_per_s")
             if best is not None:
                 peers[f"redis {aof} {kind}"] = {"records_per_s": best["records_per_s"], "server_cores": best["server_cores"],
+                                                "other_cores": best.get("other_cores"),
                                                 **{k: best[k] for k in ("connections", "client_processes") if k in best}}
     for kind in ("dd-write", "page-cache-read"):
         rates = [c["mb_per_s"] for c in of(system="dd", cell=kind)]
         if rates:
-            peers[kind] = {"median_mb_per_s": statistics.median(rates), "mb_per_s": rates}
+            peers[kind] = {"median_mb_per_s": round(statistics.median(rates), 1), "mb_per_s": rates}
     return {
         "processes_measured": counts,
         "by_processes": by_n,
@@ -152,9 +161,10 @@ def plot(document: dict[str, Any], path: Path) -> None:
     def series(kind: str, key: str, **match: Any) -> list[float | None]:
         out = []
         for n in ns:
-            values = [c[key] for c in cells if c.get("system") == "eventlog" and c.get("processes") == n
-                      and c.get("cell") == kind and all(c.get(k) == v for k, v in match.items())]
-            out.append(max(values) if values else None)
+            found = [c for c in cells if c.get("system") == "eventlog" and c.get("processes") == n
+                     and c.get("cell") == kind and all(c.get(k) == v for k, v in match.items())]
+            best = _best(found, key)
+            out.append(best[key] if best else None)
         return out
 
     ax = axes[0][0]
