@@ -26,7 +26,7 @@ from engine.errors import (
     StorageError,
     TopicDeletedError,
 )
-from engine.partition_log import INLINE_READ_BYTES
+from engine.log_reads import INLINE_READ_BYTES
 from engine.produce import INLINE_RECORDS, ProduceService
 from engine.reader import RecordsResult
 from engine.slicing import dumps_parts, free_in_slices, gc_paused

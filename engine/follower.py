@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import anyio
 
-from . import filenames, reader
+from . import filenames
 from .config import LogConfig
+from .descriptors import BUDGET
 from .errors import (
-    CorruptDataError,
     CorruptIndexError,
     LogClosedError,
     PartitionOfflineError,
@@ -39,11 +39,10 @@ from .errors import (
     StorageError,
     TopicDeletedError,
 )
-from .descriptors import BUDGET
 from .fileutil import FileHandle
 from .index_builder import IndexBuilder
+from .log_reads import LogReads
 from .offset_index import OffsetIndex
-from .reader import FetchSlice
 from .segment import LogSegment
 from .segments import LogView
 from .shards import CHANGING, SlotState
@@ -54,9 +53,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("eventlog.engine")
 
-LARGE_READ_BYTES = 64 * 1024
-INLINE_READ_RECORDS = 1000
-INLINE_READ_BYTES = 1024 * 1024
 # the active segment's index entries are read again once this much more has been published
 ACTIVE_REFRESH_BYTES = 1024 * 1024
 
@@ -220,7 +216,7 @@ def _prefix(mask: Any) -> int:
     return int(bad[0]) if len(bad) else len(mask)
 
 
-class FollowedPartition:
+class FollowedPartition(LogReads):
     """A partition owned by another shard (see the module's doc)."""
 
     def __init__(
@@ -354,24 +350,9 @@ class FollowedPartition:
             return LogView.build(tuple(segments), max(state.log_start_offset, segments[0].base_offset), state.high_watermark, state.active_end)
         raise StorageError(self.directory, "the segment list kept changing while it was read")
 
-    @property
-    def high_watermark(self) -> int:
-        return self.view.high_watermark
+    # -- reads (log_reads.LogReads, once more on a fresh listing) -----------------------------
 
-    @property
-    def log_start_offset(self) -> int:
-        return self.view.log_start_offset
-
-    @property
-    def log_end_offset(self) -> int:
-        return self.view.high_watermark
-
-    # -- reads (as PartitionLog's) ------------------------------------------------------------
-
-    def check_offset(self, offset: int, view: LogView | None = None) -> LogView:
-        return reader.check_offset(view or self.view, offset)
-
-    def _again(self, fn: Any, *args: Any) -> Any:
+    def _on_view(self, fn: Any, *args: Any) -> Any:
         """fn(view, *args); once more on a fresh listing if a file went away under the view
         (retention or a compaction swap renamed it while this shard's view listed it)."""
         try:
@@ -382,62 +363,14 @@ class FollowedPartition:
             self._state = self._view = None
             return fn(self.view, *args)
 
-    def fetch_slice(self, offset: int, max_bytes: int) -> FetchSlice | None:
+    async def _on_view_async(self, fn: Any, *args: Any) -> Any:
         try:
-            return self._again(reader.fetch_slice, offset, max_bytes)
-        except OSError as exc:
-            raise self._read_error(exc) from exc
-
-    async def read_slice(self, slice_: FetchSlice) -> bytes | memoryview:
-        try:
-            if slice_.size <= LARGE_READ_BYTES:
-                return slice_.read()
-            data = slice_.read_if_cached()
-            if data is not None:
-                return data
-            return await anyio.to_thread.run_sync(slice_.read)
-        except OSError as exc:
-            raise self._read_error(exc) from exc
-
-    async def read_records(self, offset: int, max_records: int, max_bytes: int) -> reader.RecordsResult:
-        try:
-            try:
-                return await self._read_records(self.view, offset, max_records, max_bytes)
-            except (OSError, StorageError) as exc:
-                if not _gone(exc):
-                    raise
-                self._state = self._view = None  # a file went away under the view: list again
-                return await self._read_records(self.view, offset, max_records, max_bytes)
-        except OSError as exc:
-            raise self._read_error(exc) from exc
-        except CorruptDataError as exc:
-            self.corrupt_batches["read"] += 1
-            logger.error("%s: read refused: %s", self.name, exc)
-            raise
-
-    async def _read_records(self, view: LogView, offset: int, max_records: int, max_bytes: int) -> reader.RecordsResult:
-        if max_records <= INLINE_READ_RECORDS and max_bytes <= INLINE_READ_BYTES:
-            try:
-                return reader.read_records(view, offset, max_records, max_bytes, cached_only=True)
-            except reader.NotCached:
-                pass
-        return await anyio.to_thread.run_sync(reader.read_records, view, offset, max_records, max_bytes)
-
-    def _read_error(self, exc: OSError) -> StorageError:
-        logger.error("%s: read failed: %s", self.name, exc)
-        return StorageError(exc.filename or self.directory, f"read failed: {exc.strerror or exc}")
-
-    async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        try:
-            return self._again(reader.offset_for_timestamp, timestamp)
-        except OSError as exc:
-            raise self._read_error(exc) from exc
-
-    async def max_timestamp_offset(self) -> tuple[int, int] | None:
-        try:
-            return self._again(reader.max_timestamp_offset)
-        except OSError as exc:
-            raise self._read_error(exc) from exc
+            return await fn(self.view, *args)
+        except (OSError, StorageError) as exc:
+            if not _gone(exc):
+                raise
+            self._state = self._view = None
+            return await fn(self.view, *args)
 
     # -- waiting for data ---------------------------------------------------------------------
 

@@ -45,17 +45,29 @@ import anyio
 import orjson
 from anyio.abc import TaskGroup
 
-from . import filenames
-from .checkpoints import CLEANER_OFFSET, LEADER_EPOCH, LOG_START_OFFSET, RECOVERY_POINT, write_leader_epoch_checkpoint
-from .config import CONFIG_DEFS, LogConfig, normalise_overrides, validate_new_topic_name, validate_topic_name
+from . import filenames, kafka_import
+from .checkpoints import (
+    CLEANER_OFFSET,
+    LEADER_EPOCH,
+    LOG_START_OFFSET,
+    RECOVERY_POINT,
+    write_leader_epoch_checkpoint,
+)
+from .config import (
+    CONFIG_DEFS,
+    LogConfig,
+    normalise_overrides,
+    validate_new_topic_name,
+    validate_topic_name,
+)
 from .descriptors import BUDGET, raise_open_files_limit
 from .errors import (
     DataDirError,
     EngineError,
     InvalidConfigError,
-    InvalidTopicNameError,
     InvalidPartitionsError,
     InvalidRequestError,
+    InvalidTopicNameError,
     LogClosedError,
     OpenFilesLimitError,
     PartitionNotFoundError,
@@ -64,10 +76,10 @@ from .errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from . import kafka_import
 from .fileutil import fsync_dir, io_errors, replace_file
-from .log_dirs import CleanTail, LogDir
+from .follower import FollowedPartition
 from .groups import CONSUMER_OFFSETS_CONFIG, GroupOffsets
+from .log_dirs import CleanTail, LogDir
 from .metadata import (
     CONSUMER_OFFSETS_TOPIC,
     INTERNAL_TOPICS,
@@ -79,12 +91,12 @@ from .metadata import (
     new_topic_id,
 )
 from .partition_log import PartitionLog, PreparedBatch, prepare_batches, wall_clock_ms
+from .producer_state import DEFAULT_EXPIRATION_MS, ProducerStateManager
+from .producer_state import rebuild as rebuild_producer_state
 from .reader import read_records
 from .records import encode_batch
-from .producer_state import DEFAULT_EXPIRATION_MS, ProducerStateManager, rebuild as rebuild_producer_state
 from .recovery import LoadStats, load_log
 from .segment import LogSegment
-from .follower import FollowedPartition
 from .shards import (
     CHANGING,
     DELETED,
@@ -277,31 +289,7 @@ class LogManager:
         clean = all(d.had_clean_shutdown for d in self.dirs)
         await self._load_metadata(tg)
         await anyio.to_thread.run_sync(self._remove_deleted_topic_dirs)
-        loaded: list[tuple[TopicState, int, PartitionLog]] = []
-
-        async def load_one(state: TopicState, p: int) -> None:
-            try:
-                log = await self._load_partition(state.name, p, state.config, state.meta.topic_id)
-            except Exception as exc:  # noqa: BLE001 -- one partition's failure must not stop the others
-                self._set_offline(state, p, exc)
-                return
-            loaded.append((state, p, log))
-
-        states = []
-        for name, meta in self.image.topics.items():
-            state = TopicState(meta, self.config.default_log_config.with_overrides(meta.overrides))
-            state.partitions = [None] * meta.partitions  # type: ignore[list-item]
-            states.append(state)
-        async with anyio.create_task_group() as loaders:
-            for state in states:
-                for p in range(state.meta.partitions):
-                    loaders.start_soon(load_one, state, p)
-        for state in states:
-            self.topics[state.name] = state
-        for state, p, log in loaded:
-            state.partitions[p] = log
-        for (topic, p), offline in self._offline.items():
-            self.topics[topic].partitions[p] = offline
+        loaded = await self._load_topics()
         for state, p, log in loaded:
             await tg.start(log.run)
         await self._open_group_offsets()
@@ -322,6 +310,42 @@ class LogManager:
                 "descriptors are closed and reopened as needed, and no partitions can be added; raise the limit",
                 partitions, BUDGET.limit, BUDGET.max_partitions,
             )
+
+    async def _load_topics(self) -> list[tuple[TopicState, int, PartitionLog]]:
+        """Publish a topic state for every topic of the image: the partitions this process owns
+        loaded in parallel (recovery; one that fails goes offline alone), the others followed
+        (in a shard family). Returns the loaded ones, whose writers are not started yet."""
+        loaded: list[tuple[TopicState, int, PartitionLog]] = []
+
+        async def load_one(state: TopicState, p: int) -> None:
+            try:
+                log = await self._load_partition(state.name, p, state.config, state.meta.topic_id)
+            except Exception as exc:
+                self._set_offline(state, p, exc)
+                return
+            loaded.append((state, p, log))
+
+        states = []
+        for name, meta in self.image.topics.items():
+            if name == METADATA_TOPIC:
+                continue
+            state = TopicState(meta, self.config.default_log_config.with_overrides(meta.overrides))
+            state.partitions = [None] * meta.partitions  # type: ignore[list-item]
+            states.append(state)
+        async with anyio.create_task_group() as loaders:
+            for state in states:
+                for p in range(state.meta.partitions):
+                    if self.owns(state.name, p):
+                        loaders.start_soon(load_one, state, p)
+                    else:
+                        state.partitions[p] = self._follow(state.name, state.meta.topic_id, p, state.config)  # type: ignore[call-overload]
+        for state in states:
+            self.topics[state.name] = state
+        for state, p, log in loaded:
+            state.partitions[p] = log
+        for (topic, p), offline in self._offline.items():
+            self.topics[topic].partitions[p] = offline
+        return loaded
 
     def _set_offline(self, state: TopicState, p: int, exc: Exception) -> None:
         """Start-up could not load partition p of `state`: keep its place, serve nothing."""
@@ -900,7 +924,7 @@ class LogManager:
                     await self._write_checkpoints(d)
                 except DataDirError as exc:
                     self._lose_dir(d, exc)
-                except Exception:  # noqa: BLE001 -- keep checkpointing; the error is logged
+                except Exception:
                     logger.exception("writing checkpoints failed")
 
     def _lose_dir(self, log_dir: LogDir, error: DataDirError) -> None:
@@ -1087,36 +1111,7 @@ class LogManager:
             self._register_owned(self.metadata_log, "")
         else:
             await self._follow_metadata_log()
-        loaded: list[tuple[TopicState, int, PartitionLog]] = []
-
-        async def load_one(state: TopicState, p: int) -> None:
-            try:
-                log = await self._load_partition(state.name, p, state.config, state.meta.topic_id)
-            except Exception as exc:  # noqa: BLE001 -- one partition's failure must not stop the others
-                self._set_offline(state, p, exc)
-                return
-            loaded.append((state, p, log))
-
-        states = []
-        for name, meta in self.image.topics.items():
-            if name == METADATA_TOPIC:
-                continue
-            state = TopicState(meta, self.config.default_log_config.with_overrides(meta.overrides))
-            state.partitions = [None] * meta.partitions  # type: ignore[list-item]
-            states.append(state)
-        async with anyio.create_task_group() as loaders:
-            for state in states:
-                for p in range(state.meta.partitions):
-                    if self.owns(state.name, p):
-                        loaders.start_soon(load_one, state, p)
-                    else:
-                        state.partitions[p] = self._follow(state.name, state.meta.topic_id, p, state.config)  # type: ignore[call-overload]
-        for state in states:
-            self.topics[state.name] = state
-        for state, p, log in loaded:
-            state.partitions[p] = log
-        for (topic, p), offline in self._offline.items():
-            self.topics[topic].partitions[p] = offline
+        loaded = await self._load_topics()
         for state, p, log in loaded:
             await tg.start(log.run)
             self._register_owned(log, state.meta.topic_id)
@@ -1239,7 +1234,7 @@ class LogManager:
                 await self.catch_up_metadata()
             except LogClosedError:
                 return
-            except Exception:  # noqa: BLE001 -- keep following; logged
+            except Exception:
                 logger.exception("following the metadata log failed")
                 await anyio.sleep(1)
 
@@ -1286,7 +1281,7 @@ class LogManager:
             if log is None:
                 try:
                     log = await self._load_partition(state.name, p, state.config, state.meta.topic_id)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     self._set_offline(state, p, exc)
                     out.append(self._offline[(state.name, p)])
                     continue

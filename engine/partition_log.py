@@ -38,7 +38,6 @@ from . import filenames
 from .config import LogConfig
 from .errors import (
     CorruptBatchError,
-    CorruptDataError,
     EngineError,
     InflatedTooLargeError,
     KeyRequiredError,
@@ -49,8 +48,8 @@ from .errors import (
     RecordTooLargeError,
     StorageError,
     StorageFullError,
-    TransientStorageError,
     TopicDeletedError,
+    TransientStorageError,
 )
 from .faults import crash_point
 from .fileutil import fsync_dir
@@ -62,11 +61,10 @@ from .format import (
     set_base_offset,
     set_log_append_time,
 )
+from .log_reads import LogReads
 from .producer_state import DEFAULT_EXPIRATION_MS, ProducerEntry, ProducerStateManager
 from .records import check_records_framing
 from .segment import AppendBatch, LogSegment
-from . import reader
-from .reader import FetchSlice
 from .segments import LogView
 
 logger = logging.getLogger("eventlog.engine")
@@ -75,10 +73,6 @@ Clock = Callable[[], int]
 
 QUEUE_DEPTH = 1024
 MAX_GROUP_BYTES = 32 * 1024 * 1024
-LARGE_READ_BYTES = 64 * 1024
-# read_records decodes on the event loop only up to these (fetch's defaults, an SSE chunk)
-INLINE_READ_RECORDS = 1000
-INLINE_READ_BYTES = 1024 * 1024
 
 
 # Group commits run in these threads. A plain executor future costs less per hop than
@@ -218,7 +212,7 @@ class _Call(_Op):
     after: Callable[["PartitionLog", Any], Awaitable[Any]] | None = None
 
 
-class PartitionLog:
+class PartitionLog(LogReads):
     def __init__(
         self,
         topic: str,
@@ -284,20 +278,6 @@ class PartitionLog:
 
     def __repr__(self) -> str:
         return f"PartitionLog({self.name})"
-
-    # -- offsets ------------------------------------------------------------------------------
-
-    @property
-    def high_watermark(self) -> int:
-        return self.view.high_watermark
-
-    @property
-    def log_start_offset(self) -> int:
-        return self.view.log_start_offset
-
-    @property
-    def log_end_offset(self) -> int:
-        return self.view.high_watermark
 
     # -- the writer task ----------------------------------------------------------------------
 
@@ -395,7 +375,7 @@ class PartitionLog:
             if self._failed is not None:
                 raise self._failed
             await _in_commit_thread(self._loop, self._commit_sync, group)
-        except BaseException as exc:  # noqa: BLE001 -- every producer must hear about it
+        except BaseException as exc:
             error = exc if isinstance(exc, EngineError) else StorageError(self.directory, f"append failed: {exc!r}")
             if isinstance(error, StorageError) and not isinstance(error, TransientStorageError):
                 self._failed = error
@@ -422,7 +402,7 @@ class PartitionLog:
             if op.after is not None:
                 result = await op.after(self, result)
             op.result = result
-        except Exception as exc:  # noqa: BLE001 -- handed to the caller
+        except Exception as exc:
             op.error = exc
         finally:
             op.done.set()
@@ -779,66 +759,6 @@ class PartitionLog:
                 self._files_changing(False)
 
     # -- reads (any task) ---------------------------------------------------------------------
-
-    def check_offset(self, offset: int, view: LogView | None = None) -> LogView:
-        return reader.check_offset(view or self.view, offset)
-
-    def fetch_slice(self, offset: int, max_bytes: int) -> FetchSlice | None:
-        try:
-            return reader.fetch_slice(self.view, offset, max_bytes)
-        except OSError as exc:
-            raise self._read_error(exc) from exc
-
-    async def read_slice(self, slice_: FetchSlice) -> bytes | memoryview:
-        """The bytes of a slice: on the event loop when small or already in the page cache,
-        otherwise in a worker thread, so a read that must wait for the disk never blocks it."""
-        try:
-            if slice_.size <= LARGE_READ_BYTES:
-                return slice_.read()
-            data = slice_.read_if_cached()
-            if data is not None:
-                return data
-            return await anyio.to_thread.run_sync(slice_.read)
-        except OSError as exc:
-            raise self._read_error(exc) from exc
-
-    async def read_records(self, offset: int, max_records: int, max_bytes: int) -> reader.RecordsResult:
-        """Decoded records from `offset` on (at most `max_records`, about `max_bytes` of batches):
-        on the event loop when the read is small (INLINE_READ_RECORDS, INLINE_READ_BYTES) and
-        the page cache holds the data, else in a worker thread (decoding costs about 1 us a
-        record: 100 000 of them inline would stop the loop for a tenth of a second)."""
-        view = self.view
-        try:
-            if max_records <= INLINE_READ_RECORDS and max_bytes <= INLINE_READ_BYTES:
-                try:
-                    return reader.read_records(view, offset, max_records, max_bytes, cached_only=True)
-                except reader.NotCached:
-                    pass
-            return await anyio.to_thread.run_sync(reader.read_records, view, offset, max_records, max_bytes)
-        except OSError as exc:
-            raise self._read_error(exc) from exc
-        except CorruptDataError as exc:
-            self.corrupt_batches["read"] += 1
-            logger.error("%s: read refused: %s", self.name, exc)
-            raise
-
-    def _read_error(self, exc: OSError) -> StorageError:
-        """A failed read (EIO: a bad sector) fails that request only; the log stays usable."""
-        logger.error("%s: read failed: %s", self.name, exc)
-        return StorageError(exc.filename or self.directory, f"read failed: {exc.strerror or exc}")
-
-    async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """Kafka's ListOffsets by time (a few index searches and small reads: inline)."""
-        try:
-            return reader.offset_for_timestamp(self.view, timestamp)
-        except OSError as exc:
-            raise self._read_error(exc) from exc
-
-    async def max_timestamp_offset(self) -> tuple[int, int] | None:
-        try:
-            return reader.max_timestamp_offset(self.view)
-        except OSError as exc:
-            raise self._read_error(exc) from exc
 
     async def wait_for_data(self, offset: int, timeout_s: float) -> bool:
         """Wait until the high watermark passes `offset` (woken by the writer's publish, not by

@@ -346,7 +346,7 @@ class ShardChannel:
             pass
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 -- a reply that does not unpickle
+        except Exception:
             logger.exception("shard channel to shard %d: bad reply", peer.shard)
         peer.broken = True
         peer.dead = True
@@ -371,7 +371,7 @@ class ShardChannel:
                     if handler is not None:
                         try:
                             handler(*args)
-                        except Exception:  # noqa: BLE001 -- one bad note must not end the connection
+                        except Exception:
                             logger.exception("shard note %s failed", kind)
                     continue
                 self._spawn(self._answer(writer, rid, kind, handler, args))
@@ -392,13 +392,13 @@ class ShardChannel:
             reply = (rid, True, await handler(*args))
         except asyncio.CancelledError:
             reply = (rid, False, ShardUnavailableError(self.index, "shutting down"))
-        except Exception as exc:  # noqa: BLE001 -- the caller gets the error
+        except Exception as exc:
             reply = (rid, False, exc)
         if writer.is_closing():
             return
         try:
             _send(writer, reply)
-        except Exception as exc:  # noqa: BLE001 -- an answer that does not pickle
+        except Exception as exc:
             logger.exception("shard call %s: answer does not pickle", kind)
             _send(writer, (rid, False, EngineError(f"{kind}: {type(exc).__name__}: {exc}")))
 

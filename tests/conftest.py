@@ -239,17 +239,7 @@ def app_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator:
     if TEST_PROCESSES is not None and TEST_PROCESSES > 1:
         if request.node.get_closest_marker("in_process_only") is not None:
             pytest.skip(f"looks inside the app in this process; EVENTLOG_TEST_PROCESSES={TEST_PROCESSES} runs a shard family")
-        processes: list[ServerProcess] = []
-
-        def make_family(data_dir: Path | None = None, **env: str) -> ServerProcess:
-            server = ServerProcess(data_dir or tmp_path / "data", env=env)
-            processes.append(server)
-            return server
-
-        yield make_family
-        for server in processes:
-            if server.proc is not None and server.proc.poll() is None:
-                server.kill()
+        yield request.getfixturevalue("server_factory")  # ServerProcess, at TEST_PROCESSES
         return
     started: list[InProcessServer] = []
 
