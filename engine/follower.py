@@ -15,12 +15,11 @@ its .deleted name (the owner unlinks those only after file.delete.delay.ms).
 Nothing here writes a file: an index that fails its sanity check is rebuilt in memory.
 
 Writes (appends, delete-records, rolls) are calls to the owner over the shard channel;
-wait_for_data is woken by the owner's notes (LogManager._on_partition_note).
+wait_for_data is woken by the owner's notes (LogManager._on_wake).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from pathlib import Path
@@ -71,6 +70,8 @@ class FollowerSegment(LogSegment):
         self._max_timestamp, self._offset_of_max_timestamp = builder.max_timestamp, builder.offset_of_max_timestamp
 
     inode: int | None = None  # of the .log this segment was listed as (closed segments)
+    _file_offsets: Any = None  # the active segment's index entries read from its files so far
+    _file_times: Any = None
     index_inodes: dict[str, int] = {}  # of its .index and .timeindex, as listed
 
     def _verify_indexes(self) -> None:
@@ -171,18 +172,18 @@ class FollowerSegment(LogSegment):
         return segment
 
     def refresh_active(self, end: int, high_watermark: int) -> None:
-        """Read the active segment's index entries again, those below `end` (and the high
-        watermark): the same segment object, so its open descriptor stays in use."""
-        index_path, time_path = self._offset_index.path, self._time_index.path
+        """Read the active segment's new index entries, those below `end` (and the high
+        watermark): the same segment object, so its open descriptor stays in use. Entries below
+        the published end never change, so only the file's bytes past those held are read."""
         max_bytes = self._offset_index.max_entries * OffsetIndex.ENTRY_SIZE
-        offsets = _read_entries(index_path, OffsetIndex)
+        self._file_offsets = offsets = _more_entries(self._offset_index.path, OffsetIndex, self._file_offsets)
         if len(offsets):
             offsets = offsets[: _prefix(offsets["position"] < end)]
-        times = _read_entries(time_path, TimeIndex)
+        self._file_times = times = _more_entries(self._time_index.path, TimeIndex, self._file_times)
         if len(times):
             times = times[: _prefix(times["relative_offset"].astype("i8") + self.base_offset < high_watermark)]
-        self._offset_index = OffsetIndex.in_memory(index_path, self.base_offset, max_bytes, offsets.tobytes())
-        self._time_index = TimeIndex.in_memory(time_path, self.base_offset, max_bytes, times.tobytes())
+        self._offset_index = OffsetIndex.in_memory(self._offset_index.path, self.base_offset, max_bytes, offsets.tobytes())
+        self._time_index = TimeIndex.in_memory(self._time_index.path, self.base_offset, max_bytes, times.tobytes())
         self._indexes_verified = True
         self._max_timestamp = self._next_offset = None  # facts of a growing segment: computed again
         self.size = max(self.size, end)
@@ -197,15 +198,21 @@ def _gone(exc: BaseException) -> bool:
     return False
 
 
-def _read_entries(path: Path, kind: type) -> Any:
+def _more_entries(path: Path, kind: type, held: Any) -> Any:
+    """`held` (the entries of the file at `path` read before, or None), then those the file
+    holds after them."""
     import numpy as np
 
+    if held is None:
+        held = np.zeros(0, dtype=kind.DTYPE)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            f.seek(len(held) * kind.ENTRY_SIZE)
+            data = f.read()
     except FileNotFoundError:
         data = b""
-    count = len(data) // kind.ENTRY_SIZE
-    return np.frombuffer(data, dtype=kind.DTYPE, count=count)
+    more = np.frombuffer(data, dtype=kind.DTYPE, count=len(data) // kind.ENTRY_SIZE)
+    return np.concatenate([held, more]) if len(held) else more
 
 
 def _prefix(mask: Any) -> int:
@@ -237,7 +244,7 @@ class FollowedPartition(LogReads):
         self._closed = False
         self._deleted = False
         self._stop_waiting = False
-        self._data_event = asyncio.Event()
+        self._data_event = anyio.Event()
         self.waiters = 0
         self.corrupt_batches = {"recovery": 0, "read": 0}
         self.failed = None
@@ -395,34 +402,10 @@ class FollowedPartition(LogReads):
         self.check_open()
         return False
 
-    def wake(self) -> None:
-        """The owner published something (its note reached us)."""
-        event, self._data_event = self._data_event, asyncio.Event()
-        event.set()
-
-    def stop_waiting(self) -> None:
-        self._stop_waiting = True
-        self.wake()
-
-    @property
-    def waiting_stopped(self) -> bool:
-        return self._stop_waiting
-
-    def check_open(self) -> None:
-        if self._closed:
-            raise self._closed_error()
-
-    def _closed_error(self) -> LogClosedError:
-        return TopicDeletedError(self.name, self.topic) if self._deleted else LogClosedError(self.name)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     async def close(self, *, deleted: bool = False) -> None:
         self._deleted = self._deleted or deleted
         self._closed = True
-        self.wake()
+        self._wake_waiters()
         if self._view is not None:
             for seg in self._view.segments:
                 seg.release_descriptors()

@@ -561,20 +561,27 @@ class LogManager:
                 raise TopicExistsError(name)
             self._check_collision(name)
             self._check_partition_budget(count, internal=internal)
-            topic_id = new_topic_id()
-            state = TopicState(TopicMeta(name, topic_id, count, overrides, self.clock()), config)
-            logs = await self._create_partition_logs(state, range(count))
-            try:
-                await self._append_event("topic_created", name, topic_id, partitions=count, configs=overrides)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self._discard_partition_logs(logs)
-                raise
-            state.meta = self.image.topics[name]
-            state.partitions = logs
-            self.topics[name] = state  # published: requests see the topic from here on
+            state = await self._new_topic(name, new_topic_id(), count, overrides, config)
             await self._sync_family()
             return state
+
+    async def _new_topic(
+        self, name: str, topic_id: str, count: int, overrides: dict[str, str], config: LogConfig
+    ) -> TopicState:
+        """The partitions first, the topic_created event next, the topic published last; a
+        failure on the way removes the partitions (create_topic, adopt_topic)."""
+        state = TopicState(TopicMeta(name, topic_id, count, overrides, self.clock()), config)
+        logs = await self._create_partition_logs(state, range(count))
+        try:
+            await self._append_event("topic_created", name, topic_id, partitions=count, configs=overrides)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._discard_partition_logs(logs)
+            raise
+        state.meta = self.image.topics[name]
+        state.partitions = logs
+        self.topics[name] = state  # published: requests see the topic from here on
+        return state
 
     async def _create_partition_logs(self, state: TopicState, numbers: range) -> list[PartitionLog]:
         """Create the partitions' directories and start their writers; not yet visible to
@@ -803,19 +810,8 @@ class LogManager:
                     return loaded.stats
 
                 stats[p] = await anyio.to_thread.run_sync(stage_and_recover, limiter=self._recovery_limiter)
-            # as create_topic: the partitions first (the staged ones load, missing ones start
-            # empty), the event next, the topic published last
-            state = TopicState(TopicMeta(name, topic_id, count, overrides, self.clock()), config)
-            logs = await self._create_partition_logs(state, range(count))
-            try:
-                await self._append_event("topic_created", name, topic_id, partitions=count, configs=overrides)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self._discard_partition_logs(logs)
-                raise
-            state.meta = self.image.topics[name]
-            state.partitions = logs
-            self.topics[name] = state
+            # as create_topic (the staged partitions load, missing ones start empty)
+            state = await self._new_topic(name, topic_id, count, overrides, config)
         await self.checkpoint()
         return state, stats
 
@@ -1070,7 +1066,7 @@ class LogManager:
         for key in keys:
             followed = self._followed.get(key)
             if followed is not None:
-                followed.wake()
+                followed._wake_waiters()  # the owner published: a note reached us
 
     def _retire_slot(self, log: PartitionLog) -> None:
         """The partition's topic is gone: its slot says so (readers elsewhere get 404)."""

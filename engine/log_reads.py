@@ -1,10 +1,12 @@
 """The read side of a partition, shared by the log this process writes (partition_log.PartitionLog)
 and a partition another shard owns (follower.FollowedPartition): fetch slices, decoded records,
-time lookups, each on the event loop when small and cached, in a worker thread otherwise.
+time lookups, each on the event loop when small and cached, in a worker thread otherwise; and
+the state its waiters (long-polls, streams) look at: closed, deleted, stop_waiting.
 
-A class using it provides `view` (the LogView reads work from), `name`, `directory` and
-`corrupt_batches`; a follower also overrides `_on_view` to read again on a fresh view when a
-file went away under the one it had.
+A class using it provides `view` (the LogView reads work from), `name`, `topic`, `directory`,
+`corrupt_batches` and the flags `_closed`, `_deleted`, `_stop_waiting` with `_data_event` (an
+anyio.Event replaced at each wake-up); a follower also overrides `_on_view` to read again on a
+fresh view when a file went away under the one it had.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Callable
 import anyio
 
 from . import reader
-from .errors import CorruptDataError, StorageError
+from .errors import CorruptDataError, LogClosedError, StorageError, TopicDeletedError
 from .reader import FetchSlice
 from .segments import LogView
 
@@ -31,8 +33,13 @@ INLINE_READ_BYTES = 1024 * 1024
 class LogReads:
     view: LogView
     name: str
+    topic: str
     directory: Path
     corrupt_batches: dict[str, int]
+    _closed: bool
+    _deleted: bool
+    _stop_waiting: bool
+    _data_event: anyio.Event
 
     def _on_view(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(view, *args) on the current view."""
@@ -106,6 +113,36 @@ class LogReads:
             return self._on_view(reader.max_timestamp_offset)
         except OSError as exc:
             raise self._read_error(exc) from exc
+
+
+    # -- waiters and the closed state --------------------------------------------------------
+
+    def stop_waiting(self) -> None:
+        """Release every long-poll now and make later ones return at once (shutdown begins:
+        the HTTP server waits for open requests before the engine closes)."""
+        self._stop_waiting = True
+        self._wake_waiters()
+
+    @property
+    def waiting_stopped(self) -> bool:
+        """stop_waiting() was called: waits return at once."""
+        return self._stop_waiting
+
+    def _wake_waiters(self) -> None:
+        event, self._data_event = self._data_event, anyio.Event()
+        event.set()
+
+    def check_open(self) -> None:
+        """Raise LogClosedError (TopicDeletedError once the topic is deleted) if closed."""
+        if self._closed:
+            raise self._closed_error()
+
+    def _closed_error(self) -> LogClosedError:
+        return TopicDeletedError(self.name, self.topic) if self._deleted else LogClosedError(self.name)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
 
 async def _read_records(view: LogView, offset: int, max_records: int, max_bytes: int) -> reader.RecordsResult:

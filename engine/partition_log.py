@@ -41,14 +41,12 @@ from .errors import (
     EngineError,
     InflatedTooLargeError,
     KeyRequiredError,
-    LogClosedError,
     OffsetMismatchError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     RecordTooLargeError,
     StorageError,
     StorageFullError,
-    TopicDeletedError,
     TransientStorageError,
 )
 from .faults import crash_point
@@ -781,29 +779,6 @@ class PartitionLog(LogReads):
         self.check_open()
         return False
 
-    def stop_waiting(self) -> None:
-        """Release every long-poll now and make later ones return at once (shutdown begins:
-        the HTTP server waits for open requests before the engine closes)."""
-        self._stop_waiting = True
-        self._wake_waiters()
-
-    @property
-    def waiting_stopped(self) -> bool:
-        """stop_waiting() was called: waits return at once."""
-        return self._stop_waiting
-
-    def _wake_waiters(self) -> None:
-        event, self._data_event = self._data_event, anyio.Event()
-        event.set()
-
-    def check_open(self) -> None:
-        """Raise LogClosedError (TopicDeletedError once the topic is deleted) if closed."""
-        if self._closed:
-            raise self._closed_error()
-
-    def _closed_error(self) -> LogClosedError:
-        return TopicDeletedError(self.name, self.topic) if self._deleted else LogClosedError(self.name)
-
     # -- closing ------------------------------------------------------------------------------
 
     async def close(self, *, deleted: bool = False) -> None:
@@ -843,10 +818,6 @@ class PartitionLog(LogReads):
         self._unflushed_messages = 0
         self.recovery_point = self._next_offset
         self._snapshot_producers(self._next_offset, self.clock())
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     @property
     def failed(self) -> StorageError | None:
