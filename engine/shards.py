@@ -35,6 +35,7 @@ import mmap
 import os
 import pickle
 import struct
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ DELETED = 2
 CHANGING = 4  # the owner is renaming segment files: keep reading the previous list
 
 STARTING, LOADED, SERVING = 0, 1, 2
+READ_PATIENCE_S = 2.0  # a slot half written this long: its owner died mid-write
 
 
 def owner_of(topic: str, partition: int, count: int) -> int:
@@ -192,19 +194,30 @@ class PartitionTable:
         return None
 
     def read(self, shard: int, index: int, key: int) -> SlotState | None:
-        """A consistent copy of the slot; None if it no longer holds `key`."""
+        """A consistent copy of the slot; None if it no longer holds `key`.
+
+        The owner's write is three stores; a reader that finds it half done retries, first at
+        once, then (the owner was preempted mid-write on a busy machine) sleeping a little
+        between tries, for up to READ_PATIENCE_S before it calls the owner unavailable."""
         at = self._offset(shard, index)
         unpack = SLOT.unpack_from
-        for _ in range(10_000):
+        deadline = None
+        tries = 0
+        while True:
             seq, k, hw, start, gen, base, end, flags = unpack(self._map, at)
-            if seq & 1:
+            if not seq & 1 and struct.unpack_from("<Q", self._map, at)[0] == seq:
+                if k != key:
+                    return None
+                return SlotState(hw, start, gen, base, end, flags)
+            tries += 1
+            if tries < 1000:
                 continue
-            if struct.unpack_from("<Q", self._map, at)[0] != seq:
-                continue
-            if k != key:
-                return None
-            return SlotState(hw, start, gen, base, end, flags)
-        raise EngineError("partition table slot kept changing")  # pragma: no cover - a writer died mid-write
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + READ_PATIENCE_S
+            elif now > deadline:
+                raise ShardUnavailableError(shard, "its partition table slot stayed half written")
+            time.sleep(0.0001)
 
 
 # -- the channel ----------------------------------------------------------------------------

@@ -255,3 +255,27 @@ async def test_a_follower_never_reads_a_swapped_in_file_as_the_one_it_listed(tmp
         with pytest.raises(StorageError):
             segment.open_handle()
         os.replace(live, tmp_path / "stranger")
+
+
+def test_a_reader_waits_out_an_owner_preempted_mid_write(tmp_path: Path) -> None:
+    """Seen under load on 2 CPUs: the owner was descheduled between the stores of a slot write
+    and a reader gave up after a few ms of spinning (500 internal_error on a fetch)."""
+    import struct
+    import threading
+
+    owner = PartitionTable(tmp_path / "t", 2)
+    reader_ = PartitionTable(tmp_path / "t", 2)
+    key = slot_key("orders", "id", 0)
+    index = owner.claim(0, key)
+    owner.publish(0, index, key, SlotState(1, 0, 1, 0, 100, LIVE))
+    at = owner._offset(0, index)
+    seq = struct.unpack_from("<Q", owner._map, at)[0]
+    struct.pack_into("<Q", owner._map, at, seq + 1)  # half written: the owner stops here ...
+    finish = threading.Timer(0.2, lambda: owner.publish(0, index, key, SlotState(2, 0, 1, 0, 200, LIVE)))
+    finish.start()  # ... and goes on 200 ms later
+    try:
+        assert reader_.read(0, index, key) == SlotState(2, 0, 1, 0, 200, LIVE)
+    finally:
+        finish.join()
+    for t in (owner, reader_):
+        t.close()
