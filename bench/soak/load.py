@@ -187,6 +187,11 @@ class Load(ExactWriters):
         except httpx.TransportError:
             self.stats.errors[f"{kind}_connection_lost"] += 1
             return "in_doubt"
+        except Exception as exc:  # noqa: BLE001 - the client library's own error on a dropped connection
+            # Seen when a shard is killed mid-request: anyio or h11 raising past httpx's
+            # wrapping. The request may have been written: in doubt, like a lost connection.
+            self.stats.errors[f"{kind}_client_{type(exc).__name__}"] += 1
+            return "in_doubt"
         finally:
             if gated:
                 self.gate.leave()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import random
 import shutil
@@ -112,6 +113,8 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
             r.raise_for_status()
         load = Load(client, model, stats, gate, PARTITIONS, rng.randrange(1 << 32), data_dir)
         tasks = [asyncio.create_task(c) for c in load.tasks()]
+        for task in tasks:
+            task.add_done_callback(functools.partial(_note_crash, model, gate))
         deadline = stats.now() + cfg.minutes * 60
         while True:
             interval = cfg.kill_every * rng.uniform(0.75, 1.25)
@@ -173,6 +176,18 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
             if server.alive():
                 await asyncio.to_thread(server.kill)
     return _results(cfg, model, stats, cycles, final, server, load)
+
+
+def _note_crash(model: Model, gate: Gate, task: asyncio.Task) -> None:
+    """A load task that ended by an exception (or a cancellation the runner did not ask for)
+    stopped with its request unanswered: a failure of the soak itself, recorded with the error
+    so the report says what happened."""
+    name = task.get_coro().__name__
+    if task.cancelled():
+        if not gate.stopping:
+            model.fail("load_task_crashed", f"{name}: cancelled while the load ran")
+    elif (exc := task.exception()) is not None:
+        model.fail("load_task_crashed", f"{name}: {type(exc).__name__}: {exc}")
 
 
 async def _kill_and_restart(server: SoakServer, data_dir: Path, model: Model, stats: Stats,
