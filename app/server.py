@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterator, Sequence
 import orjson
 import uvicorn
 
+from .balance import Balancer
 from .settings import Settings
 
 logger = logging.getLogger("eventlog.app")
@@ -252,9 +253,40 @@ def _h11_guarded() -> type:
     return GuardedH11
 
 
-def protocol_class(settings: Settings, implementation: str = "auto") -> type:
+class _Balanced:
+    """Mixed into the protocol class of a shard (app/balance.py): a connection that another
+    shard should serve is handed over as it is accepted, before this protocol reads or answers
+    anything, and this shard forgets it."""
+
+    balancer: Balancer | None = None
+    adopted = False  # handed over to this shard by another: stays here
+    _handed_off = False
+    server_state: Any
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        balancer = self.balancer
+        if balancer is not None:
+            if not self.adopted and balancer.hand_off(transport, len(self.server_state.connections)):
+                self._handed_off = True
+                transport.abort()  # our copy only: the other shard holds the connection now
+                return
+            super().connection_made(transport)  # type: ignore[misc]
+            balancer.publish(len(self.server_state.connections))
+            return
+        super().connection_made(transport)  # type: ignore[misc]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._handed_off:
+            return
+        super().connection_lost(exc)  # type: ignore[misc]
+        if self.balancer is not None:
+            self.balancer.publish(len(self.server_state.connections))
+
+
+def protocol_class(settings: Settings, implementation: str = "auto", balancer: Balancer | None = None) -> type:
     """uvicorn's own choice (httptools when installed, else h11), with the head limits;
-    `implementation` "httptools" or "h11" picks one (tests check both)."""
+    `implementation` "httptools" or "h11" picks one (tests check both). With a balancer (a
+    shard of a family), new connections are spread evenly over the shards."""
     if implementation == "auto":
         try:
             import httptools  # noqa: F401
@@ -263,19 +295,21 @@ def protocol_class(settings: Settings, implementation: str = "auto") -> type:
         else:
             implementation = "httptools"
     base = _h11_guarded() if implementation == "h11" else _httptools_guarded()
-    return type(base.__name__, (base,), {
+    bases = (_Balanced, base) if balancer is not None else (base,)
+    return type(base.__name__, bases, {
         "header_timeout_s": settings.header_timeout_ms / 1000,
         "max_header_bytes": settings.max_header_bytes,
         "send_timeout_s": settings.request_timeout_ms / 1000,
+        "balancer": balancer,
     })
 
 
-def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
+def uvicorn_config(app: Any, settings: Settings, balancer: Balancer | None = None) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
-        http=protocol_class(settings),
+        http=protocol_class(settings, balancer=balancer),
         lifespan="on",
         log_config=None,
         log_level=settings.log_level,
@@ -316,11 +350,32 @@ class Server(uvicorn.Server):
     # SIGTERM/SIGINT that came before the server ran (a shard noting them while it starts)
     early_signals: Sequence[int] = ()
     _watchdog: threading.Timer | None = None
+    balancer: Balancer | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
+        if self.started and self.balancer is not None:
+            self.balancer.start(self._adopt)
         if self.started and self.on_started is not None:
             self.on_started()
+
+    async def _adopt(self, sock: socket.socket) -> None:
+        """Serve a connection another shard accepted (app/balance.py), as if accepted here."""
+        config = self.config
+
+        def adopted() -> asyncio.Protocol:
+            protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state,
+            )
+            protocol.adopted = True
+            return protocol
+
+        await asyncio.get_running_loop().connect_accepted_socket(adopted, sock)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.balancer is not None:
+            self.balancer.close()
+        await super().shutdown(sockets=sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
@@ -407,7 +462,12 @@ def serve(
     except AuthConfigError as exc:
         raise CannotStart(str(exc), 2) from None
     logging.getLogger("uvicorn.error").addFilter(_HideStartupTraceback(app))
-    server = Server(uvicorn_config(app, settings))
+    shard = settings.shard
+    balancer = None
+    if shard is not None and shard.count > 1 and settings.ssl_certfile is None:
+        balancer = Balancer(shard.run_dir, shard.index, shard.count)
+    server = Server(uvicorn_config(app, settings, balancer))
+    server.balancer = balancer
     server.on_exit = lambda: begin_shutdown(app)
     server.on_started = on_started
     server.early_signals = early_signals if early_signals is not None else ()

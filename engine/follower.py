@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import anyio
 
@@ -418,7 +418,38 @@ class FollowedPartition(LogReads):
         self.check_open()
         data = b"".join(batches_bytes(batches))
         headers = [b.header for b in batches]
-        return await self._call("append", data, headers, expected_offset, size)
+        try:
+            return await self._manager.channel.call(
+                self.owner, "partition_append", self.topic, self.topic_id, self.partition, data, headers, expected_offset, size,
+            )
+        except ShardUnavailableError:
+            if self._manager.stopping:
+                raise LogClosedError(self.name) from None
+            raise
+
+    def append_soon(
+        self, batches: Sequence[PreparedBatch], callback: Callable[[AppendResult | None, BaseException | None], None],
+        *, expected_offset: int | None = None, size: int | None = None,
+    ) -> None:
+        """PartitionLog.append_soon, on the owner: the request goes now, the callback runs as
+        the owner's answer is read."""
+        self.check_open()
+        data = b"".join(batches_bytes(batches))
+        headers = [b.header for b in batches]
+        manager = self._manager
+
+        def answered(ok: bool, value: Any) -> None:
+            if ok:
+                callback(value, None)
+            elif isinstance(value, ShardUnavailableError) and manager.stopping:
+                callback(None, LogClosedError(self.name))
+            else:
+                callback(None, value)
+
+        manager.channel.call_soon(
+            self.owner, "partition_append", answered, self.topic, self.topic_id, self.partition,
+            data, headers, expected_offset, size,
+        )
 
     async def delete_records(self, before_offset: int) -> int:
         return await self._call("delete_records", before_offset)

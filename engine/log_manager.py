@@ -1389,13 +1389,7 @@ class LogManager:
             raise PartitionOfflineError(topic, partition, "", f"shard {self.shard_index} does not own it")
         if what == "append":
             data, headers, expected_offset, size = args
-            buffer = memoryview(bytearray(data))
-            batches = []
-            position = 0
-            for header in headers:
-                batches.append(PreparedBatch(buffer[position:position + header.size], header))
-                position += header.size
-            return await log.append(batches, expected_offset=expected_offset, size=size)
+            return await log.append(_batches_of(data, headers), expected_offset=expected_offset, size=size)
         if what == "delete_records":
             return await log.delete_records(*args)
         if what == "roll":
@@ -1407,6 +1401,36 @@ class LogManager:
 
             return await snapshot_partition(log, *args)
         raise InvalidRequestError(f"unknown partition request {what!r}")
+
+    def _on_partition_append(
+        self, reply: Callable[[bool, Any], None], topic: str, topic_id: str, partition: int,
+        data: bytes, headers: list, expected_offset: int | None, size: int | None,
+    ) -> None:
+        """An append another shard forwards (a quick handler: queued to the writer as it is
+        read, answered as the writer finishes it). A topic this shard has not caught up with
+        yet takes the slow path, which catches up first."""
+        state = self.topics.get(topic)
+        if state is None or state.meta.topic_id != topic_id:
+            assert self.channel is not None
+
+            async def slow() -> None:
+                try:
+                    result = await self._on_partition("append", topic, topic_id, partition, data, headers, expected_offset, size)
+                except Exception as exc:
+                    reply(False, exc)
+                else:
+                    reply(True, result)
+
+            self.channel._spawn(slow())
+            return
+        log = self.partition(topic, partition)
+        if not isinstance(log, PartitionLog):
+            raise PartitionOfflineError(topic, partition, "", f"shard {self.shard_index} does not own it")
+        log.append_soon(
+            _batches_of(data, headers),
+            lambda result, error: reply(True, result) if error is None else reply(False, error),
+            expected_offset=expected_offset, size=size,
+        )
 
     async def _on_groups(self, what: str, args: tuple) -> Any:
         assert self.groups is not None
@@ -1430,6 +1454,18 @@ class LogManager:
             "partition": self._on_partition,
             "groups": self._on_groups,
         })
+        self.channel.quick_handlers["partition_append"] = self._on_partition_append
+
+
+def _batches_of(data: bytes, headers: list) -> list[PreparedBatch]:
+    """A forwarded append's batches: its bytes (one writable copy) cut at its headers' sizes."""
+    buffer = memoryview(bytearray(data))
+    batches = []
+    position = 0
+    for header in headers:
+        batches.append(PreparedBatch(buffer[position:position + header.size], header))
+        position += header.size
+    return batches
 
 
 class RemoteGroups:

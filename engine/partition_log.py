@@ -187,6 +187,17 @@ class _Op:
     done: anyio.Event = field(default_factory=anyio.Event)
     result: Any = None
     error: BaseException | None = None
+    # called as the op finishes, in the writer's step (append_soon's callers): no task wakes
+    callback: Callable[["_Op"], None] | None = None
+
+    def finish(self) -> None:
+        self.done.set()
+        if self.callback is not None:
+            callback, self.callback = self.callback, None
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("append callback failed")
 
     async def wait(self) -> Any:
         await self.done.wait()
@@ -245,6 +256,7 @@ class PartitionLog(LogReads):
         self._on_commit = on_commit
         self._on_fsync = on_fsync
         self._send, self._receive = anyio.create_memory_object_stream[_Op](QUEUE_DEPTH)
+        self._senders: set[asyncio.Task] = set()  # append_soon's waits for room in a full queue
         self._data_event = anyio.Event()
         self._closed = False
         self._deleted = False
@@ -383,13 +395,13 @@ class PartitionLog(LogReads):
                 # state wrote nothing, so it stands
                 if op.error is None and not (isinstance(op.result, AppendResult) and op.result.duplicate):
                     op.error = error
-                op.done.set()
+                op.finish()
             if not isinstance(exc, Exception):
                 raise
             return
         self._publish()
         for op in group:
-            op.done.set()
+            op.finish()
 
     async def _call(self, op: _Call) -> None:
         try:
@@ -403,7 +415,7 @@ class PartitionLog(LogReads):
         except Exception as exc:
             op.error = exc
         finally:
-            op.done.set()
+            op.finish()
 
     def _publish(self) -> None:
         active = self._segments[-1]
@@ -610,6 +622,43 @@ class PartitionLog(LogReads):
             size = sum(b.header.size for b in batches)
         return await self._submit(_Append(batches=batches, size=size, expected_offset=expected_offset))
 
+    def append_soon(
+        self, batches: Sequence[PreparedBatch], callback: Callable[[AppendResult | None, BaseException | None], None],
+        *, expected_offset: int | None = None, size: int | None = None,
+    ) -> None:
+        """append() for callers that would rather be called back than wait: queues the append
+        now and calls `callback(result, None)` or `callback(None, error)` from the writer's
+        step as it finishes (no task of the caller's wakes in between: a produce spanning
+        partitions, or another shard's append, gets its answer loop turns sooner). Raises
+        at once what append() would raise before queueing."""
+        self.check_open()
+        if not batches:
+            raise CorruptBatchError("nothing to append")
+        if size is None:
+            size = sum(b.header.size for b in batches)
+
+        def done(op: _Op) -> None:
+            callback(None, op.error) if op.error is not None else callback(op.result, None)
+
+        op = _Append(batches=batches, size=size, expected_offset=expected_offset, callback=done)
+        try:
+            if self._senders:  # others wait for room already: after them, in order
+                raise anyio.WouldBlock
+            self._send.send_nowait(op)
+        except anyio.WouldBlock:  # the queue is full: wait for room as append() would
+            task = asyncio.ensure_future(self._send_later(op))
+            self._senders.add(task)
+            task.add_done_callback(self._senders.discard)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise self._closed_error() from None
+
+    async def _send_later(self, op: _Op) -> None:
+        try:
+            await self._send.send(op)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            op.error = self._closed_error()
+            op.finish()
+
     async def call_in_writer(
         self,
         fn: Callable[[PartitionLog], Any] | None,
@@ -800,7 +849,7 @@ class PartitionLog(LogReads):
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
             op.error = self._closed_error()
-            op.done.set()
+            op.finish()
         await self._receive.aclose()
         if self._failed is None:
             try:

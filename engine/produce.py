@@ -115,6 +115,11 @@ class Partition(Protocol):
         self, batches: Sequence[PreparedBatch], *, expected_offset: int | None = None, size: int | None = None
     ) -> AppendResult: ...
 
+    def append_soon(
+        self, batches: Sequence[PreparedBatch], callback: Callable[[AppendResult | None, BaseException | None], None],
+        *, expected_offset: int | None = None, size: int | None = None,
+    ) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class RawProduced:
@@ -394,6 +399,7 @@ class ProduceService:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
+        self._turns = asyncio.Lock()
 
     def partition(self, topic: str, partition: int) -> Partition:
         """The partition a produce to (topic, partition) writes: refuses internal topics, and
@@ -432,12 +438,14 @@ class ProduceService:
         doc = None
         big = len(body) > INLINE_JSON_BYTES
         if not big:
-            doc = parse_body(body)
-            records_in = doc.get("records")
-            big = type(records_in) is list and len(records_in) > INLINE_RECORDS
-            del records_in
+            async with self._turns:
+                doc = parse_body(body)
+                records_in = doc.get("records")
+                big = type(records_in) is list and len(records_in) > INLINE_RECORDS
+                del records_in
+                if not big:
+                    prepared = prepare(doc)
         if not big:
-            prepared = prepare(doc)
             results = await self._append_all(prepared)
             return self._answer(prepared, results, answer), all(r.duplicate for r in results.values())
         with gc_paused():
@@ -508,21 +516,35 @@ class ProduceService:
         loop = _asyncio_loop()
         if loop is None:
             return await self._append_all_anyio(prepared)
-        tasks = {
-            p: loop.create_task(_append(log, batches, expected_offset, producer_id)) for p, (log, batches) in groups.items()
-        }
-        try:
-            await asyncio.wait(tasks.values())
-        except BaseException:  # cancelled: so are the appends (queued ones may still be written)
-            for task in tasks.values():
-                task.cancel()
-            with anyio.CancelScope(shield=True):
-                await asyncio.wait(tasks.values())
-            raise
-        for task in tasks.values():
-            if not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
-        return {p: task.result() for p, task in tasks.items()}
+        # Each partition's writer (or owner shard) calls back as it finishes; the last one
+        # wakes this request. (A task per append cost two more loop turns per request, and
+        # under load a turn is milliseconds.) A cancelled request leaves its queued appends
+        # to finish: they are units of their own.
+        everything = loop.create_future()
+        results: dict[int, AppendResult] = {}
+        errors: dict[int, BaseException] = {}
+        left = len(groups)
+
+        def done(p: int, result: AppendResult | None, error: BaseException | None) -> None:
+            nonlocal left
+            if error is not None:
+                errors[p] = error
+            else:
+                results[p] = result  # type: ignore[assignment]
+            left -= 1
+            if left == 0 and not everything.done():
+                everything.set_result(None)
+
+        for p, (log, batches) in groups.items():
+            try:
+                log.append_soon(batches, functools.partial(done, p), expected_offset=expected_offset)
+            except Exception as exc:
+                done(p, None, exc)
+        await everything
+        for p in groups:
+            if p in errors:
+                raise _append_error(errors[p], producer_id)
+        return results
 
     async def _append_all_anyio(self, prepared: _PreparedJson) -> dict[int, AppendResult]:
         results: dict[int, AppendResult] = {}
@@ -622,7 +644,13 @@ async def _append(
     reused for another request."""
     try:
         return await log.append(batches, expected_offset=expected_offset, size=size)
-    except OutOfOrderSequenceError:
-        if producer_id < 0:
-            raise
-        raise IdempotencyKeyReusedError(producer_id) from None
+    except OutOfOrderSequenceError as exc:
+        raise _append_error(exc, producer_id) from None
+
+
+def _append_error(error: BaseException, producer_id: int) -> BaseException:
+    """What a refused append answers: a sequence error of an Idempotency-Key's producer id means
+    the key was reused for another request."""
+    if isinstance(error, OutOfOrderSequenceError) and producer_id >= 0:
+        return IdempotencyKeyReusedError(producer_id)
+    return error

@@ -28,6 +28,7 @@ CHANGING (segment files are being renamed: readers keep their previous segment l
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import logging
@@ -230,28 +231,180 @@ def socket_path(run_dir: Path, shard: int) -> Path:
     return run_dir / f"shard-{shard}.sock"
 
 
+Reply = Callable[[bool, Any], None]  # (ok, result or error)
+
+
+class _Frames:
+    """Frames off a stream: a 4-byte length, then a pickled tuple. Parsed as the bytes arrive,
+    in the protocol's data_received: no task wakes to read them."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        buffer = self._buffer
+        buffer += data
+        out = []
+        position = 0
+        end = len(buffer)
+        view = memoryview(buffer)
+        try:
+            while end - position >= 4:
+                (size,) = FRAME.unpack_from(buffer, position)
+                if end - position - 4 < size:
+                    break
+                out.append(pickle.loads(view[position + 4:position + 4 + size]))
+                position += 4 + size
+        finally:
+            view.release()
+        if position:
+            del buffer[:position]
+        return out
+
+
 class _Peer:
-    """One outgoing connection to another shard, with its requests in flight."""
+    """One outgoing connection to another shard, with its requests in flight: a future (call)
+    or a function (call_soon) per request id."""
 
     def __init__(self, shard: int) -> None:
         self.shard = shard
-        self.writer: asyncio.StreamWriter | None = None
-        self.pending: dict[int, asyncio.Future] = {}
+        self.transport: asyncio.Transport | None = None
+        self.pending: dict[int, asyncio.Future | Reply] = {}
         self.connecting: asyncio.Lock = asyncio.Lock()
-        self.reader_task: asyncio.Task | None = None
-        self.broken = False
+        self.writable = asyncio.Event()
+        self.writable.set()
         # a peer whose connection broke has died (a Unix socket does not drop a live peer): its
         # calls fail at once until the supervisor's new family replaces every shard
         self.dead = False
+
+    @property
+    def connected(self) -> bool:
+        return self.transport is not None and not self.dead
+
+
+class _Replies(asyncio.Protocol):
+    """The reading side of an outgoing connection: answers complete their requests as they are
+    parsed."""
+
+    def __init__(self, channel: "ShardChannel", peer: _Peer) -> None:
+        self.channel = channel
+        self.peer = peer
+        self.frames = _Frames()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            replies = self.frames.feed(data)
+        except Exception:
+            logger.exception("shard channel to shard %d: bad reply", self.peer.shard)
+            if self.peer.transport is not None:
+                self.peer.transport.close()
+            return
+        pending = self.peer.pending
+        for rid, ok, value in replies:
+            waiter = pending.pop(rid, None)
+            if waiter is None:
+                continue
+            if isinstance(waiter, asyncio.Future):
+                if not waiter.done():
+                    waiter.set_result(value) if ok else waiter.set_exception(value)
+            else:
+                _call_back(waiter, ok, value)
+
+    def pause_writing(self) -> None:
+        self.peer.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.peer.writable.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.peer.dead = True
+        self.peer.writable.set()
+        self.channel._fail(self.peer, "connection lost")
+
+
+class _Requests(asyncio.Protocol):
+    """The serving side of a connection from another shard: a note runs as it is parsed; a
+    request with a quick handler (one that answers through a reply function, e.g. an append
+    queued to its partition's writer) starts as it is parsed too; any other runs as a task."""
+
+    def __init__(self, channel: "ShardChannel") -> None:
+        self.channel = channel
+        self.frames = _Frames()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.channel._serving.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.channel._serving.discard(self)
+
+    def data_received(self, data: bytes) -> None:
+        channel = self.channel
+        try:
+            messages = self.frames.feed(data)
+        except Exception:
+            logger.exception("shard channel: bad request")
+            assert self.transport is not None
+            self.transport.close()
+            return
+        for rid, kind, args in messages:
+            if rid == 0:  # a note: its handler is a plain function
+                handler = channel.handlers.get(kind)
+                if handler is not None:
+                    try:
+                        handler(*args)
+                    except Exception:
+                        logger.exception("shard note %s failed", kind)
+                continue
+            quick = channel.quick_handlers.get(kind)
+            if quick is not None:
+                reply = functools.partial(self.reply, rid, kind)
+                try:
+                    quick(reply, *args)
+                except Exception as exc:
+                    reply(False, exc)
+                continue
+            channel._spawn(self._answer(rid, kind, channel.handlers.get(kind), args))
+
+    async def _answer(self, rid: int, kind: str, handler: Handler | None, args: tuple) -> None:
+        try:
+            if handler is None:
+                raise EngineError(f"shard {self.channel.index} has no handler for {kind!r}")
+            self.reply(rid, kind, True, await handler(*args))
+        except asyncio.CancelledError:
+            self.reply(rid, kind, False, ShardUnavailableError(self.channel.index, "shutting down"))
+        except Exception as exc:
+            self.reply(rid, kind, False, exc)
+
+    def reply(self, rid: int, kind: str, ok: bool, value: Any) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        try:
+            _send(transport, (rid, ok, value))
+        except Exception as exc:
+            logger.exception("shard call %s: answer does not pickle", kind)
+            _send(transport, (rid, False, EngineError(f"{kind}: {type(exc).__name__}: {exc}")))
 
 
 class ShardChannel:
     """Requests and one-way notes between the shards of a family, over Unix sockets.
 
     call(shard, kind, *args) runs the (async) handler registered for `kind` on that shard and
-    returns its result (or raises its error: engine errors pickle). note(shard, kind, *args)
-    sends without waiting; a note's handler is a plain function, run as the note is read. A peer that goes away fails its calls in flight with
-    ShardUnavailableError (503 `unavailable`); its supervisor restarts the family.
+    returns its result (or raises its error: engine errors pickle). call_soon(shard, kind,
+    reply, *args) sends the same request and calls reply(ok, result or error) when the answer
+    comes, from the protocol that reads it (no task wakes in between). A kind may also have a
+    quick handler on the serving side, quick(reply, *args), which starts the work as the
+    request is read and answers through reply. note(shard, kind, *args) sends without waiting;
+    a note's handler is a plain function, run as the note is read. A peer that goes away fails
+    its requests in flight with ShardUnavailableError (503 `unavailable`); its supervisor
+    restarts the family.
+
+    Both ends are protocols that parse frames in data_received: a forwarded append is queued
+    to its writer in the same loop step that reads it, and its answer completes the request
+    in the step that reads the answer. (With streams and a task per request, each hop cost a
+    loop turn, and a loop busy parsing produce bodies makes a turn milliseconds long.)
     """
 
     def __init__(self, run_dir: Path, index: int, count: int) -> None:
@@ -259,9 +412,11 @@ class ShardChannel:
         self.index = index
         self.count = count
         self.handlers: dict[str, Handler] = {}
+        self.quick_handlers: dict[str, Callable[..., None]] = {}
         self._peers = {i: _Peer(i) for i in range(count) if i != index}
         self._ids = itertools.count(1)
         self._server: asyncio.AbstractServer | None = None
+        self._serving: set[_Requests] = set()
         self._tasks: set[asyncio.Task] = set()
         self.closing = False
 
@@ -271,160 +426,136 @@ class ShardChannel:
             path.unlink()
         except FileNotFoundError:
             pass
-        self._server = await asyncio.start_unix_server(self._serve, path=str(path), limit=1 << 20)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: _Requests(self), path=str(path))
 
     async def close(self) -> None:
         self.closing = True
         if self._server is not None:
             self._server.close()
         for peer in self._peers.values():
-            if peer.writer is not None:
-                peer.writer.close()
+            if peer.transport is not None:
+                peer.transport.close()
             self._fail(peer, "shutting down")
+        for served in list(self._serving):
+            if served.transport is not None:
+                served.transport.close()
         for task in list(self._tasks):
             task.cancel()
 
     # -- calling ------------------------------------------------------------------------------
 
-    async def _connected(self, peer: _Peer) -> asyncio.StreamWriter:
-        if peer.writer is not None and not peer.broken:
-            return peer.writer
+    async def _connected(self, peer: _Peer) -> asyncio.Transport:
+        if peer.connected:
+            assert peer.transport is not None
+            return peer.transport
         async with peer.connecting:
-            if peer.writer is not None and not peer.broken:
-                return peer.writer
-            if self.closing:
-                raise ShardUnavailableError(peer.shard, "shutting down")
-            if peer.dead:
-                raise ShardUnavailableError(peer.shard, "it exited; the family is restarting")
+            if peer.connected:
+                assert peer.transport is not None
+                return peer.transport
+            self._check_usable(peer)
             path = str(socket_path(self.run_dir, peer.shard))
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 30
             while True:
                 try:
-                    reader, writer = await asyncio.open_unix_connection(path, limit=1 << 20)
+                    transport, _ = await loop.create_unix_connection(lambda: _Replies(self, peer), path)
                     break
                 except (FileNotFoundError, ConnectionRefusedError) as exc:
                     if loop.time() > deadline:
                         raise ShardUnavailableError(peer.shard, f"cannot connect: {exc}") from None
                     await asyncio.sleep(0.02)
-            peer.writer = writer
-            peer.broken = False
-            peer.reader_task = asyncio.create_task(self._read_replies(peer, reader))
-            return writer
+            peer.transport = transport  # type: ignore[assignment]
+            return peer.transport  # type: ignore[return-value]
+
+    def _check_usable(self, peer: _Peer) -> None:
+        if self.closing:
+            raise ShardUnavailableError(peer.shard, "shutting down")
+        if peer.dead:
+            raise ShardUnavailableError(peer.shard, "it exited; the family is restarting")
 
     async def call(self, shard: int, kind: str, *args: Any) -> Any:
         peer = self._peers[shard]
-        writer = await self._connected(peer)
+        transport = await self._connected(peer)
         rid = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         peer.pending[rid] = future
-        _send(writer, (rid, kind, args))
-        if writer.transport.get_write_buffer_size() > 1 << 20:
-            await writer.drain()
+        _send(transport, (rid, kind, args))
         try:
+            if not peer.writable.is_set():
+                await peer.writable.wait()
             return await future
         finally:
             peer.pending.pop(rid, None)
+
+    def call_soon(self, shard: int, kind: str, reply: Reply, *args: Any) -> None:
+        """Send a request now (if connected: else once connected) and call reply(ok, value) as
+        its answer is read; a peer that is gone answers ShardUnavailableError."""
+        peer = self._peers[shard]
+        if not peer.connected:
+            try:
+                self._check_usable(peer)
+            except ShardUnavailableError as exc:
+                _call_back(reply, False, exc)
+                return
+            self._spawn(self._call_later(peer, kind, reply, args))
+            return
+        assert peer.transport is not None
+        rid = next(self._ids)
+        peer.pending[rid] = reply
+        _send(peer.transport, (rid, kind, args))
+
+    async def _call_later(self, peer: _Peer, kind: str, reply: Reply, args: tuple) -> None:
+        try:
+            await self._connected(peer)
+        except ShardUnavailableError as exc:
+            _call_back(reply, False, exc)
+            return
+        self.call_soon(peer.shard, kind, reply, *args)
 
     def note(self, shard: int, kind: str, *args: Any) -> None:
         """Send without waiting for an answer (a wake-up); lost if the peer is not connected
         yet (the next note or the reader's own timeout covers it)."""
         peer = self._peers[shard]
-        if peer.writer is None or peer.broken:
-            task = asyncio.create_task(self._note_later(peer, kind, args))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        if not peer.connected:
+            self._spawn(self._note_later(peer, kind, args))
             return
-        _send(peer.writer, (0, kind, args))
+        assert peer.transport is not None
+        _send(peer.transport, (0, kind, args))
 
     async def _note_later(self, peer: _Peer, kind: str, args: tuple) -> None:
         try:
-            writer = await self._connected(peer)
+            transport = await self._connected(peer)
         except ShardUnavailableError:
             return
-        _send(writer, (0, kind, args))
-
-    async def _read_replies(self, peer: _Peer, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                rid, ok, value = await _receive(reader)
-                future = peer.pending.pop(rid, None)
-                if future is None or future.done():
-                    continue
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            pass
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("shard channel to shard %d: bad reply", peer.shard)
-        peer.broken = True
-        peer.dead = True
-        if peer.writer is not None:
-            peer.writer.close()
-        self._fail(peer, "connection lost")
+        _send(transport, (0, kind, args))
 
     def _fail(self, peer: _Peer, why: str) -> None:
-        for future in peer.pending.values():
-            if not future.done():
-                future.set_exception(ShardUnavailableError(peer.shard, why))
-        peer.pending.clear()
-
-    # -- serving ------------------------------------------------------------------------------
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                rid, kind, args = await _receive(reader)
-                handler = self.handlers.get(kind)
-                if rid == 0:  # a note: its handler is a plain function, run here (no task each)
-                    if handler is not None:
-                        try:
-                            handler(*args)
-                        except Exception:
-                            logger.exception("shard note %s failed", kind)
-                    continue
-                self._spawn(self._answer(writer, rid, kind, handler, args))
-        except (asyncio.IncompleteReadError, ConnectionError, OSError, asyncio.CancelledError):
-            pass  # the peer went away, or this shard is closing
-        finally:
-            writer.close()
+        pending, peer.pending = peer.pending, {}
+        for waiter in pending.values():
+            error = ShardUnavailableError(peer.shard, why)
+            if isinstance(waiter, asyncio.Future):
+                if not waiter.done():
+                    waiter.set_exception(error)
+            else:
+                _call_back(waiter, False, error)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, writer: asyncio.StreamWriter, rid: int, kind: str, handler: Handler | None, args: tuple) -> None:
-        try:
-            if handler is None:
-                raise EngineError(f"shard {self.index} has no handler for {kind!r}")
-            reply = (rid, True, await handler(*args))
-        except asyncio.CancelledError:
-            reply = (rid, False, ShardUnavailableError(self.index, "shutting down"))
-        except Exception as exc:
-            reply = (rid, False, exc)
-        if writer.is_closing():
-            return
-        try:
-            _send(writer, reply)
-        except Exception as exc:
-            logger.exception("shard call %s: answer does not pickle", kind)
-            _send(writer, (rid, False, EngineError(f"{kind}: {type(exc).__name__}: {exc}")))
+
+def _call_back(reply: Reply, ok: bool, value: Any) -> None:
+    try:
+        reply(ok, value)
+    except Exception:
+        logger.exception("shard channel: reply callback failed")
 
 
-def _send(writer: asyncio.StreamWriter, message: tuple) -> None:
+def _send(transport: asyncio.WriteTransport, message: tuple) -> None:
     data = pickle.dumps(message, protocol=5)
     if len(data) < 65536:  # one write; a big one goes as it is rather than copied onto the head
-        writer.write(FRAME.pack(len(data)) + data)
+        transport.write(FRAME.pack(len(data)) + data)
     else:
-        writer.writelines((FRAME.pack(len(data)), data))
-
-
-async def _receive(reader: asyncio.StreamReader) -> Any:
-    head = await reader.readexactly(4)
-    (size,) = FRAME.unpack(head)
-    return pickle.loads(await reader.readexactly(size))
+        transport.writelines((FRAME.pack(len(data)), data))

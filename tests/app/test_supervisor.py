@@ -333,3 +333,88 @@ def test_records_acknowledged_before_a_shard_dies_are_served_after_the_restart(s
                 expected.append(f"after{index}-{i}")
             assert _values(client, 4) == sorted(expected)
     assert server.stop() == 0
+
+
+# -- connection balance (app/balance.py) ---------------------------------------------------------
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def _served_by(server: ServerProcess, client_ports: set[int]) -> dict[int, int]:
+    """For each shard index, how many of the connections from `client_ports` it holds (from
+    /proc/net/tcp: the server side of each connection, and which shard has its socket)."""
+    owners = {_identity(pid)["index"]: _socket_inodes(pid) for pid in server.shard_pids()}
+    counts = dict.fromkeys(owners, 0)
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local_port = int(fields[1].split(":")[1], 16)
+        remote_port = int(fields[2].split(":")[1], 16)
+        if local_port != server.port or remote_port not in client_ports or fields[3] != "01":
+            continue
+        inode = int(fields[9])
+        for index, inodes in owners.items():
+            if inode in inodes:
+                counts[index] += 1
+    return counts
+
+
+def _request(sock: socket.socket, head: bytes, body: bytes = b"") -> bytes:
+    sock.sendall(head + body)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed after {data!r}"
+        data += chunk
+    head_part, _, rest = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head_part.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk
+        rest += chunk
+    return head_part.split(b"\r\n")[0] + b"\r\n" + rest
+
+
+def test_new_connections_are_spread_evenly_over_the_shards(server_factory) -> None:
+    """The kernel's SO_REUSEPORT hash puts connections on shards at random; a shard with more
+    hands a new one to a shard with fewer, socket and all, before reading it. Each connection
+    sends its request at once (the bytes are in flight when it changes hands), then keeps
+    serving requests on the same connection, whichever shard took it."""
+    server = server_factory()
+    server.processes = 2
+    server.start()
+    with server.client() as client:
+        assert client.post("/v1/topics", json={"name": "t", "partitions": 2}).status_code == 201
+    body = json.dumps({"records": [{"value": "v"}]}).encode()
+    post = (
+        f"POST /v1/topics/t/partitions/0/records HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode()
+    sockets = []
+    try:
+        for n in range(1, 13):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            sockets.append(sock)
+            answer = _request(sock, post, body)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            if n % 2 == 0:  # every arrival order comes out even
+                assert sorted(_served_by(server, {s.getsockname()[1] for s in sockets}).values()) == [n // 2, n // 2]
+        for sock in sockets:  # keep-alive: the next requests on each, wherever it lives now
+            assert _request(sock, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").endswith(b'{"status":"ok"}')
+            assert _request(sock, post, body).startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in sockets:
+            sock.close()
+    with server.client() as client:
+        assert client.get("/v1/topics/t/partitions/0/offsets").json()["high_watermark"] == 24
+    assert server.stop() == 0
+    assert "Traceback" not in server.log()

@@ -38,6 +38,9 @@ class ProxyPartition:
     async def append(self, batches, *, expected_offset=None, size=None):
         return await self._log.append(batches, expected_offset=expected_offset, size=size)
 
+    def append_soon(self, batches, callback, *, expected_offset=None, size=None):
+        self._log.append_soon(batches, callback, expected_offset=expected_offset, size=size)
+
 
 class ProxyEngine:
     def __init__(self, engine: Any) -> None:
