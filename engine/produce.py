@@ -399,7 +399,6 @@ class ProduceService:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self._turns = asyncio.Lock()
 
     def partition(self, topic: str, partition: int) -> Partition:
         """The partition a produce to (topic, partition) writes: refuses internal topics, and
@@ -438,14 +437,12 @@ class ProduceService:
         doc = None
         big = len(body) > INLINE_JSON_BYTES
         if not big:
-            async with self._turns:
-                doc = parse_body(body)
-                records_in = doc.get("records")
-                big = type(records_in) is list and len(records_in) > INLINE_RECORDS
-                del records_in
-                if not big:
-                    prepared = prepare(doc)
+            doc = parse_body(body)
+            records_in = doc.get("records")
+            big = type(records_in) is list and len(records_in) > INLINE_RECORDS
+            del records_in
         if not big:
+            prepared = prepare(doc)
             results = await self._append_all(prepared)
             return self._answer(prepared, results, answer), all(r.duplicate for r in results.values())
         with gc_paused():
