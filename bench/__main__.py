@@ -53,6 +53,7 @@ SPACE_GB = {
     "snapshot": (2.5, 0.6),
     "spark": (1.5, 0.5),
     "http_shards": (1.5, 0.5),
+    "http_small": (1, 0.5),
 }
 
 
