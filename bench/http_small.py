@@ -31,8 +31,24 @@ import httpx
 
 from .harness import Context, median, remove_tree, summary_row
 from .http_produce import _redis_benchmark_csv, _redis_cli
-from .http_shards import ShardedServer, machine_busy_seconds, serve_knows_processes, tree_cpu_seconds, wait_for_quiet
-from .servers import WRK_DONE_LUA, RedisServer, children_cpu_seconds, require, run_wrk, running, tail, wrk_version
+from .http_shards import (
+    ShardedServer,
+    _counters,
+    machine_busy_seconds,
+    serve_knows_processes,
+    tree_cpu_seconds,
+    wait_for_quiet,
+)
+from .servers import (
+    WRK_DONE_LUA,
+    RedisServer,
+    children_cpu_seconds,
+    require,
+    run_wrk,
+    running,
+    tail,
+    wrk_version,
+)
 
 NAME = "small"
 TITLE = "One-record appends (256 B) over 100 partitions from 100 connections, against Redis AOF always"
@@ -210,17 +226,6 @@ def _redis_cell(server: AlwaysRedis, redis_benchmark: str, value: str, rate: flo
         "redis_benchmark": {**row, "command": " ".join(cmd[:-1]) + f" <{VALUE_BYTES}-byte value>"},
     }
 
-
-_COUNTERS = ("eventlog_fsync_seconds_count", "eventlog_fsync_seconds_sum")
-
-
-def _counters(client: httpx.Client) -> dict[str, float]:
-    out = dict.fromkeys(_COUNTERS, 0.0)
-    for line in client.get("/metrics").text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in out:
-            out[name] = float(value)
-    return out
 
 
 # -- results ------------------------------------------------------------------------------------
