@@ -20,6 +20,7 @@ wait_for_data is woken by the owner's notes (LogManager._on_wake).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from pathlib import Path
@@ -415,17 +416,14 @@ class FollowedPartition(LogReads):
     async def append(
         self, batches: Sequence[PreparedBatch], *, expected_offset: int | None = None, size: int | None = None
     ) -> AppendResult:
-        self.check_open()
-        data = b"".join(batches_bytes(batches))
-        headers = [b.header for b in batches]
-        try:
-            return await self._manager.channel.call(
-                self.owner, "partition_append", self.topic, self.topic_id, self.partition, data, headers, expected_offset, size,
-            )
-        except ShardUnavailableError:
-            if self._manager.stopping:
-                raise LogClosedError(self.name) from None
-            raise
+        future = asyncio.get_running_loop().create_future()
+
+        def answered(result: AppendResult | None, error: BaseException | None) -> None:
+            if not future.done():
+                future.set_result(result) if error is None else future.set_exception(error)
+
+        self.append_soon(batches, answered, expected_offset=expected_offset, size=size)
+        return await future
 
     def append_soon(
         self, batches: Sequence[PreparedBatch], callback: Callable[[AppendResult | None, BaseException | None], None],

@@ -1384,9 +1384,7 @@ class LogManager:
             state = self.topics.get(topic)
             if state is None or state.meta.topic_id != topic_id:
                 raise TopicNotFoundError(topic)
-        log = self.partition(topic, partition)
-        if not isinstance(log, PartitionLog):
-            raise PartitionOfflineError(topic, partition, "", f"shard {self.shard_index} does not own it")
+        log = self._owned(topic, partition)
         if what == "append":
             data, headers, expected_offset, size = args
             return await log.append(_batches_of(data, headers), expected_offset=expected_offset, size=size)
@@ -1401,6 +1399,12 @@ class LogManager:
 
             return await snapshot_partition(log, *args)
         raise InvalidRequestError(f"unknown partition request {what!r}")
+
+    def _owned(self, topic: str, partition: int) -> PartitionLog:
+        log = self.partition(topic, partition)
+        if not isinstance(log, PartitionLog):
+            raise PartitionOfflineError(topic, partition, "", f"shard {self.shard_index} does not own it")
+        return log
 
     def _on_partition_append(
         self, reply: Callable[[bool, Any], None], topic: str, topic_id: str, partition: int,
@@ -1423,10 +1427,7 @@ class LogManager:
 
             self.channel._spawn(slow())
             return
-        log = self.partition(topic, partition)
-        if not isinstance(log, PartitionLog):
-            raise PartitionOfflineError(topic, partition, "", f"shard {self.shard_index} does not own it")
-        log.append_soon(
+        self._owned(topic, partition).append_soon(
             _batches_of(data, headers),
             lambda result, error: reply(True, result) if error is None else reply(False, error),
             expected_offset=expected_offset, size=size,
