@@ -245,7 +245,7 @@ class FollowedPartition(LogReads):
         self._closed = False
         self._deleted = False
         self._stop_waiting = False
-        self._data_event = anyio.Event()
+        self._data_event = asyncio.Event()
         self.waiters = 0
         self.corrupt_batches = {"recovery": 0, "read": 0}
         self.failed = None

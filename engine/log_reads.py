@@ -4,13 +4,14 @@ time lookups, each on the event loop when small and cached, in a worker thread o
 the state its waiters (long-polls, streams) look at: closed, deleted, stop_waiting.
 
 A class using it provides `view` (the LogView reads work from), `name`, `topic`, `directory`,
-`corrupt_batches` and the flags `_closed`, `_deleted`, `_stop_waiting` with `_data_event` (an
-anyio.Event replaced at each wake-up); a follower also overrides `_on_view` to read again on a
+`corrupt_batches`, `waiters` and the flags `_closed`, `_deleted`, `_stop_waiting` with
+`_data_event` (an asyncio.Event replaced at each wake-up that finds waiters); a follower also overrides `_on_view` to read again on a
 fresh view when a file went away under the one it had.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any, Callable
@@ -39,7 +40,7 @@ class LogReads:
     _closed: bool
     _deleted: bool
     _stop_waiting: bool
-    _data_event: anyio.Event
+    _data_event: asyncio.Event
 
     def _on_view(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(view, *args) on the current view."""
@@ -128,9 +129,21 @@ class LogReads:
         """stop_waiting() was called: waits return at once."""
         return self._stop_waiting
 
-    def _wake_waiters(self) -> None:
-        event, self._data_event = self._data_event, anyio.Event()
+    def _wake_waiters(self, force: bool = False) -> None:
+        if not (self.waiters or force):  # nobody waits on the event: it stays unset and in use
+            return
+        event, self._data_event = self._data_event, asyncio.Event()
         event.set()
+
+    def wake_waiters(self, force: bool = False) -> None:
+        """Wake whoever waits on data_event() now, to look at the log again (with `force`,
+        also a waiter that does not count itself in `waiters`)."""
+        self._wake_waiters(force)
+
+    def data_event(self) -> asyncio.Event:
+        """Set at the next publish (or close, shutdown, wake_waiters). Whoever waits on it
+        counts itself in `waiters` meanwhile, or it may not be woken."""
+        return self._data_event
 
     def check_open(self) -> None:
         """Raise LogClosedError (TopicDeletedError once the topic is deleted) if closed."""

@@ -1,9 +1,10 @@
 """One partition's log: its segments, its single writer task, and lock-free reads.
 
-Writes. Every mutation goes through one writer task (run()), fed by a bounded anyio memory
-stream, so producers feel backpressure when it fills. The writer takes an append request,
-drains every other append already waiting, and makes one group commit of them all in a worker
-thread: assign offsets by rewriting each batch's baseOffset, stamp LogAppendTime if the topic
+Writes. Every mutation goes through one writer task (run()), fed by a bounded queue, so
+producers feel backpressure when it fills. The writer takes an append request, drains every
+other append already waiting, and makes one group commit of them all in a commit thread
+(together with the commits other partitions start in the same event-loop turn: commits.py):
+assign offsets by rewriting each batch's baseOffset, stamp LogAppendTime if the topic
 wants it, roll segments where needed, write the batches with one pwritev per segment, update
 the indexes, and fdatasync once. Only then is the new high watermark published and are the
 producers acknowledged. With flush.messages > 1 the fsync is deferred (see LogConfig).
@@ -24,10 +25,11 @@ whatever a crash interrupted.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
@@ -35,12 +37,14 @@ import anyio
 from anyio.abc import TaskStatus
 
 from . import filenames
+from .commits import CommitBatcher, batcher_for
 from .config import LogConfig
 from .errors import (
     CorruptBatchError,
     EngineError,
     InflatedTooLargeError,
     KeyRequiredError,
+    LogClosedError,
     OffsetMismatchError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
@@ -73,25 +77,22 @@ QUEUE_DEPTH = 1024
 MAX_GROUP_BYTES = 32 * 1024 * 1024
 
 
-# Group commits run in these threads. A plain executor future costs less per hop than
-# anyio.to_thread.run_sync (its cancel scope, capacity limiter and backend sniffing were ~9 % of
-# the event loop's time under JSON produce, docs/PERFORMANCE.md); a partition has at most one
-# commit in flight, so the pool only bounds how many partitions fsync at once.
-_COMMIT_THREADS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="eventlog-commit")
-
-
-async def _in_commit_thread(loop: asyncio.AbstractEventLoop | None, fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args) in a commit thread; like anyio's to_thread, a cancelled caller still waits
-    for the call to finish (the log's state must not change behind its writer's back)."""
-    if loop is None:  # not on asyncio (or not running): anyio's way
-        return await anyio.to_thread.run_sync(fn, *args)
-    future = loop.run_in_executor(_COMMIT_THREADS, fn, *args)
+async def _uncancelled(future: asyncio.Future[Any]) -> Any:
+    """The result of `future` (work in a thread); like anyio's to_thread, a cancelled caller
+    still waits for the work to finish (the log's state must not change behind its writer's
+    back)."""
     try:
         return await asyncio.shield(future)
-    except BaseException:  # fn's own error (the future is done), or our cancellation
-        with anyio.CancelScope(shield=True):
-            await asyncio.wait({future})
+    except BaseException:  # the work's own error (the future is done), or our cancellation
+        if not future.done():
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait({future})
         raise
+
+
+def _wake_up(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def wall_clock_ms() -> int:
@@ -184,14 +185,18 @@ class AppendResult:
 
 @dataclass(eq=False)
 class _Op:
-    done: anyio.Event = field(default_factory=anyio.Event)
     result: Any = None
     error: BaseException | None = None
     # called as the op finishes, in the writer's step (append_soon's callers): no task wakes
     callback: Callable[["_Op"], None] | None = None
+    finished: bool = False
+    _waiter: asyncio.Future[None] | None = None  # made only if someone waits before the end
 
     def finish(self) -> None:
-        self.done.set()
+        self.finished = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
         if self.callback is not None:
             callback, self.callback = self.callback, None
             try:
@@ -200,7 +205,9 @@ class _Op:
                 logger.exception("append callback failed")
 
     async def wait(self) -> Any:
-        await self.done.wait()
+        if not self.finished:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
         if self.error is not None:
             raise self.error
         return self.result
@@ -255,9 +262,14 @@ class PartitionLog(LogReads):
         self._on_log_start_change = on_log_start_change
         self._on_commit = on_commit
         self._on_fsync = on_fsync
-        self._send, self._receive = anyio.create_memory_object_stream[_Op](QUEUE_DEPTH)
+        # the writer's queue: at most QUEUE_DEPTH ops; senders beyond wait for room, in order
+        self._ops: deque[_Op] = deque()
+        self._ops_closed = False
+        self._wake: asyncio.Future[None] | None = None  # the writer's wait for an op
+        self._room: deque[asyncio.Future[None]] = deque()  # senders' waits for room
         self._senders: set[asyncio.Task] = set()  # append_soon's waits for room in a full queue
-        self._data_event = anyio.Event()
+        self._commits: CommitBatcher | None = None
+        self._data_event = asyncio.Event()
         self._closed = False
         self._deleted = False
         self._stop_waiting = False
@@ -296,10 +308,8 @@ class PartitionLog(LogReads):
         if self._running:
             raise RuntimeError(f"{self.name} already has a writer task")
         self._running = True
-        try:
-            self._loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._loop = None
+        self._loop = asyncio.get_running_loop()
+        self._commits = batcher_for(self._loop)
         task_status.started()
         carry: _Op | None = None
         try:
@@ -314,9 +324,8 @@ class PartitionLog(LogReads):
                     group = [op]
                     size = op.size
                     while size < MAX_GROUP_BYTES:
-                        try:
-                            nxt = self._receive.receive_nowait()
-                        except (anyio.WouldBlock, anyio.EndOfStream):
+                        nxt = self._take()
+                        if nxt is None:
                             break
                         if isinstance(nxt, _Append):
                             group.append(nxt)
@@ -341,13 +350,78 @@ class PartitionLog(LogReads):
             if due_in == 0:
                 await self._deferred_flush()
                 continue
-            try:
-                if due_in is None:
-                    return await self._receive.receive()
-                with anyio.move_on_after(due_in / 1000):
-                    return await self._receive.receive()
-            except anyio.EndOfStream:
+            op = self._take()
+            if op is not None:
+                return op
+            if self._ops_closed:
                 return None
+            loop = self._loop
+            assert loop is not None
+            wake = self._wake = loop.create_future()
+            timer = None if due_in is None else loop.call_later(due_in / 1000, _wake_up, wake)
+            try:
+                await wake
+            finally:
+                self._wake = None
+                if timer is not None:
+                    timer.cancel()
+
+    # -- the queue ----------------------------------------------------------------------------
+
+    def _take(self) -> _Op | None:
+        """The next queued op, if any; lets the first sender waiting for room in."""
+        if not self._ops:
+            return None
+        op = self._ops.popleft()
+        if self._room:
+            self._pass_room()
+        return op
+
+    def _put_nowait(self, op: _Op) -> bool:
+        """Queue `op` unless the queue is full or others wait for room (False then); raises
+        the closed log's error once the queue is closed."""
+        if self._ops_closed:
+            raise self._closed_error()
+        if len(self._ops) >= QUEUE_DEPTH or self._room:
+            return False
+        self._ops.append(op)
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+        return True
+
+    async def _put(self, op: _Op) -> None:
+        """Queue `op`, waiting for room in a full queue (after those that waited first)."""
+        while not self._put_nowait(op):
+            waiter = asyncio.get_running_loop().create_future()
+            self._room.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._pass_room()  # the room we were given goes to the next in line
+                raise
+            if self._ops_closed:
+                raise self._closed_error()
+
+    def _pass_room(self) -> None:
+        while self._room:
+            waiter = self._room.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _close_queue(self) -> None:
+        """No more ops; the writer ends once it has taken those queued, and senders waiting for
+        room get the closed log's error."""
+        self._ops_closed = True
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+        while self._room:
+            waiter = self._room.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _flush_due_in(self) -> int | None:
         """Milliseconds until flush.ms passes by the clock; None when nothing waits for it (or
@@ -384,7 +458,8 @@ class PartitionLog(LogReads):
         try:
             if self._failed is not None:
                 raise self._failed
-            await _in_commit_thread(self._loop, self._commit_sync, group)
+            assert self._commits is not None
+            await _uncancelled(self._commits.submit(functools.partial(self._commit_write, group)))
         except BaseException as exc:
             error = exc if isinstance(exc, EngineError) else StorageError(self.directory, f"append failed: {exc!r}")
             if isinstance(error, StorageError) and not isinstance(error, TransientStorageError):
@@ -425,8 +500,7 @@ class PartitionLog(LogReads):
             self.generation += 1
         if self.on_publish is not None:
             self.on_publish(self)
-        event, self._data_event = self._data_event, anyio.Event()
-        event.set()
+        self._wake_waiters()
 
     def _files_changing(self, changing: bool) -> None:
         """Segment files are about to be renamed (True) or are done (False): other shards
@@ -437,8 +511,10 @@ class PartitionLog(LogReads):
 
     # -- group commit (worker thread) ---------------------------------------------------------
 
-    def _commit_sync(self, group: list[_Append]) -> None:
-        """One group commit. Each request is checked first (expected offset, idempotent
+    def _commit_write(self, group: list[_Append]) -> Callable[[], None] | None:
+        """One group commit up to its flush: returns None when it is complete, else the flush
+        (fdatasync) that completes it, to be called next (commits.py calls the flushes of many
+        partitions' commits in parallel). Each request is checked first (expected offset, idempotent
         producer sequences) in queue order against the state the requests before it leave: a
         refused request gets its own error and takes no offsets, a retry of batches already in
         the log gets their offsets back and writes nothing. The rest are written together. If
@@ -490,7 +566,7 @@ class PartitionLog(LogReads):
                 next_offset = last + 1
             op.result = AppendResult(first, next_offset - 1, append_time, tuple(bases))
         if not prepared:
-            return
+            return None
 
         segments_before = self._segments
         state_before = segments_before[-1].append_state()
@@ -508,21 +584,41 @@ class PartitionLog(LogReads):
             segment.write_staged()
             self._next_offset = next_offset
             unflushed = self._unflushed_messages + messages
-            if unflushed >= config.flush_messages or now - self._last_flush_ms >= config.flush_ms:
-                self._flush_sync()
-            else:
+            due = unflushed >= config.flush_messages or now - self._last_flush_ms >= config.flush_ms
+            if not due:
                 self._unflushed_messages = unflushed
         except TransientStorageError as exc:
-            # a full disk or no descriptor left: undo, refuse this commit, stay writable
-            self._next_offset = next_offset_before
-            self._undo_commit(segments_before, state_before, recovery_point_before, exc)
-            what = "disk full" if isinstance(exc, StorageFullError) else "no file descriptor left"
-            raise type(exc)(exc.path, f"{what}, append refused: {exc.reason}") from exc
-        producers.commit(pending)
-        if rolled:
-            self._snapshot_producers(next_offset, now)
-        if self._on_commit is not None:
-            self._on_commit(self, len(group), messages, sum(b.size for b in prepared))
+            self._refuse_commit(exc, next_offset_before, segments_before, state_before, recovery_point_before)
+
+        def complete() -> None:
+            producers.commit(pending)
+            if rolled:
+                self._snapshot_producers(next_offset, now)
+            if self._on_commit is not None:
+                self._on_commit(self, len(group), messages, sum(b.size for b in prepared))
+
+        if not due:
+            complete()
+            return None
+
+        def flush() -> None:
+            try:
+                self._flush_sync()
+            except TransientStorageError as exc:
+                self._refuse_commit(exc, next_offset_before, segments_before, state_before, recovery_point_before)
+            complete()
+
+        return flush
+
+    def _refuse_commit(
+        self, exc: TransientStorageError, next_offset: int, segments_before: tuple[LogSegment, ...], state_before: tuple,
+        recovery_point: int,
+    ) -> None:
+        """A full disk or no descriptor left: undo the commit, refuse it, stay writable."""
+        self._next_offset = next_offset
+        self._undo_commit(segments_before, state_before, recovery_point, exc)
+        what = "disk full" if isinstance(exc, StorageFullError) else "no file descriptor left"
+        raise type(exc)(exc.path, f"{what}, append refused: {exc.reason}") from exc
 
     def _snapshot_producers(self, offset: int, now: int) -> None:
         """Save the producer state after every batch below `offset` (on roll and close), if
@@ -596,10 +692,7 @@ class PartitionLog(LogReads):
 
     async def _submit(self, op: _Op) -> Any:
         self.check_open()
-        try:
-            await self._send.send(op)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise self._closed_error() from None
+        await self._put(op)
         return await op.wait()
 
     async def append(
@@ -641,22 +734,18 @@ class PartitionLog(LogReads):
             callback(None, op.error) if op.error is not None else callback(op.result, None)
 
         op = _Append(batches=batches, size=size, expected_offset=expected_offset, callback=done)
-        try:
-            if self._senders:  # others wait for room already: after them, in order
-                raise anyio.WouldBlock
-            self._send.send_nowait(op)
-        except anyio.WouldBlock:  # the queue is full: wait for room as append() would
+        # others wait for room already (after them, in order), or the queue is full: wait for
+        # room as append() would
+        if self._senders or not self._put_nowait(op):
             task = asyncio.ensure_future(self._send_later(op))
             self._senders.add(task)
             task.add_done_callback(self._senders.discard)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise self._closed_error() from None
 
     async def _send_later(self, op: _Op) -> None:
         try:
-            await self._send.send(op)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            op.error = self._closed_error()
+            await self._put(op)
+        except LogClosedError as exc:
+            op.error = exc
             op.finish()
 
     async def call_in_writer(
@@ -837,20 +926,15 @@ class PartitionLog(LogReads):
         self._deleted = self._deleted or deleted
         self._closed = True
         self._wake_waiters()
-        await self._send.aclose()
+        self._close_queue()
 
     async def _shutdown(self) -> None:
         self._closed = True
-        await self._send.aclose()
+        self._close_queue()
         # fail anything still queued (only after a cancellation)
-        while True:
-            try:
-                op = self._receive.receive_nowait()
-            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                break
+        while (op := self._take()) is not None:
             op.error = self._closed_error()
             op.finish()
-        await self._receive.aclose()
         if self._failed is None:
             try:
                 await anyio.to_thread.run_sync(self._close_sync)

@@ -1,0 +1,95 @@
+"""Group commits of many partitions carried out together (engine/commits.py): one job per
+event-loop turn, the fdatasyncs of a job in parallel, each commit with its own outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+
+from engine import commits, segment
+from engine.errors import StorageError
+from engine.partition_log import prepare_batches
+
+from .helpers import running_log
+from .test_faults import inject, put, records, values  # noqa: F401 -- inject is a fixture
+
+PARTITIONS = 8
+
+
+async def _logs(stack: AsyncExitStack, tmp_path: Path, n: int = PARTITIONS) -> list:
+    return [await stack.enter_async_context(running_log(tmp_path / f"p{i}")) for i in range(n)]
+
+
+async def test_commits_due_together_go_in_one_job_and_each_is_durable(tmp_path: Path) -> None:
+    batcher = commits.batcher_for(asyncio.get_running_loop())
+    async with AsyncExitStack() as stack:
+        logs = await _logs(stack, tmp_path)
+        jobs0, commits0 = batcher.jobs, batcher.commits
+        for round_ in range(5):
+            results = await asyncio.gather(*(put(log, f"r{round_}p{i}", n=2) for i, log in enumerate(logs)))
+            assert [r.base_offset for r in results] == [2 * round_] * PARTITIONS
+        jobs, done = batcher.jobs - jobs0, batcher.commits - commits0
+        assert done == 5 * PARTITIONS
+        assert jobs < done, f"{done} commits took {jobs} jobs: none went together"
+        for i, log in enumerate(logs):
+            assert log.recovery_point == 10  # flushed: what was acknowledged is durable
+            assert [v.split(b"-")[0] for v in values(log)] == [f"r{r}p{i}".encode() for r in range(5) for _ in range(2)]
+
+
+async def test_the_flushes_of_a_job_run_at_the_same_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lock = threading.Lock()
+    inside = [0]
+    most = [0]
+    release = threading.Event()
+    flush = segment.LogSegment.flush
+
+    def counting_flush(self) -> None:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            if inside[0] >= 3:
+                release.set()
+        release.wait(5)  # hold each flush until three are inside at once (or give up)
+        try:
+            flush(self)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    async with AsyncExitStack() as stack:
+        logs = await _logs(stack, tmp_path, 4)
+        monkeypatch.setattr(segment.LogSegment, "flush", counting_flush)
+        # queued in one turn: one job, whose four flushes run in parallel
+        results = await asyncio.gather(*(put(log, f"p{i}") for i, log in enumerate(logs)))
+        monkeypatch.setattr(segment.LogSegment, "flush", flush)
+    assert [r.base_offset for r in results] == [0] * 4
+    assert most[0] >= 3, f"at most {most[0]} flush(es) at once"
+
+
+async def test_a_failed_fsync_in_a_job_fails_its_own_partition_only(tmp_path: Path, inject) -> None:  # noqa: F811
+    async with AsyncExitStack() as stack:
+        logs = await _logs(stack, tmp_path, 4)
+        inject({"op": "fsync", "path": str(tmp_path / "p2"), "errno": "EIO"})
+        results = await asyncio.gather(*(put(log, f"p{i}") for i, log in enumerate(logs)), return_exceptions=True)
+        inject()
+        assert isinstance(results[2], StorageError)
+        assert [r.base_offset for i, r in enumerate(results) if i != 2] == [0, 0, 0]
+        assert logs[2].failed is not None and all(log.failed is None for i, log in enumerate(logs) if i != 2)
+        more = await asyncio.gather(*(put(log, "again") for i, log in enumerate(logs) if i != 2))
+        assert [r.base_offset for r in more] == [5, 5, 5]
+
+
+async def test_a_full_disk_in_a_job_undoes_that_commit_only(tmp_path: Path, inject) -> None:  # noqa: F811
+    async with AsyncExitStack() as stack:
+        logs = await _logs(stack, tmp_path, 3)
+        await asyncio.gather(*(put(log, "first") for log in logs))
+        inject({"op": "fsync", "path": str(tmp_path / "p1"), "errno": "ENOSPC", "times": 1})
+        results = await asyncio.gather(*(put(log, "second") for log in logs), return_exceptions=True)
+        assert [type(r).__name__ for r in results] == ["AppendResult", "StorageFullError", "AppendResult"]
+        assert logs[1].failed is None, "a full disk refuses the commit and leaves the partition writable"
+        assert (await logs[1].append(prepare_batches(records("third"), logs[1].config))).base_offset == 5
+        assert [v[:5] for v in values(logs[1])] == [b"first"] * 5 + [b"third"] * 5
