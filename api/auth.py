@@ -191,16 +191,21 @@ def authorize(request: Request, action: str) -> Principal:
     """The caller's principal if it may do `action` on the path's topic and group (if any);
     ApiError 403 otherwise. What require(action) checks, for routes outside FastAPI's."""
     principal = principal_of(request)
-    if not principal.may(action):
-        raise ApiError(403, "forbidden", f"role {principal.role!r} may not {action}")
     # the path's topic, or the one a query names (?topic= filters group offsets)
-    for topic in (request.path_params.get("topic"), request.query_params.get("topic")):
-        if topic is not None and not principal.covers_topic(topic):
-            raise ApiError(403, "forbidden", f"{principal.name!r} has no access to topic {topic!r}")
+    check_access(principal, action, request.path_params.get("topic"), request.query_params.get("topic"))
     group = request.path_params.get("group")
     if group is not None and not principal.covers_group(group):
         raise ApiError(403, "forbidden", f"{principal.name!r} has no access to group {group!r}")
     return principal
+
+
+def check_access(principal: Principal, action: str, *topics: str | None) -> None:
+    """ApiError 403 unless `principal` may do `action` on each of `topics` (None: no topic)."""
+    if not principal.may(action):
+        raise ApiError(403, "forbidden", f"role {principal.role!r} may not {action}")
+    for topic in topics:
+        if topic is not None and not principal.covers_topic(topic):
+            raise ApiError(403, "forbidden", f"{principal.name!r} has no access to topic {topic!r}")
 
 
 Admin = Annotated[Principal, Depends(require("admin"))]

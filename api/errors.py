@@ -120,7 +120,11 @@ class ServerPaths:
     @classmethod
     def of(cls, request: Request) -> ServerPaths | None:
         """The app's (cached on app.state), or None for an app without settings."""
-        state = request.app.state
+        return cls.for_state(request.app.state)
+
+    @classmethod
+    def for_state(cls, state: Any) -> ServerPaths | None:
+        """ServerPaths.of an app by its state."""
         cached = getattr(state, "server_paths", None)
         if cached is None:
             settings = getattr(state, "settings", None)

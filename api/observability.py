@@ -20,7 +20,9 @@ met (eventlog_corrupt_batches_total, where="recovery" or "read") read at scrape 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import time
 from typing import Any
 
@@ -69,6 +71,7 @@ class Metrics:
         self.fsync = Histogram("eventlog_fsync_seconds", "fdatasync latency of group commits", buckets=FSYNC_BUCKETS, registry=r)
         self.in_flight = 0  # requests being handled; the middleware counts them on the event loop
         r.register(_InFlightCollector(self))
+        r.register(_StreamCollector())
         self._engine: Any = None
         self._workers: Any = None
 
@@ -103,6 +106,24 @@ class _InFlightCollector:
         )
         gauge.add_metric([], self.metrics.in_flight)
         return [gauge]
+
+
+class _StreamCollector:
+    """How event streams share their work (api/tail.py): chunks read and encoded, and chunks
+    the pushers wrote to parked subscribers (each write of one chunk to many counts once)."""
+
+    def collect(self):  # noqa: ANN201 -- prometheus-client's collector protocol
+        from .tail import FANOUT, TAILS
+
+        encoded = CounterMetricFamily(
+            "eventlog_stream_chunks_encoded", "event-stream chunks read and encoded (once for all their subscribers)"
+        )
+        encoded.add_metric([], TAILS.reads)
+        pushed = CounterMetricFamily(
+            "eventlog_stream_chunks_pushed", "event-stream chunks written to parked subscribers by their partition's pusher"
+        )
+        pushed.add_metric([], FANOUT.pushed)
+        return [encoded, pushed]
 
 
 class _PartitionCollector:
@@ -179,6 +200,63 @@ class _WorkerCollector:
         return [passes, reclaimed, deleted, removed, duration, ratio]
 
 
+class AccessLog:
+    """The access log, kept off the request path: a request leaves its line's fields here, and
+    they are formatted and written to the eventlog.access logger together, from the event loop,
+    FLUSH_S after the first of them (or at once when FLUSH_LINES are waiting, and at shutdown).
+    A line shows a request at most FLUSH_S late. `sample` (0 < sample <= 1) is the fraction of
+    answers below 400 written; every error is written."""
+
+    FLUSH_S = 0.25
+    FLUSH_LINES = 512
+
+    def __init__(self, enabled: bool, sample: float = 1.0) -> None:
+        self.enabled = enabled
+        self.sample = sample
+        self._pending: list[tuple] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._random = random.Random()
+
+    def add(
+        self, method: str, path: str, query: bytes, route: str, status: int, elapsed_s: float, bytes_out: int,
+        client: Any, principal: str,
+    ) -> None:
+        if not self.enabled:
+            return
+        if status < 400 and self.sample < 1.0 and self._random.random() >= self.sample:
+            return
+        pending = self._pending
+        pending.append((method, path, query, route, status, elapsed_s, bytes_out, client, principal))
+        if len(pending) >= self.FLUSH_LINES:
+            self.flush()
+        elif self._timer is None:
+            try:
+                self._timer = asyncio.get_running_loop().call_later(self.FLUSH_S, self.flush)
+            except RuntimeError:  # no loop running (not on asyncio): at once
+                self.flush()
+
+    def flush(self) -> None:
+        """Write every waiting line now."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        lines, self._pending = self._pending, []
+        for method, path, query, route, status, elapsed_s, bytes_out, client, principal in lines:
+            access_logger.info(
+                orjson.dumps({
+                    "method": method,
+                    "path": path,
+                    "query": query.decode("latin-1"),
+                    "route": route,
+                    "status": status,
+                    "ms": round(elapsed_s * 1000, 3),
+                    "bytes_out": bytes_out,
+                    "client": (client or ("-",))[0],
+                    "principal": principal,
+                }).decode()
+            )
+
+
 class ObservabilityMiddleware:
     def __init__(
         self,
@@ -187,7 +265,7 @@ class ObservabilityMiddleware:
         metrics: Metrics,
         authenticator: Authenticator | None,
         max_request_bytes: int,
-        access_log: bool,
+        access_log: AccessLog,
     ) -> None:
         self.app = app
         self.metrics = metrics
@@ -234,20 +312,10 @@ class ObservabilityMiddleware:
             method = scope["method"]
             self.metrics.requests.labels(route, method, str(status)).inc()
             self.metrics.latency.labels(route, method).observe(elapsed)
-            if self.access_log:
-                access_logger.info(
-                    orjson.dumps({
-                        "method": method,
-                        "path": scope["path"],
-                        "query": scope.get("query_string", b"").decode("latin-1"),
-                        "route": route,
-                        "status": status,
-                        "ms": round(elapsed * 1000, 3),
-                        "bytes_out": sent,
-                        "client": (scope.get("client") or ("-",))[0],
-                        "principal": principal_name,
-                    }).decode()
-                )
+            self.access_log.add(
+                method, scope["path"], scope.get("query_string", b""), route, status, elapsed, sent,
+                scope.get("client"), principal_name,
+            )
 
     def _reject_early(self, scope: Scope):  # noqa: ANN202
         length = _header(scope, b"content-length")

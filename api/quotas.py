@@ -37,7 +37,7 @@ import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .auth import ANONYMOUS_ADMIN, Principal
-from .errors import problem
+from .errors import ApiError, problem
 from .responses import ZEROCOPY
 
 PRODUCE = "produce"
@@ -166,6 +166,18 @@ def retry_after_s(throttle_ms: float) -> int:
     return max(1, math.ceil(throttle_ms / 1000))
 
 
+def over_quota(quotas: QuotaManager, principal: Principal, kind: str, throttle: float) -> ApiError:
+    """The 429 for a request refused over its quota, `throttle` ms before it may go on."""
+    quota = quotas.quota(principal, kind)
+    seconds = retry_after_s(throttle)
+    return ApiError(
+        429, "quota_exceeded",
+        f"{principal.name!r} is over its {kind} quota of {quota} bytes/s; retry in {seconds} s",
+        headers={"Retry-After": str(seconds)},
+        throttle_time_ms=math.ceil(throttle), quota_bytes_per_sec=quota, kind=kind,
+    )
+
+
 class QuotaMiddleware:
     """Refuses over-quota produce and fetch requests (429) and records their bytes."""
 
@@ -187,15 +199,8 @@ class QuotaMiddleware:
         throttle = quotas.throttle_ms(principal, kind)
         if throttle > 0:
             self.metrics.throttled.labels(kind).inc()  # type: ignore[attr-defined]
-            quota = quotas.quota(principal, kind)
-            seconds = retry_after_s(throttle)
-            refusal = problem(
-                429, "quota_exceeded",
-                f"{principal.name!r} is over its {kind} quota of {quota} bytes/s; retry in {seconds} s",
-                headers={"Retry-After": str(seconds)},
-                throttle_time_ms=math.ceil(throttle), quota_bytes_per_sec=quota, kind=kind,
-            )
-            await refusal(scope, receive, send)
+            exc = over_quota(quotas, principal, kind, throttle)
+            await problem(exc.status, exc.code, exc.detail, headers=exc.headers, **exc.extra)(scope, receive, send)
             return
         if kind == PRODUCE:
             received = 0

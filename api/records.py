@@ -225,27 +225,39 @@ async def _produce_to_partition(
 ) -> Response:
     service = produce_service(engine)
     service.partition(topic, partition)  # before reading the body
-    content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    content_type = request.headers.get("content-type", "application/json")
     body = await _read_body(request)
-    if content_type == RECORD_BATCH_MEDIA_TYPE:
-        raw = await service.produce_raw(
-            topic, partition, body, principal=principal.name, idempotency_key=idempotency_key, if_match=if_match,
-            max_inflated_bytes=request.app.state.settings.max_inflated_bytes_per_request,
-        )
-        payload = {"partition": partition, "base_offset": raw.base_offset, "last_offset": raw.last_offset, "timestamp": raw.timestamp}
-        replayed = raw.replayed
-    elif content_type in ("application/json", ""):
-        payload, replayed = await service.produce_json(
-            topic, body, partition=partition, principal=principal.name, idempotency_key=idempotency_key,
-            if_match=if_match, answer=_partition_answer,
-        )
-    else:
-        raise ApiError(415, "unsupported_media_type", f"use application/json or {RECORD_BATCH_MEDIA_TYPE}")
+    payload, replayed = await produce_to_partition_body(
+        service, topic, partition, content_type, body, principal.name, idempotency_key, if_match,
+        request.app.state.settings.max_inflated_bytes_per_request,
+    )
     # the offset a follow-up conditional append expects (If-Match)
     headers = {"ETag": f'"{payload["last_offset"] + 1}"'}
     if replayed:
         headers[REPLAYED_HEADER] = "true"
     return Response(orjson.dumps(payload), media_type="application/json", headers=headers)
+
+
+async def produce_to_partition_body(
+    service: ProduceService, topic: str, partition: int, content_type: str, body: bytearray, principal: str,
+    idempotency_key: str | None, if_match: str | None, max_inflated_bytes: int,
+) -> tuple[dict[str, int], bool]:
+    """The produce-to-partition answer ({partition, base_offset, last_offset, timestamp}) and
+    whether it was a replay, for a body of `content_type` (JSON or raw batches: 415 otherwise)."""
+    content_type = content_type.split(";")[0].strip().lower()
+    if content_type == RECORD_BATCH_MEDIA_TYPE:
+        raw = await service.produce_raw(
+            topic, partition, body, principal=principal, idempotency_key=idempotency_key, if_match=if_match,
+            max_inflated_bytes=max_inflated_bytes,
+        )
+        payload = {"partition": partition, "base_offset": raw.base_offset, "last_offset": raw.last_offset, "timestamp": raw.timestamp}
+        return payload, raw.replayed
+    if content_type in ("application/json", ""):
+        return await service.produce_json(
+            topic, body, partition=partition, principal=principal, idempotency_key=idempotency_key,
+            if_match=if_match, answer=_partition_answer,
+        )
+    raise ApiError(415, "unsupported_media_type", f"use application/json or {RECORD_BATCH_MEDIA_TYPE}")
 
 
 @router.get(
@@ -390,6 +402,7 @@ async def stream(
     metrics = request.app.state.metrics
 
     position = offset
+    from .tail import TAILS  # (tail.py builds on this module)
 
     async def next_chunk() -> bytes:
         """The next records as events, or a keep-alive comment after SSE_KEEPALIVE_S without
@@ -400,11 +413,10 @@ async def stream(
         log.check_open()
         if position >= log.high_watermark and not await log.wait_for_data(position, SSE_KEEPALIVE_S):
             return b": keepalive\n\n"
-        result = await log.read_records(position, SSE_CHUNK_RECORDS, SSE_CHUNK_BYTES)
-        metrics.fetched_records.labels(topic).inc(len(result.records))
-        chunk = await _records_answer(_sse_events, result, kf, vf)
-        position = max(result.next_offset, position)
-        return chunk
+        chunk = await TAILS.chunk(log, position, kf, vf)  # read and encoded once for all its subscribers
+        metrics.fetched_records.labels(topic).inc(chunk.records)
+        position = chunk.next_offset
+        return chunk.events
 
     paths = ServerPaths.of(request)
 
@@ -433,8 +445,8 @@ async def stream(
 
 # -- the hot routes without FastAPI's per-request machinery ----------------------------------------
 #
-# Produce (to a topic, to a partition) and fetch are served by plain Starlette routes placed
-# ahead of their documented FastAPI routes (which keep the OpenAPI document): dependency solving
+# Fetch is served by a plain Starlette route placed ahead of its documented FastAPI route
+# (produce goes further: api/lane.py serves it ahead of the whole middleware stack) (which keep the OpenAPI document): dependency solving
 # and parameter models were 8 % of the event loop's time under JSON produce and 28 % under raw
 # fetch (docs/PERFORMANCE.md). A fast route takes a request only when it reads every parameter
 # as FastAPI would without converting anything (plain decimal digits within the documented
@@ -484,10 +496,6 @@ class _FastRoute(Route):
         return match, child
 
 
-def _parse_produce(_scope: Scope, path: dict[str, Any]) -> dict[str, Any] | None:
-    return {}
-
-
 def _parse_partition_path(_scope: Scope, path: dict[str, Any]) -> dict[str, Any] | None:
     partition = _plain_int(path["partition"], 0, None)
     return None if partition is None else {"partition": partition}
@@ -516,22 +524,6 @@ def _parse_fetch(scope: Scope, path: dict[str, Any]) -> dict[str, Any] | None:
     return params
 
 
-async def _fast_produce(request: Request) -> Response:
-    engine = await get_engine(request)
-    principal = authorize(request, "write")
-    return await _produce(request, engine, principal, request.path_params["topic"], request.headers.get("idempotency-key"))
-
-
-async def _fast_produce_to_partition(request: Request) -> Response:
-    engine = await get_engine(request)
-    principal = authorize(request, "write")
-    headers = request.headers
-    return await _produce_to_partition(
-        request, engine, principal, request.path_params["topic"], request.scope[_PARAMS]["partition"],
-        headers.get("idempotency-key"), headers.get("if-match"),
-    )
-
-
 async def _fast_fetch(request: Request) -> Response:
     engine = await get_engine(request)
     authorize(request, "read")
@@ -546,7 +538,5 @@ def fast_routes() -> list[Route]:
     """The hot routes, to be placed ahead of the API's routes (api.install_routes)."""
     prefix = router.prefix
     return [
-        _FastRoute(prefix + "/{topic}/records", "POST", _fast_produce, _parse_produce),
-        _FastRoute(prefix + "/{topic}/partitions/{partition}/records", "POST", _fast_produce_to_partition, _parse_partition_path),
         _FastRoute(prefix + "/{topic}/partitions/{partition}/records", "GET", _fast_fetch, _parse_fetch),
     ]

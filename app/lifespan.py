@@ -51,6 +51,7 @@ def make_lifespan(settings: Settings, metrics: Metrics):
                     yield
                 finally:
                     app.state.shutting_down = True
+                    app.state.access_log.flush()
                     engine.begin_shutdown()
                     tg.cancel_scope.cancel()  # the workers stop before the engine closes
         except EngineError as exc:

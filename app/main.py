@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
 
 from api import install_routes
 from api.auth import Authenticator
+from api.lane import HotLane
 from api.limits import LimitsMiddleware
-from api.observability import Metrics, ObservabilityMiddleware
+from api.observability import AccessLog, Metrics, ObservabilityMiddleware
 from api.quotas import QuotaManager, QuotaMiddleware
 
 from .lifespan import make_lifespan
@@ -18,12 +20,28 @@ from .settings import Settings
 __version__ = "0.1.0"
 
 
+class EventlogApp(FastAPI):
+    """FastAPI with the hot lane (api/lane.py) ahead of its middleware stack."""
+
+    lane: HotLane | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lane = self.lane
+        if lane is not None and scope["type"] == "http":
+            taken = lane.match(scope)
+            if taken is not None:
+                handler, args = taken
+                await handler(scope, receive, send, *args)
+                return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The service. Raises api.auth.AuthConfigError for an unreadable or invalid auth file."""
     settings = settings or Settings()
     authenticator = Authenticator.from_file(settings.auth_file) if settings.auth_file else None
     metrics = Metrics()
-    app = FastAPI(
+    app = EventlogApp(
         title="eventlog",
         version=__version__,
         summary="Apache Kafka's log layer behind a REST API",
@@ -48,12 +66,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.quotas = quotas
     app.add_middleware(QuotaMiddleware, quotas=quotas, metrics=metrics)
     app.add_middleware(LimitsMiddleware, request_timeout_ms=settings.request_timeout_ms)
+    access_log = AccessLog(settings.access_log, settings.access_log_sample)
+    app.state.access_log = access_log
     app.add_middleware(
         ObservabilityMiddleware,
         metrics=metrics,
         authenticator=authenticator,
         max_request_bytes=settings.max_request_bytes,
-        access_log=settings.access_log,
+        access_log=access_log,
+    )
+    app.lane = HotLane(
+        app, metrics=metrics, authenticator=authenticator, quotas=quotas, access_log=access_log,
+        max_request_bytes=settings.max_request_bytes, request_timeout_ms=settings.request_timeout_ms,
+        max_inflated_bytes=settings.max_inflated_bytes_per_request,
     )
     return app
 

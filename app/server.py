@@ -45,6 +45,8 @@ from typing import Any, Callable, Iterator, Sequence
 import orjson
 import uvicorn
 
+from api.tail import TRANSPORT_SCOPE_KEY
+
 from .balance import Balancer
 from .settings import Settings
 
@@ -187,6 +189,9 @@ def _httptools_guarded() -> type:
                 self._refused = True
                 self._head_too_large()
                 return
+            # event streams write shared chunks straight to their subscribers' transports
+            # (api/tail.py, Fanout): only this server's own protocol offers it
+            self.scope[TRANSPORT_SCOPE_KEY] = self.transport  # type: ignore[literal-required]
             super().on_headers_complete()
 
         def _parsed_head_bytes(self) -> int:

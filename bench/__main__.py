@@ -54,6 +54,7 @@ SPACE_GB = {
     "spark": (1.5, 0.5),
     "http_shards": (1.5, 0.5),
     "http_small": (1, 0.5),
+    "http_fanout": (0.5, 0.5),
 }
 
 

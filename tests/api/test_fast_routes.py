@@ -1,12 +1,13 @@
-"""The hot routes (produce, fetch) are served without FastAPI's dependency machinery
-(api/records.py, _FastRoute); every answer must be the one the documented route gives."""
+"""The hot routes are served without FastAPI's machinery (produce: api/lane.py, ahead of the
+middleware; fetch: api/records.py, _FastRoute); every answer must be the one the documented
+route gives."""
 
 from __future__ import annotations
 
 import pytest
 from starlette.routing import Match
 
-from api import records
+from api import lane, records
 
 RAW = records.RECORD_BATCH_MEDIA_TYPE
 
@@ -43,7 +44,17 @@ REQUESTS = [
     (True, "POST", "/v1/topics/t/partitions/1/records", {"if-match": '"0"'}, {"records": [{"value": "v"}]}),
     (True, "POST", "/v1/topics/t/partitions/1/records", {"content-type": "text/plain"}, None),
     (True, "POST", "/v1/topics/t/partitions/9/records", {}, {"records": [{"value": "v"}]}),
+    (True, "POST", "/v1/topics/t/partitions/01/records", {"idempotency-key": "k1"}, {"records": [{"value": "v", "timestamp": 5}]}),
+    (True, "POST", "/v1/topics/t/partitions/1/records", {"idempotency-key": "k1"}, {"records": [{"value": "v", "timestamp": 5}]}),
+    (True, "POST", "/v1/topics/t/records", {"idempotency-key": "k2"}, {"records": [{"value": "a", "timestamp": 6}, {"value": "b", "timestamp": 7}]}),
+    (True, "POST", "/v1/topics/t/records", {"idempotency-key": "k2"}, {"records": [{"value": "a", "timestamp": 6}, {"value": "b", "timestamp": 7}]}),
+    (True, "POST", "/v1/topics/t/partitions/1/records", {"content-type": RAW}, {"not": "a batch"}),
+    (True, "POST", "/v1/topics/t/partitions/1/records", {"content-type": "application/json; charset=utf-8"}, {"records": 3}),
+    (True, "POST", "/v1/topics/t/records", {"content-type": "text/plain"}, {"records": [{"key": "k", "value": "v", "timestamp": 8}]}),
+    (True, "POST", "/v1/topics/__consumer_offsets/partitions/0/records", {}, {"records": [{"value": "v"}]}),
     (False, "POST", "/v1/topics/t/partitions/x/records", {}, {"records": [{"value": "v"}]}),
+    (False, "POST", "/v1/topics/t/partitions/1/records/", {}, {"records": [{"value": "v"}]}),
+    (False, "POST", "/v1/topics/t/partitions/%2B1/records", {}, {"records": [{"value": "v", "timestamp": 9}]}),
     (False, "PUT", "/v1/topics/t/records", {}, None),
     (False, "HEAD", "/v1/topics/t/partitions/1/records", {}, None),
     (False, "DELETE", "/v1/topics/t/partitions/1/records", {}, None),
@@ -59,7 +70,7 @@ def _answers(server) -> list[tuple[int, str | None, bytes, dict[str, str]]]:
             assert ok.status_code == 200
         for _fast, method, path, headers, body in REQUESTS:
             r = c.request(method, path, headers=headers, json=body) if body is not None else c.request(method, path, headers=headers)
-            kept = {k: r.headers[k] for k in ("allow", "etag", "x-next-offset", "x-high-watermark", "content-type") if k in r.headers}
+            kept = {k: r.headers[k] for k in ("allow", "etag", "x-next-offset", "x-high-watermark", "content-type", "idempotent-replayed", "connection") if k in r.headers}
             out.append((r.status_code, r.headers.get("content-type"), r.content, kept))
     return out
 
@@ -68,6 +79,7 @@ def _answers(server) -> list[tuple[int, str | None, bytes, dict[str, str]]]:
 def test_every_answer_is_the_documented_routes(app_factory, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     taken: list[str] = []
     matches = records._FastRoute.matches
+    lane_match = lane.HotLane.match
 
     def counting(self, scope):
         match, child = matches(self, scope)
@@ -75,11 +87,19 @@ def test_every_answer_is_the_documented_routes(app_factory, tmp_path, monkeypatc
             taken.append(f"{scope['method']} {scope['path']}?{scope['query_string'].decode()}")
         return match, child
 
+    def lane_counting(self, scope):
+        found = lane_match(self, scope)
+        if found is not None:
+            taken.append(f"{scope['method']} {scope['path']}?{scope['query_string'].decode()}")
+        return found
+
     monkeypatch.setattr(records._FastRoute, "matches", counting)
+    monkeypatch.setattr(lane.HotLane, "match", lane_counting)
     fast = _answers(app_factory(tmp_path / "fast").start())
     assert taken[:3] == ["POST /v1/topics/t/partitions/1/records?"] * 3  # the set-up's produces
     assert taken[3:] == [f"{m} {p}" if "?" in p else f"{m} {p}?" for fast, m, p, _h, _b in REQUESTS if fast]
     monkeypatch.setattr(records._FastRoute, "matches", lambda self, scope: (Match.NONE, {}))
+    monkeypatch.setattr(lane.HotLane, "match", lambda self, scope: None)
     documented = _answers(app_factory(tmp_path / "documented").start())
     for request, a, b in zip(REQUESTS, fast, documented):
         assert a == b, request
