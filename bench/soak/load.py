@@ -5,6 +5,8 @@ Writers (paused while the runner verifies, so the log holds still):
 * JSON producers to the plain and the retained topic (keyed, unkeyed, some with an explicit
   partition); raw producers (Kafka v2 batches from engine.records.encode_batch, every codec);
   JSON producers to the compacted topic (a small key space, ~15 % tombstones);
+* small producers: one-record appends to a partition of the many-partition topic drawn at
+  random, many of them at once (issue 13's shape: commits of many partitions due together);
 * the admin task: POST /v1/admin/retention/run and /v1/admin/compaction/run in turn;
 * the snapshot task: POST /v1/snapshots, check the manifest against the model, delete it.
 
@@ -55,6 +57,7 @@ from .model import (
     FULL,
     GAPS,
     LEDGER,
+    MANY,
     PLAIN,
     RETAINED,
     TABLE,
@@ -69,6 +72,7 @@ from .verify import check_snapshot
 JSON = {"content-type": "application/json"}
 REFUSED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
+SMALL_PRODUCERS = 8  # concurrent one-record producers on the many-partition topic
 
 class Gate:
     """Lets writers run, or holds them while the runner verifies; counts requests in flight."""
@@ -158,13 +162,15 @@ class Load(ExactWriters):
             self._conditional_producer(LEDGER, 0), self._conditional_producer(LEDGER, 0),
             self._admin(), self._snapshots(),
         ]
-        for topic in (PLAIN, RETAINED, TABLE, FULL, LEDGER):
+        out += [self._small_producer(MANY) for _ in range(SMALL_PRODUCERS)]
+        for topic in (PLAIN, RETAINED, TABLE, FULL, LEDGER, MANY):
             out.append(self._fetcher(topic))
         out.append(self._raw_fetcher(PLAIN))
         out.append(self._long_poller(PLAIN, 0))
         out.append(self._long_poller(TABLE, 1 % self.partitions[TABLE]))
         out.append(self._sse_tailer(PLAIN, 1 % self.partitions[PLAIN]))
         out.append(self._sse_tailer(RETAINED, 0))
+        out.append(self._sse_tailer(MANY, 0))
         return out
 
     # -- writers ----------------------------------------------------------------------------
@@ -240,6 +246,31 @@ class Load(ExactWriters):
                 self.model.ack(topic, placed["partition"], placed["offset"], rid)
             self.stats.op(kind)
             self.stats.op("records_acked", n)
+
+    async def _small_producer(self, topic: str) -> None:
+        """One-record appends, each to a partition drawn at random, one request at a time."""
+        writer = self._writer_number()
+        rng = random.Random(self.rng.random())
+        seq = 0
+        kind = "produce_small"
+        while not self.gate.stopping:
+            partition = rng.randrange(self.partitions[topic])
+            ids = [record_id(writer, seq)]
+            seq += 1
+            body = orjson.dumps({"records": self._json_records(topic, ids, rng, spread=False)})
+            mark, started = self.faults.mark(), self.stats.now()
+            url = f"/v1/topics/{topic}/partitions/{partition}/records"
+            outcome = await self._request(kind, "POST", url, content=body, headers=JSON)
+            answer = self._produced(kind, topic, outcome, ids, mark, started)
+            if answer is None:
+                await asyncio.sleep(RETRY_PAUSE_S)
+                continue
+            if answer["partition"] != partition or answer["base_offset"] != answer["last_offset"]:
+                self.model.fail("unexpected_answer", f"{kind} to {topic}/{partition}: {answer}")
+                continue
+            self.model.ack(topic, partition, answer["base_offset"], ids[0])
+            self.stats.op(kind)
+            self.stats.op("records_acked")
 
     async def _raw_producer(self, topic: str) -> None:
         writer = self._writer_number()
@@ -382,8 +413,8 @@ class Load(ExactWriters):
             r = await self.client.get(
                 f"/v1/topics/{topic}/partitions/{partition}/records", params={"offset": position, **params}
             )
-        except httpx.TransportError:
-            self.stats.errors[f"{reader}_connection"] += 1
+        except Exception as exc:  # noqa: BLE001 -- see _connection_lost
+            self._connection_lost(reader, exc)
             await asyncio.sleep(RETRY_PAUSE_S)
             return position, -1
         if r.status_code == 416:
@@ -423,8 +454,8 @@ class Load(ExactWriters):
                         f"/v1/topics/{topic}/partitions/{partition}/records",
                         params={"offset": position, "max_bytes": 256 * 1024}, headers={"accept": RAW},
                     )
-                except httpx.TransportError:
-                    self.stats.errors[f"{reader}_connection"] += 1
+                except Exception as exc:  # noqa: BLE001 -- see _connection_lost
+                    self._connection_lost(reader, exc)
                     await asyncio.sleep(RETRY_PAUSE_S)
                     continue
                 if r.status_code == 416:
@@ -459,7 +490,8 @@ class Load(ExactWriters):
                 try:
                     r = await self.client.get(f"/v1/topics/{topic}/partitions/{partition}/offsets")
                     position = r.json()["high_watermark"] if r.status_code == 200 else None
-                except httpx.TransportError:
+                except Exception as exc:  # noqa: BLE001 -- see _connection_lost
+                    self._connection_lost(f"long_poller({topic}/{partition})", exc)
                     await asyncio.sleep(RETRY_PAUSE_S)
                 continue
             position, n = await self._read(
@@ -487,9 +519,19 @@ class Load(ExactWriters):
                         continue
                     self.stats.op("sse_connect")
                     await self._events(reader, topic, partition, state, r)
-            except httpx.TransportError:
-                self.stats.errors[f"{reader}_connection"] += 1
+            except httpx.TransportError as exc:  # (not wider: _events checks what arrives)
+                self._connection_lost(reader, exc)
                 await asyncio.sleep(RETRY_PAUSE_S)
+
+    def _connection_lost(self, reader: str, exc: Exception) -> None:
+        """A reader's request failed on its way (a reader resumes where it was). Besides httpx's
+        transport errors, the client library's own errors on a connection a kill dropped (seen:
+        anyio's AttributeError on a socket already gone) end up here, caught around the request
+        only: what an answer holds is checked after it."""
+        if isinstance(exc, httpx.TransportError):
+            self.stats.errors[f"{reader}_connection"] += 1
+        else:
+            self.stats.errors[f"{reader}_client_{type(exc).__name__}"] += 1
 
     async def _events(self, reader: str, topic: str, partition: int, state: dict[str, int], r: httpx.Response) -> None:
         event, data = None, None

@@ -34,13 +34,14 @@ RETAINED = "soak-retained"  # small retention.bytes / retention.ms: old segments
 TABLE = "soak-table"  # compacted, small key space, tombstones
 FULL = "soak-full"  # one partition; its directory gets ENOSPC injected in disk-full phases
 LEDGER = "soak-ledger"  # one partition; only conditional (If-Match) producers write it
+MANY = "soak-many"  # many partitions; one-record appends from many producers at once (issue 13)
 
 TABLE_KEYS = 48
 TOMBSTONE_PER_256 = 38  # ~15 % of the table topic's writes are tombstones
 
 # what each topic may legitimately lose at the front, and whether its offsets may have gaps
-EXPIRES = {PLAIN: False, RETAINED: True, TABLE: True, FULL: False, LEDGER: False}
-GAPS = {PLAIN: False, RETAINED: False, TABLE: True, FULL: False, LEDGER: False}
+EXPIRES = {PLAIN: False, RETAINED: True, TABLE: True, FULL: False, LEDGER: False, MANY: False}
+GAPS = {PLAIN: False, RETAINED: False, TABLE: True, FULL: False, LEDGER: False, MANY: False}
 
 
 def record_id(writer: int, seq: int) -> int:

@@ -43,7 +43,7 @@ def test_short_soak_loses_and_duplicates_nothing_across_kills(tmp_path: Path, pr
     assert r["records_verified"] > 0 and r["final_disk"]["verified"] > 0  # through the API, and on disk
     assert r["final_exit_status"] == 0
     # every kind of load ran, and the maintenance endpoints did work
-    for kind in ("produce_json", "produce_raw", "produce_table", "produce_full", "produce_idempotent",
+    for kind in ("produce_json", "produce_small", "produce_raw", "produce_table", "produce_full", "produce_idempotent",
                  "produce_conditional", "fetch", "fetch_raw", "long_poll", "sse_event",
                  "retention_run", "compaction_run", "snapshot"):
         assert r["operations"].get(kind, 0) > 0, kind
