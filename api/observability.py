@@ -31,6 +31,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engine.commits import CommitBatcher, batcher_for
+
 from .auth import Authenticator
 from .errors import ApiError, problem
 from .limits import RequestRefused
@@ -83,6 +85,7 @@ class Metrics:
         engine.commit_hooks.append(self._on_commit)
         engine.fsync_hooks.append(self._on_fsync)
         self.registry.register(_PartitionCollector(self))
+        self.registry.register(_CommitJobCollector(batcher_for(asyncio.get_running_loop())))
         if workers is not None:
             self.registry.register(_WorkerCollector(workers))
 
@@ -106,6 +109,25 @@ class _InFlightCollector:
         )
         gauge.add_metric([], self.metrics.in_flight)
         return [gauge]
+
+
+class _CommitJobCollector:
+    """How the group commits of many partitions went to the commit threads (engine/commits.py):
+    jobs, and the commits they carried (commits / jobs: how many went together)."""
+
+    def __init__(self, batcher: CommitBatcher) -> None:
+        self.batcher = batcher
+
+    def collect(self):  # noqa: ANN201 -- prometheus-client's collector protocol
+        jobs = CounterMetricFamily("eventlog_commit_jobs", "jobs of group commits sent to a commit thread together")
+        jobs.add_metric([], self.batcher.jobs)
+        carried = CounterMetricFamily("eventlog_commit_job_commits", "group commits carried by those jobs")
+        carried.add_metric([], self.batcher.commits)
+        syncs = CounterMetricFamily("eventlog_commit_shared_syncs", "syncfs calls that made many partitions' commits durable at once")
+        syncs.add_metric([], self.batcher.shared_syncs)
+        covered = CounterMetricFamily("eventlog_commit_shared_sync_flushes", "partition flushes those syncfs calls stood for")
+        covered.add_metric([], self.batcher.shared_flushes)
+        return [jobs, carried, syncs, covered]
 
 
 class _StreamCollector:

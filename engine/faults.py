@@ -67,14 +67,14 @@ def _supervisor_goes_too() -> None:
 # call. The file is re-read whenever it changes, so a test can inject and lift faults in a
 # running server by rewriting it. Unset (always, outside tests), a check is one truth test.
 #
-#     {"rules": [{"op": "write" | "fsync" | "read",
+#     {"rules": [{"op": "write" | "fsync" | "read" | "syncfs",
 #                 "path": "orders-0/",          substring of the file's path ("" = any)
 #                 "errno": "ENOSPC" | "EIO" | ..., or
 #                 "delay_ms": 200,              sleep first (a slow disk), then do the call
 #                 "times": 3}]}                 fire this often, then stop (default: always)
 
 FAULTS_FILE = os.environ.get("EVENTLOG_FAULTS_FILE") or None
-IO_OPS = ("write", "fsync", "read")
+IO_OPS = ("write", "fsync", "read", "syncfs")
 _rules: list[dict] = []
 _rules_version: int | None = None
 _rules_lock = threading.Lock()
@@ -100,6 +100,21 @@ def _load_rules() -> list[dict]:
                 return _rules  # being rewritten: keep the old rules until it parses
         _rules, _rules_version = rules, version
         return rules
+
+
+def fault_pending(op: str, fd: int) -> bool:
+    """Whether a rule would act on `op` on `fd` now (nothing consumed, nothing slept): a file a
+    rule targets is synced on its own, where the rule acts (engine/commits.py)."""
+    if FAULTS_FILE is None:
+        return False
+    rules = _load_rules()
+    if not rules:
+        return False
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        path = ""
+    return any(r.get("op") == op and r.get("path", "") in path and r.get("times", -1) != 0 for r in rules)
 
 
 def io_fault(op: str, fd: int) -> None:

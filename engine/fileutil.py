@@ -12,7 +12,7 @@ import errno
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from .descriptors import BUDGET
 from .errors import StorageError, StorageFullError, TooManyOpenFilesError
@@ -81,6 +81,28 @@ def fdatasync(fd: int) -> None:
     """os.fdatasync through the fault-injection seam."""
     io_fault("fsync", fd)
     os.fdatasync(fd)
+
+
+_libc: Any = None
+
+
+def syncfs(fd: int) -> None:
+    """syncfs(2) of the filesystem holding `fd`, through the fault-injection seam: every dirty
+    page and inode of that filesystem written and flushed to the device. Since Linux 5.8 it
+    reports a write-back error met on that filesystem since `fd` last reported one (the
+    filesystem's error sequence as `fd` saw it when opened). Raises OSError."""
+    global _libc
+    io_fault("syncfs", fd)
+    if _libc is None:
+        import ctypes
+
+        _libc = ctypes.CDLL(None, use_errno=True)  # a CDLL call releases the GIL
+        _libc.syncfs.argtypes = [ctypes.c_int]
+    if _libc.syncfs(fd) != 0:
+        import ctypes
+
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
 
 
 def pread(fd: int, size: int, position: int) -> bytes:

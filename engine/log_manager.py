@@ -45,7 +45,7 @@ import anyio
 import orjson
 from anyio.abc import TaskGroup
 
-from . import filenames, kafka_import
+from . import commits, filenames, kafka_import
 from .checkpoints import (
     CLEANER_OFFSET,
     LEADER_EPOCH,
@@ -151,6 +151,8 @@ class EngineConfig:
     writer_stop_timeout_ms: int = 30_000
     # None: a single process owning every partition (eventlog serve --processes 1)
     shard: ShardSpec | None = None
+    # one syncfs for the flushes of a commit job on one filesystem (engine/commits.py)
+    shared_sync: bool = True
 
 
 @dataclass(eq=False)
@@ -1504,6 +1506,7 @@ class RemoteGroups:
 async def open_engine(config: EngineConfig, clock: Callable[[], int] = wall_clock_ms) -> AsyncIterator[LogManager]:
     """Open (recover) every log dir, run the writers, and close everything cleanly on exit."""
     BUDGET.configure(raise_open_files_limit())
+    commits.batcher_for(asyncio.get_running_loop()).shared_sync = config.shared_sync and commits.kernel_reports_syncfs_errors()
     manager = LogManager(config, clock)
     await anyio.to_thread.run_sync(manager._open_dirs)
     if config.shard is not None:

@@ -37,7 +37,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from . import filenames
-from .commits import CommitBatcher, batcher_for
+from .commits import CommitBatcher, PendingFlush, batcher_for
 from .config import LogConfig
 from .errors import (
     CorruptBatchError,
@@ -269,6 +269,7 @@ class PartitionLog(LogReads):
         self._room: deque[asyncio.Future[None]] = deque()  # senders' waits for room
         self._senders: set[asyncio.Task] = set()  # append_soon's waits for room in a full queue
         self._commits: CommitBatcher | None = None
+        self._device = -1  # the filesystem of the log's directory (st_dev), once running
         self._data_event = asyncio.Event()
         self._closed = False
         self._deleted = False
@@ -310,6 +311,7 @@ class PartitionLog(LogReads):
         self._running = True
         self._loop = asyncio.get_running_loop()
         self._commits = batcher_for(self._loop)
+        self._device = self._commits.register(self.directory)
         task_status.started()
         carry: _Op | None = None
         try:
@@ -511,7 +513,7 @@ class PartitionLog(LogReads):
 
     # -- group commit (worker thread) ---------------------------------------------------------
 
-    def _commit_write(self, group: list[_Append]) -> Callable[[], None] | None:
+    def _commit_write(self, group: list[_Append]) -> PendingFlush | None:
         """One group commit up to its flush: returns None when it is complete, else the flush
         (fdatasync) that completes it, to be called next (commits.py calls the flushes of many
         partitions' commits in parallel). Each request is checked first (expected offset, idempotent
@@ -601,14 +603,14 @@ class PartitionLog(LogReads):
             complete()
             return None
 
-        def flush() -> None:
+        def flush(shared_s: float | None = None) -> None:
             try:
-                self._flush_sync()
+                self._flush_sync(shared_s)
             except TransientStorageError as exc:
                 self._refuse_commit(exc, next_offset_before, segments_before, state_before, recovery_point_before)
             complete()
 
-        return flush
+        return PendingFlush(flush, self._segments[-1], self._device)
 
     def _refuse_commit(
         self, exc: TransientStorageError, next_offset: int, segments_before: tuple[LogSegment, ...], state_before: tuple,
@@ -648,11 +650,16 @@ class PartitionLog(LogReads):
         self.recovery_point = recovery_point
         logger.warning("%s: a group commit was undone: %s", self.name, cause.reason)
 
-    def _flush_sync(self) -> None:
+    def _flush_sync(self, shared_s: float | None = None) -> None:
+        """fdatasync the active segment; with `shared_s`, a syncfs of its filesystem that took
+        that long has made it durable already (commits.py)."""
         started = time.perf_counter()
-        self._segments[-1].flush()
+        if shared_s is None:
+            self._segments[-1].flush()
+        else:
+            self._segments[-1].mark_synced()
         if self._on_fsync is not None:
-            self._on_fsync(self, time.perf_counter() - started)
+            self._on_fsync(self, time.perf_counter() - started if shared_s is None else shared_s)
         self._unflushed_messages = 0
         self._last_flush_ms = self.clock()
         self.recovery_point = self._next_offset

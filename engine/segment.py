@@ -430,6 +430,15 @@ class LogSegment:
             except OSError as exc:
                 raise storage_error(exc, self.log_path, "fsync failed") from exc
 
+    def sync_fd(self) -> int:
+        """The descriptor flush() would fdatasync (the one the unsynced writes went through)."""
+        return (self._unsynced or self._writable_handle()).fd
+
+    def mark_synced(self) -> None:
+        """What flush() leaves, for a .log a syncfs of its filesystem made durable (its writes
+        were made before that syncfs began, and it reported no error)."""
+        self._unsynced = None
+
     def close_for_append(self) -> None:
         """Roll or clean shutdown: final time index entry, fsync, trim indexes, read-only."""
         if not self._appendable:

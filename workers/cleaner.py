@@ -194,6 +194,10 @@ class _SegmentWriter:
         self.throttler.maybe_throttle(len(data))
         if self.segment._staged_bytes >= 4 * 1024 * 1024:
             self.segment.write_staged()
+            # written back as it goes: a pass never leaves more than ~4 MiB dirty, which a
+            # syncfs of the filesystem (the commits' shared durable point, engine/commits.py)
+            # would otherwise have to write before any commit on it is acknowledged
+            self.segment.flush()
             crash_point("clean.mid_recopy")
 
     def finish(self, end_offset: int) -> None:

@@ -1,5 +1,6 @@
 """Group commits of many partitions carried out together (engine/commits.py): one job per
-event-loop turn, the fdatasyncs of a job in parallel, each commit with its own outcome."""
+event-loop turn, one syncfs for the flushes of a job on one filesystem (or their fdatasyncs in
+parallel), each commit with its own outcome."""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ async def test_the_flushes_of_a_job_run_at_the_same_time(tmp_path: Path, monkeyp
             with lock:
                 inside[0] -= 1
 
+    commits.batcher_for(asyncio.get_running_loop()).shared_sync = False  # each its own fdatasync
     async with AsyncExitStack() as stack:
         logs = await _logs(stack, tmp_path, 4)
         monkeypatch.setattr(segment.LogSegment, "flush", counting_flush)
@@ -93,3 +95,40 @@ async def test_a_full_disk_in_a_job_undoes_that_commit_only(tmp_path: Path, inje
         assert logs[1].failed is None, "a full disk refuses the commit and leaves the partition writable"
         assert (await logs[1].append(prepare_batches(records("third"), logs[1].config))).base_offset == 5
         assert [v[:5] for v in values(logs[1])] == [b"first"] * 5 + [b"third"] * 5
+
+
+async def test_flushes_on_one_filesystem_share_one_syncfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    batcher = commits.batcher_for(asyncio.get_running_loop())
+    if not batcher.shared_sync:
+        pytest.skip("this kernel's syncfs does not report write-back errors (Linux < 5.8)")
+    fdatasyncs = []
+    flush = segment.LogSegment.flush
+    monkeypatch.setattr(segment.LogSegment, "flush", lambda self: (fdatasyncs.append(self), flush(self))[1])
+    async with AsyncExitStack() as stack:
+        logs = await _logs(stack, tmp_path, 6)
+        syncs0, covered0 = batcher.shared_syncs, batcher.shared_flushes
+        results = await asyncio.gather(*(put(log, f"p{i}") for i, log in enumerate(logs)))
+        assert [r.base_offset for r in results] == [0] * 6
+        assert batcher.shared_syncs - syncs0 >= 1 and batcher.shared_flushes - covered0 == 6
+        assert fdatasyncs == [], "a partition the syncfs covered was fdatasync'ed too"
+        assert all(log.recovery_point == 5 for log in logs)
+
+
+async def test_a_failed_syncfs_leaves_each_partition_to_its_own_fdatasync(tmp_path: Path, inject) -> None:  # noqa: F811
+    batcher = commits.batcher_for(asyncio.get_running_loop())
+    if not batcher.shared_sync:
+        pytest.skip("this kernel's syncfs does not report write-back errors (Linux < 5.8)")
+    async with AsyncExitStack() as stack:
+        logs = await _logs(stack, tmp_path, 4)
+        # the syncfs fails (it cannot say which file lost data); p2's own fdatasync fails too
+        inject({"op": "syncfs", "errno": "EIO"}, {"op": "fsync", "path": str(tmp_path / "p2"), "errno": "EIO"})
+        syncs0 = batcher.shared_syncs
+        results = await asyncio.gather(*(put(log, f"p{i}") for i, log in enumerate(logs)), return_exceptions=True)
+        assert isinstance(results[2], StorageError)
+        assert [r.base_offset for i, r in enumerate(results) if i != 2] == [0, 0, 0]
+        inject()
+        # the filesystem is synced file by file from now on
+        more = await asyncio.gather(*(put(log, "again") for i, log in enumerate(logs) if i != 2))
+        assert [r.base_offset for r in more] == [5, 5, 5]
+        assert batcher.shared_syncs == syncs0
+        assert all(log.recovery_point == 10 for i, log in enumerate(logs) if i != 2)
