@@ -210,7 +210,7 @@ class Fanout:
                     now = loop.time()
                     for sub in list(subs):
                         if now - sub.last_sent >= keepalive_s:
-                            self._write(subs, sub, b": keepalive\n\n", 0, sub.position, now)
+                            self._write(subs, sub, _KEEPALIVE, len(b": keepalive\n\n"), sub.position, now)
                     continue
                 positions = sorted({sub.position for sub in subs})
                 for at in positions:
@@ -221,8 +221,9 @@ class Fanout:
                         continue
                     now = loop.time()
                     readers = [sub for sub in subs if sub.position == at]
+                    framed = _framed(chunk.events)  # one HTTP/1.1 chunk, built once for all of them
                     for sub in readers:
-                        self._write(subs, sub, chunk.events, chunk.records, chunk.next_offset, now)
+                        self._write(subs, sub, framed, len(chunk.events), chunk.next_offset, now)
                     self.pushed += 1
                     fetched.inc(chunk.records * len(readers))
         finally:
@@ -231,9 +232,11 @@ class Fanout:
                 del self._parked[key]
 
     @staticmethod
-    def _write(subs: list[Parked], sub: Parked, events: bytes, records: int, next_offset: int, now: float) -> None:
+    def _write(subs: list[Parked], sub: Parked, framed: bytes | None, size: int, next_offset: int, now: float) -> None:
+        """Write `framed` (an HTTP/1.1 chunk of `size` bytes of events; None: nothing to show,
+        e.g. only control batches) to a parked subscriber, or hand it back."""
         transport = sub.transport
-        if not events:  # nothing to show (e.g. only control batches): move on
+        if framed is None:
             sub.position = next_offset
             return
         if sub.wake.done() or transport.is_closing():
@@ -242,10 +245,17 @@ class Fanout:
         if transport.get_write_buffer_size() > PARKED_BUFFER_BYTES:
             _hand_back([sub], subs)  # a slow reader: its own coroutine waits for it
             return
-        transport.write(b"%x\r\n%s\r\n" % (len(events), events))
-        sub.sent += len(events)
+        transport.write(framed)
+        sub.sent += size
         sub.position = next_offset
         sub.last_sent = now
+
+
+def _framed(events: bytes) -> bytes | None:
+    return b"%x\r\n%s\r\n" % (len(events), events) if events else None
+
+
+_KEEPALIVE = _framed(b": keepalive\n\n")
 
 
 def _hand_back(which: list[Parked], subs: list[Parked]) -> None:
