@@ -45,7 +45,7 @@ from starlette.types import Receive, Scope, Send
 
 from engine.errors import EngineError, LogClosedError, OffsetOutOfRangeError, StorageError
 
-from .auth import ANONYMOUS_ADMIN, Authenticator, check_access
+from .auth import ANONYMOUS_ADMIN, Authenticator, Principal, check_access
 from .errors import ApiError, ServerPaths, engine_problem, problem
 from .limits import RequestRefused
 from .observability import AccessLog, Metrics
@@ -59,6 +59,7 @@ from .records import (
     _stream_error,
     produce_service,
     produce_to_partition_body,
+    stream_start,
 )
 from .responses import PartsResponse
 from .schemas import Format
@@ -175,31 +176,10 @@ class HotLane:
                     idempotency_key = idempotency_key or value
                 elif name == b"if-match":
                     if_match = if_match or value
-            limit = self.max_request_bytes
-            declared = 0
-            if length is not None:
-                try:
-                    declared = int(length)
-                except ValueError:
-                    raise ApiError(400, "invalid_request", "Content-Length is not a number") from None
-                if declared > limit:
-                    raise ApiError(
-                        413, "request_too_large", f"request body of {declared} bytes exceeds the limit of {limit}",
-                        headers={"Connection": "close"}, limit=limit,
-                    )
-            if self.authenticator is not None:
-                principal = self.authenticator.authenticate(authorization.decode("latin-1") if authorization else None)
-            quotas = self.quotas
-            if quotas.quota(principal, PRODUCE) is not None:
-                throttle = quotas.throttle_ms(principal, PRODUCE)
-                if throttle > 0:
-                    metrics.throttled.labels(PRODUCE).inc()
-                    raise over_quota(quotas, principal, PRODUCE, throttle)
-                quota_on = True
-            state = self.state
-            engine = state.engine
-            if engine is None or state.shutting_down:
-                raise LogClosedError("engine")
+            declared = self._declared(length)
+            principal = self._authenticate(authorization)
+            quota_on = self._within_quota(principal, PRODUCE)
+            engine = self._engine()
             check_access(principal, "write", topic)
             service = produce_service(engine)
             if partition is not None:
@@ -250,6 +230,47 @@ class HotLane:
                 "POST", scope["path"], scope.get("query_string", b""), route, status, elapsed, sent,
                 scope.get("client"), principal.name,
             )
+
+    # -- the checks before a body is read (in this order) ---------------------------------------
+
+    def _declared(self, length: bytes | None) -> int:
+        """The declared body size (0 when none): 400 if not a number, 413 above the limit."""
+        if length is None:
+            return 0
+        try:
+            declared = int(length)
+        except ValueError:
+            raise ApiError(400, "invalid_request", "Content-Length is not a number") from None
+        limit = self.max_request_bytes
+        if declared > limit:
+            raise ApiError(
+                413, "request_too_large", f"request body of {declared} bytes exceeds the limit of {limit}",
+                headers={"Connection": "close"}, limit=limit,
+            )
+        return declared
+
+    def _authenticate(self, authorization: bytes | None) -> Principal:
+        if self.authenticator is None:
+            return ANONYMOUS_ADMIN
+        return self.authenticator.authenticate(authorization.decode("latin-1") if authorization else None)
+
+    def _within_quota(self, principal: Principal, kind: str) -> bool:
+        """Whether `principal` has a `kind` quota (its bytes then count); 429 while over it."""
+        quotas = self.quotas
+        if quotas.quota(principal, kind) is None:
+            return False
+        throttle = quotas.throttle_ms(principal, kind)
+        if throttle > 0:
+            self.metrics.throttled.labels(kind).inc()
+            raise over_quota(quotas, principal, kind, throttle)
+        return True
+
+    def _engine(self) -> Any:
+        state = self.state
+        engine = state.engine
+        if engine is None or state.shutting_down:
+            raise LogClosedError("engine")
+        return engine
 
     async def _body(self, receive: Receive, declared: int, started: float, received: list[int]) -> bytearray:
         """The body straight into one writable buffer (see records._read_body), within the
@@ -309,37 +330,13 @@ class HotLane:
                         length = length or value
                     elif name == b"authorization":
                         authorization = authorization or value
-                if length is not None:
-                    try:
-                        declared = int(length)
-                    except ValueError:
-                        raise ApiError(400, "invalid_request", "Content-Length is not a number") from None
-                    limit = self.max_request_bytes
-                    if declared > limit:
-                        raise ApiError(
-                            413, "request_too_large", f"request body of {declared} bytes exceeds the limit of {limit}",
-                            headers={"Connection": "close"}, limit=limit,
-                        )
-                if self.authenticator is not None:
-                    principal = self.authenticator.authenticate(authorization.decode("latin-1") if authorization else None)
-                quotas = self.quotas
-                quota_on = quotas.quota(principal, FETCH) is not None
-                if quota_on:
-                    throttle = quotas.throttle_ms(principal, FETCH)
-                    if throttle > 0:
-                        metrics.throttled.labels(FETCH).inc()
-                        raise over_quota(quotas, principal, FETCH, throttle)
-                state = self.state
-                engine = state.engine
-                if engine is None or state.shutting_down:
-                    raise LogClosedError("engine")
+                self._declared(length)
+                principal = self._authenticate(authorization)
+                quota_on = self._within_quota(principal, FETCH)
+                engine = self._engine()
                 check_access(principal, "read", topic)
                 log = engine.partition(topic, partition)
-                if last_event_id is not None:
-                    offset = last_event_id + 1
-                elif offset is None:
-                    offset = log.high_watermark
-                log.check_offset(offset)
+                offset = stream_start(log, offset, last_event_id)
             except Exception as exc:
                 response = self._problem(exc, scope)
                 status = response.status_code

@@ -366,6 +366,17 @@ def _sse_events(result: RecordsResult, kf: str, vf: str) -> bytes:
     )
 
 
+def stream_start(log: Any, offset: int | None, last_event_id: int | None) -> int:
+    """Where an event stream starts: after Last-Event-ID, else at `offset`, else at the end;
+    OffsetOutOfRangeError (416) outside the log."""
+    if last_event_id is not None:
+        offset = last_event_id + 1
+    elif offset is None:
+        offset = log.high_watermark
+    log.check_offset(offset)
+    return offset
+
+
 @router.get(
     "/{topic}/partitions/{partition}/records/stream",
     operation_id="streamRecords",
@@ -393,11 +404,7 @@ async def stream(
     last_event_id: int | None = Header(None, ge=-1, description="resume after this offset (sent by EventSource on reconnect)"),
 ) -> StreamingResponse:
     log = engine.partition(topic, partition)
-    if last_event_id is not None:
-        offset = last_event_id + 1
-    elif offset is None:
-        offset = log.high_watermark
-    log.check_offset(offset)
+    offset = stream_start(log, offset, last_event_id)
     kf, vf = key_format.value, value_format.value
     metrics = request.app.state.metrics
 
