@@ -138,3 +138,39 @@ def test_fast_routes_check_rights_as_the_dependencies_do(app_factory, tmp_path) 
         assert c.post("/v1/topics/t/records", json=body, headers=admin).status_code == 200
         r = c.get("/v1/topics/t/partitions/0/records", headers={"authorization": "Bearer reader-token-1"})
         assert r.status_code == 200 and [x["value"] for x in r.json()["records"]] == ["v"]
+
+
+@pytest.mark.in_process_only  # reads this process's log records
+@pytest.mark.parametrize("sample", ["1", "1e-12"])
+def test_the_access_log_has_a_line_per_request_soon_after(app_factory, tmp_path, caplog, sample: str) -> None:
+    import logging
+    import time
+
+    import orjson
+
+    caplog.set_level(logging.INFO, logger="eventlog.access")
+    server = app_factory(tmp_path / sample, EVENTLOG_ACCESS_LOG="true", EVENTLOG_ACCESS_LOG_SAMPLE=sample).start()
+    with server.client() as c:
+        assert c.post("/v1/topics", json={"name": "t"}).status_code == 201
+        assert c.post("/v1/topics/t/partitions/0/records", json={"records": [{"value": "v"}]}).status_code == 200
+        bad = c.post("/v1/topics/t/partitions/0/records", content=b"{", headers={"content-type": "application/json"})
+        assert bad.status_code == 400
+        assert c.get("/v1/topics/t").status_code == 200
+    expected = [
+        ("POST", "/v1/topics", 201),
+        ("POST", "/v1/topics/{topic}/partitions/{partition}/records", 200),
+        ("POST", "/v1/topics/{topic}/partitions/{partition}/records", 400),
+        ("GET", "/v1/topics/{topic}", 200),
+    ]
+    if sample != "1":
+        expected = [e for e in expected if e[2] >= 400]  # errors are always written
+    deadline = time.monotonic() + 5
+    while True:
+        lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "eventlog.access"]
+        if len(lines) >= len(expected) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)  # nothing more comes
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "eventlog.access"]
+    assert [(x["method"], x["route"], x["status"]) for x in lines] == expected
+    assert all(x["ms"] >= 0 and x["principal"] == "anonymous" for x in lines)
