@@ -386,15 +386,22 @@ class PartitionLog(LogReads):
             raise self._closed_error()
         if len(self._ops) >= QUEUE_DEPTH or self._room:
             return False
+        self._enqueue(op)
+        return True
+
+    def _enqueue(self, op: _Op) -> None:
         self._ops.append(op)
         wake = self._wake
         if wake is not None and not wake.done():
             wake.set_result(None)
-        return True
 
     async def _put(self, op: _Op) -> None:
-        """Queue `op`, waiting for room in a full queue (after those that waited first)."""
-        while not self._put_nowait(op):
+        """Queue `op`, waiting for room in a full queue (after those that waited first). The
+        writer's every take hands the room it made to the first sender waiting, who goes in
+        ahead of those still waiting."""
+        if self._put_nowait(op):
+            return
+        while True:
             waiter = asyncio.get_running_loop().create_future()
             self._room.append(waiter)
             try:
@@ -405,6 +412,9 @@ class PartitionLog(LogReads):
                 raise
             if self._ops_closed:
                 raise self._closed_error()
+            if len(self._ops) < QUEUE_DEPTH:  # (a sender that never waited may have taken it)
+                self._enqueue(op)
+                return
 
     def _pass_room(self) -> None:
         while self._room:

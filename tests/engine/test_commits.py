@@ -132,3 +132,28 @@ async def test_a_failed_syncfs_leaves_each_partition_to_its_own_fdatasync(tmp_pa
         assert [r.base_offset for r in more] == [5, 5, 5]
         assert batcher.shared_syncs == syncs0
         assert all(log.recovery_point == 10 for i, log in enumerate(logs) if i != 2)
+
+
+@pytest.mark.parametrize("soon", [False, True])
+async def test_a_full_queue_makes_producers_wait_and_lets_every_one_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inject, soon: bool  # noqa: F811
+) -> None:
+    """Backpressure: with room for 2 ops, 40 producers wait their turn, none is lost or stuck."""
+    from engine import partition_log
+
+    monkeypatch.setattr(partition_log, "QUEUE_DEPTH", 2)
+    inject({"op": "fsync", "path": str(tmp_path), "delay_ms": 5})
+    async with running_log(tmp_path / "p0") as log:
+        loop = asyncio.get_running_loop()
+
+        async def one(i: int):
+            batches = prepare_batches(records(f"r{i}", 1), log.config)
+            if not soon:
+                return await log.append(batches)
+            done = loop.create_future()
+            log.append_soon(batches, lambda r, e: done.set_exception(e) if e else done.set_result(r))
+            return await done
+
+        results = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(40))), 30)
+        assert sorted(r.base_offset for r in results) == list(range(40))
+        assert sorted(v.split(b"-")[0] for v in values(log)) == sorted(f"r{i}".encode() for i in range(40))
