@@ -63,7 +63,7 @@ from .records import (
 )
 from .responses import PartsResponse
 from .schemas import Format
-from .tail import FANOUT, TAILS, TRANSPORT_SCOPE_KEY
+from .tail import FANOUT, TAILS, TRANSPORT_SCOPE_KEY, Parked
 
 logger = logging.getLogger("eventlog.api")
 
@@ -404,11 +404,12 @@ class HotLane:
                     if engine.stopping or log.waiting_stopped:
                         raise LogClosedError(log.name)
                     if may_park and position >= log.high_watermark:
-                        parked = await FANOUT.park(
-                            log, kf, vf, transport, position, last_sent, fetched, SSE_KEEPALIVE_S, lambda: engine.stopping,
-                        )
+                        parked = Parked(transport, position, last_sent)
+                        try:
+                            await FANOUT.park(log, kf, vf, parked, fetched, SSE_KEEPALIVE_S, lambda: engine.stopping)
+                        finally:
+                            sent += parked.sent
                         position, last_sent = parked.position, parked.last_sent
-                        sent += parked.sent
                         may_park = False  # once through the wait below first: no spin on a closing log
                         continue
                     if not await TAILS.wait(log, position):

@@ -141,12 +141,12 @@ class Parked:
 
     __slots__ = ("transport", "position", "sent", "last_sent", "wake")
 
-    def __init__(self, transport: Any, position: int, last_sent: float, wake: asyncio.Future[None]) -> None:
+    def __init__(self, transport: Any, position: int, last_sent: float) -> None:
         self.transport = transport
         self.position = position
-        self.sent = 0
+        self.sent = 0  # bytes the pusher wrote for it
         self.last_sent = last_sent
-        self.wake = wake
+        self.wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
 
 class Fanout:
@@ -159,14 +159,12 @@ class Fanout:
         self.pushed = 0  # chunks written to parked subscribers (a figure for tests)
 
     async def park(
-        self, log: LogReads, kf: str, vf: str, transport: Any, position: int, last_sent: float, fetched: Any,
-        keepalive_s: float, stopping: Any,
-    ) -> Parked:
-        """Hand the subscriber at `position` to the pusher until it is handed back; returns its
-        state then (position, bytes written, time of the last write). Cancelled with it when its
+        self, log: LogReads, kf: str, vf: str, sub: Parked, fetched: Any, keepalive_s: float, stopping: Any,
+    ) -> None:
+        """Hand the subscriber `sub` to the pusher until it is handed back; `sub` then says where
+        it is (position, bytes written, time of the last write). Cancelled with it when its
         client leaves."""
-        wake = asyncio.get_running_loop().create_future()
-        sub = Parked(transport, position, last_sent, wake)
+        wake = sub.wake
         key = (log, kf, vf)
         subs = self._parked.get(key)
         if subs is None:
@@ -189,7 +187,6 @@ class Fanout:
                     pass
                 if not subs:  # the pusher may be waiting, uncounted: let it end
                     log.wake_waiters(force=True)
-        return sub
 
     async def _push(
         self, key: tuple[Any, str, str], subs: list[Parked], fetched: Any, keepalive_s: float, stopping: Any,
