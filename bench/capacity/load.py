@@ -49,7 +49,9 @@ taking the server's cores.
 from __future__ import annotations
 
 import argparse
+import csv
 import http.client
+import io
 import json
 import multiprocessing as mp
 import os
@@ -78,6 +80,11 @@ FETCH_CONNECTIONS = (16, 64)
 FETCH_BATCHES_PER_PARTITION = 8
 REDIS_CONNECTIONS = (4, 16, 64)
 REDIS_GUESS = {"everysec": 400_000, "always": 200_000}  # XADD/s: the first -n; then the last rate
+# one-record appends (issue 13): 256 B values over 100 partitions, no pipelining, both sides
+SMALL_PARTITIONS = 100
+SMALL_CONNECTIONS = (100, 400)
+SMALL_VALUE = "v" * 256
+SMALL_GUESS = 50_000  # XADD/s without pipelining: the first -n; then the last rate
 
 LUA_DONE = """
 done = function(summary, latency, requests)
@@ -444,6 +451,27 @@ def eventlog_cells(out: Output, args: argparse.Namespace, cpus: Cpus, n: int, fl
                              p50_ms=r["p50_us"] / 1000, p99_ms=r["p99_us"] / 1000, non2xx=r["non2xx"],
                              socket_errors=r["socket_errors"], acknowledged=acknowledged, stored=stored,
                              lost=max(0, acknowledged - stored), **cpu, command=r["command"])
+        if "small" in args.only:
+            lua = ('local body = \'{"records": [{"value": "' + SMALL_VALUE + '"}]}\'\n'
+                   'local headers = {["Content-Type"] = "application/json"}\n'
+                   'math.randomseed(os.time())\nrequest = function()\n'
+                   '  return wrk.format("POST", "/v1/topics/" .. os.getenv("CAPACITY_TOPIC") .. "/partitions/" '
+                   f'.. math.random(0, {SMALL_PARTITIONS - 1}) .. "/records", headers, body)\nend\n')
+            for connections in SMALL_CONNECTIONS:
+                serial += 1
+                topic = f"small-{serial}"
+                server.create_topic(topic, SMALL_PARTITIONS)
+                meter = Meter(server.pid)
+                r = run_wrk(cpus, work, lua, f"{url}/", connections, secs, {"CAPACITY_TOPIC": topic})
+                cpu = meter.stop()
+                acknowledged = r["requests"]
+                stored = server.stored(topic)
+                server.delete_topic(topic)
+                out.emit(**base, cell="small-wrk", partitions=SMALL_PARTITIONS, connections=connections,
+                         threads=r["threads"], appends_per_s=round(acknowledged / (r["duration_us"] / 1e6)),
+                         p50_ms=r["p50_us"] / 1000, p99_ms=r["p99_us"] / 1000, non2xx=r["non2xx"],
+                         socket_errors=r["socket_errors"], acknowledged=acknowledged, stored=stored,
+                         lost=max(0, acknowledged - stored), **cpu, command=r["command"])
         if "python" in args.only:
             for procs in PYTHON_PROCESSES:
                 server.create_topic("py", 4)
@@ -553,6 +581,24 @@ def redis_cells(out: Output, args: argparse.Namespace, cpus: Cpus, fsync: str) -
                      stored=stored, records_per_s=round(n / cpu["wall_s"]),
                      redis_benchmark_rps=float(row[-1].split(",")[1].strip('"')) if row else None, **cpu,
                      command=" ".join(bench[:-1]) + " <100-byte value>")
+        if "small" in args.only:
+            small_rate = SMALL_GUESS
+            for connections in SMALL_CONNECTIONS:
+                n = max(10 * connections, round(small_rate * args.cell_seconds))
+                threads = max(1, min(connections, len(cpus.client)))
+                bench = ["redis-benchmark", "-p", str(port), "-c", str(connections), "--threads", str(threads), "-n", str(n),
+                         "-r", str(SMALL_PARTITIONS), "--csv", "XADD", "stream:__rand_int__", "*", "f", SMALL_VALUE]
+                meter = Meter(server.pid)
+                done = subprocess.run([*cpus.taskset(cpus.client), *bench], capture_output=True, text=True, check=True)
+                cpu = meter.stop()
+                rows = list(csv.DictReader(io.StringIO(done.stdout)))
+                small_rate = n / cpu["wall_s"]
+                cli("FLUSHALL")
+                p50 = float(rows[-1]["p50_latency_ms"]) if rows else None
+                p99 = float(rows[-1]["p99_latency_ms"]) if rows else None
+                out.emit(**base, cell="small-redis-benchmark", connections=connections, threads=threads, appends=n,
+                         appends_per_s=round(n / cpu["wall_s"]), p50_ms=p50, p99_ms=p99, **cpu,
+                         command=" ".join(bench[:-1]) + " <256-byte value>")
         if "python" in args.only:
             try:
                 import redis  # noqa: F401
@@ -640,7 +686,7 @@ def main() -> int:
     parser.add_argument("--cell-seconds", type=int, default=int(os.environ.get("CELL_SECONDS", "10")))
     parser.add_argument("--client-cpus", type=int, default=None, help="CPUs for the load generators")
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip Redis and dd")
-    parser.add_argument("--only", default="json,python,raw,fetch", help="eventlog cells to run")
+    parser.add_argument("--only", default="json,python,raw,fetch,small", help="eventlog cells to run")
     args = parser.parse_args()
     args.only = set(args.only.split(","))
     args.work.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,8 @@ GOAL_REDIS_EVERYSEC = 1.0
 GOAL_REDIS_ALWAYS = 2.0
 GOAL_DD = 0.8
 GOAL_FETCH_MB_S = 3000
+GOAL_SMALL_REDIS = 1.0  # issue 13: one-record appends >= 1.0 x Redis AOF always on 16 cores
+GOAL_SMALL_APPENDS = 60_000
 JUDGED_FROM_CPUS = 16
 
 
@@ -66,12 +68,12 @@ def summarize(machines: list[dict[str, Any]], cells: list[dict[str, Any]]) -> di
     for n in counts:
         row: dict[str, Any] = {}
         for kind, key in (("json-wrk", "records_per_s"), ("json-python", "records_per_s"),
-                          ("raw-produce", "mb_per_s"), ("raw-fetch", "mb_per_s")):
+                          ("raw-produce", "mb_per_s"), ("raw-fetch", "mb_per_s"), ("small-wrk", "appends_per_s")):
             best = _best(of(system="eventlog", processes=n, cell=kind), key)
             if best is not None:
                 row[kind] = {key: best[key], "server_cores": best["server_cores"],
                              "other_cores": best.get("other_cores"),
-                             **{k: best[k] for k in ("partitions", "connections", "client_processes") if k in best}}
+                             **{k: best[k] for k in ("partitions", "connections", "client_processes", "p99_ms") if k in best}}
         eventlog_cells = [c for c in of(system="eventlog", processes=n) if "server_cores" in c]
         row["max_server_cores"] = max((c["server_cores"] for c in eventlog_cells), default=None)
         row["lost_records"] = sum(c.get("lost", 0) for c in eventlog_cells)
@@ -84,6 +86,13 @@ def summarize(machines: list[dict[str, Any]], cells: list[dict[str, Any]]) -> di
                 peers[f"redis {aof} {kind}"] = {"records_per_s": best["records_per_s"], "server_cores": best["server_cores"],
                                                 "other_cores": best.get("other_cores"),
                                                 **{k: best[k] for k in ("connections", "client_processes") if k in best}}
+    for aof in ("everysec", "always"):
+        best = _best([c for c in of(system="redis", aof=aof, cell="small-redis-benchmark") if "appends_per_s" in c],
+                     "appends_per_s")
+        if best is not None:
+            peers[f"redis {aof} small-redis-benchmark"] = {
+                k: best.get(k) for k in ("appends_per_s", "p50_ms", "p99_ms", "server_cores", "other_cores", "connections")
+            }
     for kind in ("dd-write", "page-cache-read"):
         rates = [c["mb_per_s"] for c in of(system="dd", cell=kind)]
         if rates:
@@ -134,6 +143,21 @@ def goals(machine: dict[str, Any], s: dict[str, Any]) -> list[dict[str, Any]]:
         dd = peers["dd-write"]["median_mb_per_s"]
         row("raw produce of ~1 MiB batches (best cell), MB/s vs dd conv=fdatasync",
             f"{cell['mb_per_s']:,} MB/s at N = {n}", f"dd: {dd:,} MB/s", cell["mb_per_s"] / dd, f">= {GOAL_DD}", GOAL_DD)
+    small = best_over_n("small-wrk", "appends_per_s")
+    peer = peers.get("redis always small-redis-benchmark")
+    if small and peer:
+        n, cell = small
+        row("one-record appends over 100 partitions (best cell), appends/s vs Redis XADD AOF always, no pipelining",
+            f"{cell['appends_per_s']:,}/s at N = {n}, p99 {cell.get('p99_ms')} ms ({cell['server_cores']:.2f} cores)",
+            f"redis-benchmark -r 100: {peer['appends_per_s']:,}/s, p99 {peer.get('p99_ms')} ms",
+            cell["appends_per_s"] / peer["appends_per_s"], f">= {GOAL_SMALL_REDIS}", GOAL_SMALL_REDIS)
+        row("one-record appends (best cell), appends/s", f"{cell['appends_per_s']:,}/s at N = {n}",
+            f"{GOAL_SMALL_APPENDS:,}/s (the Durable Streams reference server's published 55-76 k on 4 CPUs)",
+            cell["appends_per_s"] / GOAL_SMALL_APPENDS, f"appends/s / {GOAL_SMALL_APPENDS:,} >= 1", 1.0)
+        if cell.get("p99_ms") and peer.get("p99_ms"):
+            row("one-record appends (best cell), p99 vs 2 x Redis's p99 (less is better: ratio = 2 x Redis / ours)",
+                f"p99 {cell['p99_ms']} ms", f"2 x Redis p99 = {2 * peer['p99_ms']:.2f} ms",
+                2 * peer["p99_ms"] / cell["p99_ms"], "ours <= 2 x Redis's", 1.0)
     fetch = best_over_n("raw-fetch", "mb_per_s")
     if fetch:
         n, cell = fetch
@@ -250,12 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(document, indent=2) + "\n")
     plot(document, out.with_suffix(".png"))
     print(f"{out} and {out.with_suffix('.png').name}")
+    units = (("records_per_s", "rec/s"), ("appends_per_s", "appends/s"), ("median_mb_per_s", "MB/s"), ("mb_per_s", "MB/s"))
+
+    def figure(v: dict[str, Any]) -> str:
+        return next((f"{v[key]:,} {unit}" for key, unit in units if v.get(key) is not None), "?")
+
     for n, row in summary["by_processes"].items():
         print(f"N = {n}: " + "; ".join(
-            f"{kind} {v.get('records_per_s', v.get('mb_per_s')):,} {'rec/s' if 'records_per_s' in v else 'MB/s'} "
-            f"at {v['server_cores']:.2f} cores" for kind, v in row.items() if isinstance(v, dict)))
+            f"{kind} {figure(v)} at {v['server_cores']:.2f} cores" for kind, v in row.items() if isinstance(v, dict)))
     for name, peer in summary["peers"].items():
-        print(f"{name}: {peer.get('records_per_s') or peer.get('median_mb_per_s'):,}")
+        print(f"{name}: {figure(peer)}")
     for r in document["summary"]:
         print(f"{r['metric']}: {r['measured']} / {r['reference']} = {r['ratio']} ({r['goal']}; met: {r['passed']})")
     return 1 if summary["errors"] else 0
