@@ -24,14 +24,13 @@ subscriber, every record delivered to every subscriber exactly once and in order
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from .fanout.client import HttpProducer, RedisPublisher, Subscribers, build, rss_bytes, run_stream
 from .harness import Context, remove_tree, summary_row
 from .http_shards import ShardedServer, serve_knows_processes, tree_cpu_seconds, tree_pids
 from .servers import RedisServer, require, running, tail
@@ -45,7 +44,6 @@ WARM_UP = 100  # records before memory is read (their deliveries count in the la
 GOAL_P50_MS = 5.0
 GOAL_P99_MS = 20.0
 GOAL_KB_PER_SUBSCRIBER = 20.0
-SOURCE = Path(__file__).parent / "fanout" / "subscribers.c"
 STREAM_PATH = "/v1/topics/t/partitions/0/records/stream"
 
 
@@ -62,58 +60,7 @@ def params(quick: bool) -> dict[str, Any]:
 
 
 def _build(work: Path) -> Path:
-    gcc = require("gcc", "gcc")
-    binary = work / "subscribers"
-    subprocess.run([gcc, "-O2", "-Wall", "-o", str(binary), str(SOURCE)], check=True, capture_output=True, text=True)
-    return binary
-
-
-def _rss_bytes(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            continue
-    return total
-
-
-class _Subscribers:
-    def __init__(self, binary: Path, mode: str, port: int, target: str, n: int) -> None:
-        self.process = subprocess.Popen(
-            [str(binary), mode, "127.0.0.1", str(port), target, str(n)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-
-    def wait_ready(self) -> None:
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()  # blocks until "ready" (or the client ends)
-        if line.strip() != "ready":
-            self.process.kill()
-            raise RuntimeError(f"subscribers not ready: {line!r} {self.process.stderr.read() if self.process.stderr else ''}")
-
-    def finish(self) -> dict[str, Any]:
-        import json
-
-        out, err = self.process.communicate("stop\n", timeout=60)
-        if self.process.returncode != 0:
-            raise RuntimeError(f"subscribers failed ({self.process.returncode}): {err}")
-        return json.loads(out.strip().splitlines()[-1])
-
-
-def _paced(first: int, records: int, send: Any) -> float:
-    """send(value) for sequences first.. every INTERVAL_S on a fixed schedule; returns the
-    seconds it took."""
-    start = time.perf_counter()
-    for i in range(records):
-        due = start + i * INTERVAL_S
-        delay = due - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        send(f"T={time.time_ns()};S={first + i};")
-    return time.perf_counter() - start
+    return build(work / "subscribers", require("gcc", "gcc"))
 
 
 def _eventlog_cell(server: ShardedServer, binary: Path, records: int) -> dict[str, Any]:
@@ -122,62 +69,27 @@ def _eventlog_cell(server: ShardedServer, binary: Path, records: int) -> dict[st
         made = client.post("/v1/topics", json={"name": "t", "partitions": 1})
         if made.status_code != 201:
             raise RuntimeError(f"create topic: {made.status_code} {made.text}")
-        time.sleep(1)
-        rss0 = _rss_bytes(pids)
-        subscribers = _Subscribers(binary, "sse", server.port, STREAM_PATH, SUBSCRIBERS)
-        subscribers.wait_ready()
-
-        def send(value: str) -> None:
-            r = client.post("/v1/topics/t/partitions/0/records", json={"records": [{"value": value}]})
-            if r.status_code != 200:
-                raise RuntimeError(f"produce: {r.status_code} {r.text}")
-
-        return _run_stream(subscribers, send, pids, server.pid, records, rss0)
+    time.sleep(1)
+    rss0 = rss_bytes(pids)
+    subscribers = Subscribers(binary, "sse", server.port, STREAM_PATH, SUBSCRIBERS)
+    subscribers.wait_ready()
+    send = HttpProducer(server.port, "/v1/topics/t/partitions/0/records")
+    try:
+        return run_stream(subscribers, send, pids, lambda: tree_cpu_seconds(server.pid), records, WARM_UP, INTERVAL_S, rss0)
+    finally:
+        send.close()
 
 
 def _redis_cell(server: RedisServer, binary: Path, records: int) -> dict[str, Any]:
-    rss0 = _rss_bytes([server.pid])
-    subscribers = _Subscribers(binary, "redis", server.port, "ch", SUBSCRIBERS)
+    rss0 = rss_bytes([server.pid])
+    subscribers = Subscribers(binary, "redis", server.port, "ch", SUBSCRIBERS)
     subscribers.wait_ready()
-    with socket.create_connection(("127.0.0.1", server.port)) as conn:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        reader = conn.makefile("rb")
-
-        def send(value: str) -> None:
-            conn.sendall(f"*3\r\n$7\r\nPUBLISH\r\n$2\r\nch\r\n${len(value)}\r\n{value}\r\n".encode())
-            reply = reader.readline()
-            if int(reply[1:]) != SUBSCRIBERS:
-                raise RuntimeError(f"PUBLISH reached {reply!r} subscribers")
-
-        return _run_stream(subscribers, send, [server.pid], server.pid, records, rss0)
-
-
-def _run_stream(
-    subscribers: _Subscribers, send: Any, pids: list[int], root: int, records: int, rss0: int
-) -> dict[str, Any]:
-    """The warm-up (then the server's memory is read), the measured records (the server's CPU
-    meanwhile), a second for the last deliveries, and the subscribers' findings."""
-    _paced(0, WARM_UP, send)
-    rss1 = _rss_bytes(pids)
-    cpu0 = tree_cpu_seconds(root)
-    seconds = _paced(WARM_UP, records, send)
-    cpu = tree_cpu_seconds(root) - cpu0
-    time.sleep(1)
-    return _cell(subscribers.finish(), records + WARM_UP, rss1 - rss0, cpu / seconds)
-
-
-def _cell(got: dict[str, Any], sent: int, rss_delta: int, cores: float) -> dict[str, Any]:
-    exact = (
-        got["started"] == SUBSCRIBERS and got["closed"] == 0 and got["gaps"] == 0 and got["repeats"] == 0
-        and got["unparsed"] == 0 and got["min_per_connection"] == sent and got["max_per_connection"] == sent
-    )
-    return {
-        **got,
-        "records_sent": sent,
-        "exactly_once_in_order": exact,
-        "kb_per_subscriber": round(rss_delta / SUBSCRIBERS / 1024, 2),
-        "server_cores": round(cores, 3),
-    }
+    send = RedisPublisher(server.port, "ch", SUBSCRIBERS)
+    try:
+        return run_stream(subscribers, send, [server.pid], lambda: tree_cpu_seconds(server.pid), records, WARM_UP,
+                          INTERVAL_S, rss0)
+    finally:
+        send.close()
 
 
 def run(ctx: Context) -> dict[str, Any]:

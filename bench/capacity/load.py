@@ -4,7 +4,7 @@ dd; one JSON line per measurement.
 
 usage (from the repository root; run.sh sets the environment up):
     python bench/capacity/load.py --work DIR --out FILE.jsonl [--processes 1,2,4,8,16]
-        [--cell-seconds 10] [--client-cpus K] [--no-peers] [--only json,python,raw,fetch]
+        [--cell-seconds 10] [--client-cpus K] [--no-peers] [--only json,python,raw,fetch,small,fanout]
 
 Standard library only, plus the project itself on sys.path (for the ~1 MiB Kafka batch, encoded
 with bench.data as the append and http_raw benchmarks do) and redis-py for the Python Redis
@@ -29,11 +29,18 @@ on a fresh topic, deleted afterwards):
   application/vnd.kafka.record-batch.v2 by wrk, cycling over 16 partitions, 4 and 16 connections;
 * raw-fetch: GET .../records?offset=0&max_bytes=1048576 with Accept record-batch.v2 by wrk,
   cycling over 16 partitions that hold 8 such batches each (warm page cache), 16 and 64
-  connections.
+  connections;
+* small-wrk: one-record POSTs (a 256-byte value) to a random partition of 100, from wrk at 100
+  and 400 connections; the high watermarks must hold every acknowledged record;
+* fanout-sse: 1,000 SSE subscribers of one partition (bench/fanout/subscribers.c: prepare.sh
+  builds it into .device/, else gcc here), a one-record produce every 10 ms: delivery latency,
+  exactly once in order, server memory per subscriber.
 Peers (unless --no-peers): redis-server (appendonly yes, appendfsync everysec, then always; no
 RDB), pinned like the server, fed by `redis-benchmark -P 500 XADD mystream * field <100 B>` at
 4, 16 and 64 connections (the stream's length is checked) and by 4 and 12 redis-py processes
-pipelining 500 XADDs (key and value fields) per round trip; dd if=/dev/zero bs=1M
+pipelining 500 XADDs (key and value fields) per round trip; `redis-benchmark -r 100 XADD
+stream:__rand_int__ * f <256 B>` at 100 and 400 connections without pipelining (small); the same
+subscribers SUBSCRIBEd to Redis pub/sub with a PUBLISH every 10 ms (fanout, once); dd if=/dev/zero bs=1M
 conv=fdatasync (1 GiB, before and after the eventlog cells) and dd of a warm 1 GiB file to
 /dev/null (the page cache's read rate).
 
@@ -67,6 +74,9 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from bench.fanout import client as fanout  # noqa: E402 -- standard library only, like this file
+
 TICK = os.sysconf("SC_CLK_TCK")
 RECORDS_PER_REQUEST = 500
 VALUE = "v" * 100
@@ -84,6 +94,10 @@ REDIS_GUESS = {"everysec": 400_000, "always": 200_000}  # XADD/s: the first -n; 
 SMALL_PARTITIONS = 100
 SMALL_CONNECTIONS = (100, 400)
 SMALL_VALUE = "v" * 256
+FANOUT_SUBSCRIBERS = 1000
+FANOUT_INTERVAL_S = 0.010
+FANOUT_WARM_UP = 100
+FANOUT_RECORDS = 500
 SMALL_GUESS = 50_000  # XADD/s without pipelining: the first -n; then the last rate
 
 LUA_DONE = """
@@ -472,6 +486,8 @@ def eventlog_cells(out: Output, args: argparse.Namespace, cpus: Cpus, n: int, fl
                          p50_ms=r["p50_us"] / 1000, p99_ms=r["p99_us"] / 1000, non2xx=r["non2xx"],
                          socket_errors=r["socket_errors"], acknowledged=acknowledged, stored=stored,
                          lost=max(0, acknowledged - stored), **cpu, command=r["command"])
+        if "fanout" in args.only:
+            fanout_cell(out, base, server, cpus, args.work)
         if "python" in args.only:
             for procs in PYTHON_PROCESSES:
                 server.create_topic("py", 4)
@@ -481,7 +497,6 @@ def eventlog_cells(out: Output, args: argparse.Namespace, cpus: Cpus, n: int, fl
                 out.emit(**base, cell="json-python", partitions=4, client_processes=procs, **r, stored=stored,
                          lost=max(0, r["records"] - stored))
         if "raw" in args.only or "fetch" in args.only:
-            sys.path.insert(0, str(REPO))
             from bench.data import largest_batch_under
 
             batch = work / "batch.bin"
@@ -535,6 +550,37 @@ def eventlog_cells(out: Output, args: argparse.Namespace, cpus: Cpus, n: int, fl
         out.emit(**base, cell="server-exit", exit_status=status, command=" ".join(server.cmd),
                  log_tail=server.tail(5) if status else "")
         shutil.rmtree(server.dir, ignore_errors=True)
+
+
+def subscribers_binary(work: Path) -> Path:
+    """bench/fanout/subscribers.c compiled: .device/subscribers (prepare.sh builds it; the
+    device machine has no compiler), else built here with gcc."""
+    prepared = REPO / ".device" / "subscribers"
+    if prepared.exists():
+        return prepared
+    return fanout.build(work / "subscribers")
+
+
+def fanout_cell(out: Output, base: dict[str, object], server: Eventlog, cpus: Cpus, work: Path) -> None:
+    """1,000 SSE subscribers of one partition (the C client, on the client CPUs), a one-record
+    produce every 10 ms from one keep-alive connection: delivery latency, exactly once in order,
+    server memory per subscriber."""
+    binary = subscribers_binary(work)
+    server.create_topic("fan", 1)
+    time.sleep(1)
+    pids = tree_pids(server.pid)
+    rss0 = fanout.rss_bytes(pids)
+    subscribers = fanout.Subscribers(binary, "sse", server.port, "/v1/topics/fan/partitions/0/records/stream",
+                                     FANOUT_SUBSCRIBERS, cpus.taskset(cpus.client))
+    subscribers.wait_ready()
+    send = fanout.HttpProducer(server.port, "/v1/topics/fan/partitions/0/records")
+    try:
+        got = fanout.run_stream(subscribers, send, pids, lambda: tree_cpu_s(server.pid), FANOUT_RECORDS, FANOUT_WARM_UP,
+                                FANOUT_INTERVAL_S, rss0)
+    finally:
+        send.close()
+    server.delete_topic("fan")
+    out.emit(**base, cell="fanout-sse", subscribers=FANOUT_SUBSCRIBERS, interval_ms=FANOUT_INTERVAL_S * 1000, **got)
 
 
 # -- peers --------------------------------------------------------------------------------------
@@ -599,6 +645,18 @@ def redis_cells(out: Output, args: argparse.Namespace, cpus: Cpus, fsync: str) -
                 out.emit(**base, cell="small-redis-benchmark", connections=connections, threads=threads, appends=n,
                          appends_per_s=round(n / cpu["wall_s"]), p50_ms=p50, p99_ms=p99, **cpu,
                          command=" ".join(bench[:-1]) + " <256-byte value>")
+        if "fanout" in args.only and fsync == "always":  # pub/sub keeps nothing: once is enough
+            binary = subscribers_binary(args.work)
+            rss0 = fanout.rss_bytes([server.pid])
+            subscribers = fanout.Subscribers(binary, "redis", port, "ch", FANOUT_SUBSCRIBERS, cpus.taskset(cpus.client))
+            subscribers.wait_ready()
+            send = fanout.RedisPublisher(port, "ch", FANOUT_SUBSCRIBERS)
+            try:
+                got = fanout.run_stream(subscribers, send, [server.pid], lambda: tree_cpu_s(server.pid), FANOUT_RECORDS,
+                                        FANOUT_WARM_UP, FANOUT_INTERVAL_S, rss0)
+            finally:
+                send.close()
+            out.emit(**base, cell="fanout-redis-pubsub", subscribers=FANOUT_SUBSCRIBERS, **got)
         if "python" in args.only:
             try:
                 import redis  # noqa: F401
@@ -686,7 +744,7 @@ def main() -> int:
     parser.add_argument("--cell-seconds", type=int, default=int(os.environ.get("CELL_SECONDS", "10")))
     parser.add_argument("--client-cpus", type=int, default=None, help="CPUs for the load generators")
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip Redis and dd")
-    parser.add_argument("--only", default="json,python,raw,fetch,small", help="eventlog cells to run")
+    parser.add_argument("--only", default="json,python,raw,fetch,small,fanout", help="eventlog cells to run")
     args = parser.parse_args()
     args.only = set(args.only.split(","))
     args.work.mkdir(parents=True, exist_ok=True)

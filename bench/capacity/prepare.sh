@@ -6,6 +6,7 @@
 #                   redis-py + hiredis, for CPython $PY_VERSION (default 3.12) on x86_64 Linux
 #   .device/debs/   Debian packages of wrk, redis-server, redis-tools (redis-benchmark,
 #                   redis-cli) and the libraries they need that a CUDA/Ubuntu image may lack
+#   .device/subscribers  bench/fanout/subscribers.c built with gcc (the fan-out cells' client)
 #   .device/pins.txt, .device/SOURCE (the commit and whether engine/ api/ app/ workers/ differ)
 # Usage, from the repository root after `make install`: bash bench/capacity/prepare.sh
 # Needs network access here (PyPI, the Debian mirror: run `apt-get update` first if
@@ -27,6 +28,9 @@ done
     --implementation cp $platforms -d .device/whl -r .device/pins.txt
 (cd .device/debs && apt-get download wrk libluajit-5.1-2 libluajit-5.1-common redis-server redis-tools \
     libjemalloc2 liblzf1 >/dev/null)
+# the fan-out cells' client (the device machine has no compiler); static, so any glibc runs it
+gcc -O2 -Wall -static -o .device/subscribers bench/fanout/subscribers.c 2>/dev/null \
+    || gcc -O2 -Wall -o .device/subscribers bench/fanout/subscribers.c
 {
     echo "commit $(git rev-parse HEAD)"
     [ -z "$(git status --porcelain -- engine api app workers)" ] || echo "with uncommitted changes in engine/ api/ app/ workers/"

@@ -31,6 +31,9 @@ GOAL_DD = 0.8
 GOAL_FETCH_MB_S = 3000
 GOAL_SMALL_REDIS = 1.0  # issue 13: one-record appends >= 1.0 x Redis AOF always on 16 cores
 GOAL_SMALL_APPENDS = 60_000
+GOAL_FANOUT_P50_MS = 5.0  # issue 13: 1,000 SSE subscribers, a record every 10 ms
+GOAL_FANOUT_P99_MS = 20.0
+GOAL_FANOUT_KB = 20.0
 JUDGED_FROM_CPUS = 16
 
 
@@ -59,6 +62,11 @@ def _best(cells: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
     return max(quiet or cells, key=lambda c: c[key]) if cells else None
 
 
+def _fanout(cell: dict[str, Any]) -> dict[str, Any]:
+    return {"p50_ms": cell["p50_us"] / 1000, "p99_ms": cell["p99_us"] / 1000,
+            **{k: cell[k] for k in ("kb_per_subscriber", "exactly_once_in_order", "server_cores", "subscribers")}}
+
+
 def summarize(machines: list[dict[str, Any]], cells: list[dict[str, Any]]) -> dict[str, Any]:
     def of(**match: Any) -> list[dict[str, Any]]:
         return [c for c in cells if all(c.get(k) == v for k, v in match.items())]
@@ -74,6 +82,9 @@ def summarize(machines: list[dict[str, Any]], cells: list[dict[str, Any]]) -> di
                 row[kind] = {key: best[key], "server_cores": best["server_cores"],
                              "other_cores": best.get("other_cores"),
                              **{k: best[k] for k in ("partitions", "connections", "client_processes", "p99_ms") if k in best}}
+        fan = of(system="eventlog", processes=n, cell="fanout-sse")
+        if fan:
+            row["fanout-sse"] = _fanout(fan[-1])
         eventlog_cells = [c for c in of(system="eventlog", processes=n) if "server_cores" in c]
         row["max_server_cores"] = max((c["server_cores"] for c in eventlog_cells), default=None)
         row["lost_records"] = sum(c.get("lost", 0) for c in eventlog_cells)
@@ -93,6 +104,9 @@ def summarize(machines: list[dict[str, Any]], cells: list[dict[str, Any]]) -> di
             peers[f"redis {aof} small-redis-benchmark"] = {
                 k: best.get(k) for k in ("appends_per_s", "p50_ms", "p99_ms", "server_cores", "other_cores", "connections")
             }
+    fan = of(system="redis", cell="fanout-redis-pubsub")
+    if fan:
+        peers["redis pubsub fanout"] = _fanout(fan[-1])
     for kind in ("dd-write", "page-cache-read"):
         rates = [c["mb_per_s"] for c in of(system="dd", cell=kind)]
         if rates:
@@ -158,6 +172,20 @@ def goals(machine: dict[str, Any], s: dict[str, Any]) -> list[dict[str, Any]]:
             row("one-record appends (best cell), p99 vs 2 x Redis's p99 (less is better: ratio = 2 x Redis / ours)",
                 f"p99 {cell['p99_ms']} ms", f"2 x Redis p99 = {2 * peer['p99_ms']:.2f} ms",
                 2 * peer["p99_ms"] / cell["p99_ms"], "ours <= 2 x Redis's", 1.0)
+    fans = [(n, r["fanout-sse"]) for n, r in by.items() if "fanout-sse" in r]
+    if fans:
+        n, cell = min(fans, key=lambda x: (not x[1]["exactly_once_in_order"], x[1]["p50_ms"]))
+        peer = peers.get("redis pubsub fanout")
+        ref = f"Redis pub/sub (no fsync): p50 {peer['p50_ms']:.2f} ms, p99 {peer['p99_ms']:.2f} ms" if peer else "-"
+        once = "exactly once in order" if cell["exactly_once_in_order"] else "NOT exactly once in order"
+        row(f"SSE fan-out, {cell['subscribers']:,} subscribers, a record every 10 ms (best N): delivery p50",
+            f"p50 {cell['p50_ms']:.2f} ms at N = {n}, {once}", ref, GOAL_FANOUT_P50_MS / cell["p50_ms"],
+            f"p50 <= {GOAL_FANOUT_P50_MS:.0f} ms (ratio = goal / ours)", 1.0)
+        row("SSE fan-out (same cell): delivery p99", f"p99 {cell['p99_ms']:.2f} ms", ref,
+            GOAL_FANOUT_P99_MS / cell["p99_ms"], f"p99 <= {GOAL_FANOUT_P99_MS:.0f} ms (ratio = goal / ours)", 1.0)
+        row("SSE fan-out (same cell): server memory per subscriber", f"{cell['kb_per_subscriber']:.1f} KB",
+            f"Redis: {peer['kb_per_subscriber']:.1f} KB" if peer else "-", GOAL_FANOUT_KB / max(cell["kb_per_subscriber"], 0.01),
+            f"<= {GOAL_FANOUT_KB:.0f} KB (ratio = goal / ours)", 1.0)
     fetch = best_over_n("raw-fetch", "mb_per_s")
     if fetch:
         n, cell = fetch
