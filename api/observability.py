@@ -145,7 +145,13 @@ class _StreamCollector:
             "eventlog_stream_chunks_pushed", "event-stream chunks written to parked subscribers by their partition's pusher"
         )
         pushed.add_metric([], FANOUT.pushed)
-        return [encoded, pushed]
+        from .records import ANSWERS
+
+        reused = CounterMetricFamily(
+            "eventlog_fetch_answers_reused", "small JSON fetch answers given again, the log unchanged since they were made"
+        )
+        reused.add_metric([], ANSWERS.reused)
+        return [encoded, pushed, reused]
 
 
 class _PartitionCollector:

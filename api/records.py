@@ -320,9 +320,30 @@ async def _fetch(
             media_type=RECORD_BATCH_MEDIA_TYPE, headers=headers,
         )
     if max_records <= INLINE_RECORDS and max_bytes <= INLINE_READ_BYTES:
-        result = await log.read_records(offset, max_records, max_bytes)
-        count = len(result.records)
-        parts = await _records_answer(_fetch_body, result, kf, vf)
+        view = log.view
+        key = (offset, max_records, max_bytes, kf, vf)
+        answers = _answers.get(log)
+        kept = answers.get(key) if answers is not None else None
+        if kept is not None and kept[0] is view:
+            # the log's view has not changed since this answer was made (no publish, no segment
+            # swapped): a read now would make it again (long-pollers woken by one record take
+            # one read and one encoding between them)
+            ANSWERS.reused += 1
+            _view, made, count, bytes_read = kept
+            parts = list(made)
+        else:
+            result = await log.read_records(offset, max_records, max_bytes)
+            count, bytes_read = len(result.records), result.bytes_read
+            parts = await _records_answer(_fetch_body, result, kf, vf)
+            if answers is None:
+                answers = _answers[log] = {}
+            answers[key] = (view, tuple(parts), count, bytes_read)
+            while len(answers) > ANSWERS_KEPT:
+                del answers[next(iter(answers))]
+        metrics = request.app.state.metrics
+        metrics.fetched_records.labels(topic).inc(count)
+        metrics.fetched_bytes.labels(topic).inc(bytes_read)
+        return PartsResponse(parts, media_type="application/json")
     else:  # decoded in a worker thread (see PartitionLog.read_records), written in another
         with gc_paused():
             result = await log.read_records(offset, max_records, max_bytes)
@@ -332,6 +353,20 @@ async def _fetch(
     metrics.fetched_records.labels(topic).inc(count)
     metrics.fetched_bytes.labels(topic).inc(result.bytes_read)
     return PartsResponse(parts, media_type="application/json")
+
+
+# The latest small JSON fetch answers per partition, each with the log's view it was read from:
+# while the log still has that view (every publish and every segment change makes a new one),
+# the same request gets the same answer without a read or an encoding.
+ANSWERS_KEPT = 8
+_answers: weakref.WeakKeyDictionary[Any, dict[tuple, tuple]] = weakref.WeakKeyDictionary()
+
+
+class _AnswerFigures:
+    reused = 0  # answers given again (eventlog_fetch_answers_reused_total)
+
+
+ANSWERS = _AnswerFigures()
 
 
 async def _records_answer(write: Callable[[RecordsResult, str, str], T], result: RecordsResult, kf: str, vf: str) -> T:

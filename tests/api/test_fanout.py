@@ -115,3 +115,31 @@ def test_a_slow_subscriber_holds_nobody_up_and_misses_nothing(server_factory) ->
             assert in_flight == 1, in_flight  # the /metrics request itself
     finally:
         server.stop()
+
+
+def test_long_polls_woken_by_one_record_share_one_answer(server_factory) -> None:
+    from .test_hangs import LongPoll
+
+    server = server_factory(EVENTLOG_PROCESSES="1").start()
+    try:
+        with server.client() as c:
+            assert c.post("/v1/topics", json={"name": "t", "partitions": 1}).status_code == 201
+            path = "/v1/topics/t/partitions/0/records"
+            assert c.get(path, params={"offset": 0}).json()["records"] == []
+            polls = [LongPoll(server.url, path, {"offset": 0, "max_wait_ms": 30_000}) for _ in range(10)]
+            for poll in polls:
+                poll.start()
+            wait_for(lambda: waiters(server, "t", 0) == 10, what="10 long-polls waiting")
+            reused0 = _metric(server, "eventlog_fetch_answers_reused_total")
+            assert c.post(path, json={"records": [{"value": "v0"}]}).status_code == 200
+            for poll in polls:
+                poll.join(10)
+                assert poll.response is not None and poll.response.status_code == 200, poll.error
+                assert [r["value"] for r in poll.response.json()["records"]] == ["v0"]
+            # one read and encoding, given to the others as it was
+            assert _metric(server, "eventlog_fetch_answers_reused_total") - reused0 >= 8
+            # a later write is seen at once: an answer is only given again while the log is unchanged
+            assert c.post(path, json={"records": [{"value": "v1"}]}).status_code == 200
+            assert [r["value"] for r in c.get(path, params={"offset": 0}).json()["records"]] == ["v0", "v1"]
+    finally:
+        server.stop()
