@@ -321,25 +321,19 @@ async def _fetch(
         )
     if max_records <= INLINE_RECORDS and max_bytes <= INLINE_READ_BYTES:
         view = log.view
-        key = (offset, max_records, max_bytes, kf, vf)
-        answers = _answers.get(log)
-        kept = answers.get(key) if answers is not None else None
-        if kept is not None and kept[0] is view:
+        key = (id(log), offset, max_records, max_bytes, kf, vf)
+        kept = ANSWERS.get(key, log, view)
+        if kept is not None:
             # the log's view has not changed since this answer was made (no publish, no segment
             # swapped): a read now would make it again (long-pollers woken by one record take
             # one read and one encoding between them)
-            ANSWERS.reused += 1
-            _view, made, count, bytes_read = kept
+            made, count, bytes_read = kept
             parts = list(made)
         else:
             result = await log.read_records(offset, max_records, max_bytes)
             count, bytes_read = len(result.records), result.bytes_read
             parts = await _records_answer(_fetch_body, result, kf, vf)
-            if answers is None:
-                answers = _answers[log] = {}
-            answers[key] = (view, tuple(parts), count, bytes_read)
-            while len(answers) > ANSWERS_KEPT:
-                del answers[next(iter(answers))]
+            ANSWERS.put(key, log, view, (tuple(parts), count, bytes_read), sum(len(p) for p in parts))
         metrics = request.app.state.metrics
         metrics.fetched_records.labels(topic).inc(count)
         metrics.fetched_bytes.labels(topic).inc(bytes_read)
@@ -355,18 +349,43 @@ async def _fetch(
     return PartsResponse(parts, media_type="application/json")
 
 
-# The latest small JSON fetch answers per partition, each with the log's view it was read from:
-# while the log still has that view (every publish and every segment change makes a new one),
-# the same request gets the same answer without a read or an encoding.
-ANSWERS_KEPT = 8
-_answers: weakref.WeakKeyDictionary[Any, dict[tuple, tuple]] = weakref.WeakKeyDictionary()
+class _Answers:
+    """The latest small JSON fetch answers, each with the log's view it was read from: while the
+    log still has that view (every publish and every segment change makes a new one), the same
+    request gets the same answer without a read or an encoding. At most BUDGET_BYTES of answers
+    (and MAX_ANSWERS) for the whole process, the least recently used going first."""
+
+    BUDGET_BYTES = 8 * 1024 * 1024
+    MAX_ANSWERS = 4096
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple, tuple] = {}  # key -> (weakref to the log, view, value, size)
+        self._bytes = 0
+        self.reused = 0  # answers given again (eventlog_fetch_answers_reused_total)
+
+    def get(self, key: tuple, log: Any, view: Any) -> Any:
+        kept = self._kept.get(key)
+        if kept is None or kept[0]() is not log or kept[1] is not view:
+            return None
+        del self._kept[key]  # to the end: the most recently used
+        self._kept[key] = kept
+        self.reused += 1
+        return kept[2]
+
+    def put(self, key: tuple, log: Any, view: Any, value: Any, size: int) -> None:
+        if size > self.BUDGET_BYTES // 16:
+            return
+        old = self._kept.pop(key, None)
+        if old is not None:
+            self._bytes -= old[3]
+        self._kept[key] = (weakref.ref(log), view, value, size)
+        self._bytes += size
+        while self._bytes > self.BUDGET_BYTES or len(self._kept) > self.MAX_ANSWERS:
+            oldest = next(iter(self._kept))
+            self._bytes -= self._kept.pop(oldest)[3]
 
 
-class _AnswerFigures:
-    reused = 0  # answers given again (eventlog_fetch_answers_reused_total)
-
-
-ANSWERS = _AnswerFigures()
+ANSWERS = _Answers()
 
 
 async def _records_answer(write: Callable[[RecordsResult, str, str], T], result: RecordsResult, kf: str, vf: str) -> T:
