@@ -9,8 +9,10 @@ the high watermark), with its index entries read from the file and held in memor
 those below that end. The view is rebuilt when the slot changes: the segments are listed
 again when the generation moves (a roll, retention, compaction), otherwise only the offsets
 move. While the owner renames files (retention, a compaction swap) its slot says CHANGING
-and the previous view serves; a segment file that went away under a reader is found under
-its .deleted name (the owner unlinks those only after file.delete.delay.ms).
+and the previous view serves; the segments are listed again once the flag clears, whatever
+generation the slot showed meanwhile (the owner publishes the new one first). A segment file
+that went away under a reader is found under its .deleted name (the owner unlinks those
+only after file.delete.delay.ms).
 
 Nothing here writes a file: an index that fails its sanity check is rebuilt in memory.
 
@@ -241,6 +243,7 @@ class FollowedPartition(LogReads):
         self._slot_index: int | None = None
         self._state: SlotState | None = None
         self._view: LogView | None = None
+        self._listed_generation: int | None = None  # the generation _view's segments were listed at
         self._active_built_end = -1
         self._closed = False
         self._deleted = False
@@ -282,9 +285,13 @@ class FollowedPartition(LogReads):
         if state == self._state and self._view is not None:
             return self._view
         old = self._view
-        same_generation = self._state is not None and state.generation == self._state.generation
-        if old is not None and old.active.base_offset == state.active_base and (same_generation or state.flags & CHANGING):
-            # only the offsets moved (or files are being renamed: the previous list still reads)
+        listed = state.generation == self._listed_generation
+        if old is not None and old.active.base_offset == state.active_base and (listed or state.flags & CHANGING):
+            # only the offsets moved, or files are being renamed: the previous list still reads.
+            # The owner publishes a change's new generation before it clears CHANGING, so the
+            # generation in a slot read meanwhile is not the one this list was made at: compare
+            # with _listed_generation, never with the last slot read, or the list of before
+            # the change would serve until the next one.
             active = old.segments[-1]
             if state.active_end - self._active_built_end >= ACTIVE_REFRESH_BYTES and isinstance(active, FollowerSegment):
                 active.refresh_active(state.active_end, state.high_watermark)
@@ -355,6 +362,8 @@ class FollowedPartition(LogReads):
                     if id(seg) not in kept:
                         seg.release_descriptors()
             self._state = state
+            # a listing made while the owner renames files may miss some: list again after
+            self._listed_generation = None if state.flags & CHANGING else state.generation
             return LogView.build(tuple(segments), max(state.log_start_offset, segments[0].base_offset), state.high_watermark, state.active_end)
         raise StorageError(self.directory, "the segment list kept changing while it was read")
 

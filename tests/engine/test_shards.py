@@ -212,6 +212,46 @@ async def test_followers_read_through_a_compaction_swap(tmp_path: Path) -> None:
         assert set(latest.values()) <= set(after)
 
 
+async def test_a_follower_that_reads_mid_swap_lists_the_new_segments_after_it(tmp_path: Path) -> None:
+    """The owner publishes a swap's new generation while its slot still says CHANGING (the
+    writer publishes before replace_segments clears the flag). A follower reading right then
+    keeps its previous list, as it should; once the flag clears it must list again, not take
+    the new generation for the one its list was made at: it went on reading the replaced
+    segments from their .deleted files until the generation moved again (the flaky
+    test_readers_see_the_table_view_throughout_a_pass saw tombstones the pass had dropped)."""
+    from workers.manager import Workers, WorkerSettings
+
+    async with family(tmp_path) as (s0, s1):
+        await s0.create_topic("c", 2, {"cleanup.policy": "compact", "segment.bytes": "1024"})
+        p = next(p for p in range(2) if owner_of("c", p, 2) == 1)
+        owner, follower = s1.partition("c", p), s0.partition("c", p)
+        for i in range(60):  # a unique key, then a hot one: every segment keeps something
+            key = b"hot" if i % 2 else b"u%02d" % i
+            await owner.append(prepare_batches(encode_batch(0, [(key, b"v%02d" % i + b"x" * 40, T0, [])]), owner.config))
+        table = {}
+        for r in reader.read_records(follower.view, 0, 1000, 10**6).records:
+            table[r.key] = r.value
+        publish_slot, generation, mid_swap = owner.on_publish, owner.generation, []
+
+        def read_mid_swap(log: PartitionLog) -> None:
+            publish_slot(log)
+            if log.files_changing and log.generation > generation:
+                # the owner's view has the new segments, the slot the new generation and
+                # CHANGING: the follower reads its previous list
+                mid_swap.append(follower.view)
+
+        owner.on_publish = read_mid_swap
+        results = await Workers(s1, WorkerSettings(cleaner_run_in="thread")).run_compaction("c")
+        owner.on_publish = publish_slot
+        assert any(r.cleaned for r in results) and len(mid_swap) > 1  # a swap per group
+        for view in mid_swap:
+            assert {r.key: r.value for r in reader.read_records(view, 0, 1000, 10**6).records} == table
+        after = values_of(s1, "c", p)
+        assert len(after) < 60
+        assert [s.base_offset for s in follower.view.segments] == [s.base_offset for s in owner.view.segments]
+        assert values_of(s0, "c", p) == after
+
+
 async def test_follower_reads_a_growing_active_segment_by_offset_and_time(tmp_path: Path) -> None:
     async with family(tmp_path) as (s0, s1):
         await s0.create_topic("g", 2)
