@@ -7,14 +7,17 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from . import admin, groups, health, offsets, records, snapshots, topics
+from . import admin, groups, health, keys, offsets, records, snapshots, topics
 from .errors import PROBLEM_JSON, install_error_handlers
-from .schemas import ProduceRequest
+from .schemas import KeyProduceRequest, ProduceRequest
 
 # operations under a produce or fetch quota (quotas.py)
-_QUOTA_OPERATIONS = frozenset({"produceRecords", "produceToPartition", "fetchRecords", "streamRecords"})
+_QUOTA_OPERATIONS = frozenset({
+    "produceRecords", "produceToPartition", "fetchRecords", "streamRecords", "appendKeyRecords", "readKeyRecords",
+    "streamKeyRecords",
+})
 # models referenced only from openapi_extra (bodies parsed by hand) must still be published
-_EXTRA_SCHEMAS = (ProduceRequest,)
+_EXTRA_SCHEMAS = (ProduceRequest, KeyProduceRequest)
 
 
 def install_routes(app: FastAPI) -> None:
@@ -25,6 +28,7 @@ def install_routes(app: FastAPI) -> None:
     app.include_router(health.router)
     app.include_router(topics.router)
     app.include_router(records.router)
+    app.include_router(keys.router)
     app.include_router(offsets.router)
     app.include_router(groups.router)
     app.include_router(admin.router)
@@ -61,7 +65,7 @@ def _document_problems(schema: dict[str, Any]) -> None:
                 responses.setdefault("413", {"description": "request_too_large", "content": {PROBLEM_JSON: problem}})
                 # limits.py: a body that does not arrive within EVENTLOG_REQUEST_TIMEOUT_MS
                 responses.setdefault("408", {"description": "request_timeout", "content": {PROBLEM_JSON: problem}})
-            if method == "get" and operation.get("operationId") != "streamRecords":
+            if method == "get" and operation.get("operationId") not in ("streamRecords", "streamKeyRecords"):
                 # limits.py: a GET that has not started its answer within EVENTLOG_REQUEST_TIMEOUT_MS
                 if "503" in responses:
                     responses["503"]["description"] += "; request_timeout: no answer in time"

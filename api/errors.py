@@ -64,7 +64,10 @@ ENGINE_ERRORS: dict[type[e.EngineError], tuple[int, str]] = {
     e.RecordTooLargeError: (413, "record_too_large"),
     e.InvalidRequestError: (400, "invalid_request"),
     e.OffsetOutOfRangeError: (416, "offset_out_of_range"),
+    e.IfMatchFailedError: (412, "offset_mismatch"),
     e.OffsetMismatchError: (409, "offset_mismatch"),
+    e.KeyVersionMismatchError: (412, "key_version_mismatch"),
+    e.KeyIndexDisabledError: (409, "key_index_disabled"),
     e.OutOfOrderSequenceError: (409, "out_of_order_sequence"),
     e.ProducerFencedError: (409, "producer_fenced"),
     e.IdempotencyKeyReusedError: (422, "idempotency_key_reused"),
@@ -166,6 +169,8 @@ def engine_problem(exc: e.EngineError, paths: ServerPaths | None = None) -> Resp
         extra = {"log_start_offset": exc.log_start_offset, "high_watermark": exc.high_watermark}
     elif isinstance(exc, e.OffsetMismatchError):
         extra = {"expected_offset": exc.expected, "high_watermark": exc.high_watermark}
+    elif isinstance(exc, e.KeyVersionMismatchError):
+        extra = {"expected_offset": exc.expected, "current_offset": exc.current}
     elif isinstance(exc, e.OutOfOrderSequenceError):
         extra = {"producer_id": exc.producer_id, "producer_epoch": exc.epoch, "sequence": exc.first_seq}
         if exc.last_seq is not None:

@@ -11,8 +11,9 @@ it must stay quiet for the rate to fall back to the quota:
 
 What is counted (QuotaMiddleware, a pure ASGI layer inside the authentication middleware):
 
-    produce   request body bytes of POST .../records (both produce operations)
-    fetch     response body bytes of GET .../partitions/{p}/records and .../records/stream
+    produce   request body bytes of POST .../records (the produce operations, per-key appends too)
+    fetch     response body bytes of GET .../partitions/{p}/records and .../records/stream, and
+              of the per-key reads and streams (GET .../keys/{key}/records[/stream])
 
 A refused request is answered before its body is read or the route runs, so it changes
 nothing, and its bytes are not counted. An event stream already open is not cut off when its
@@ -44,8 +45,8 @@ PRODUCE = "produce"
 FETCH = "fetch"
 KINDS = (PRODUCE, FETCH)
 
-_PRODUCE_PATH = re.compile(r"^/v1/topics/[^/]+/(?:partitions/[^/]+/)?records$")
-_FETCH_PATH = re.compile(r"^/v1/topics/[^/]+/partitions/[^/]+/records(?:/stream)?$")
+_PRODUCE_PATH = re.compile(r"^/v1/topics/[^/]+/(?:partitions/[^/]+/|keys/.*/)?records$")
+_FETCH_PATH = re.compile(r"^/v1/topics/[^/]+/(?:partitions/[^/]+|keys/.*)/records(?:/stream)?$")
 _STREAM_SUFFIX = "/records/stream"
 
 

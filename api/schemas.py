@@ -147,6 +147,38 @@ class FetchResponse(BaseModel):
     log_start_offset: int
 
 
+class KeyRecord(BaseModel):
+    """A record of a per-key append: the key comes from the path."""
+
+    value: Any = Field(None, description="in value_format; null writes a tombstone (it ends the key's stream on a compacted topic)")
+    headers: list[RecordHeader] = Field(default_factory=list)
+    timestamp: StrictInt | None = Field(None, ge=0, le=2**63 - 1, description="CreateTime in ms; default: now")
+    model_config = ConfigDict(extra="forbid")
+
+
+class KeyProduceRequest(BaseModel):
+    records: list[KeyRecord] = Field(min_length=1)
+    value_format: Format = Format.string
+    model_config = ConfigDict(extra="forbid")
+
+
+class KeyProduceResponse(BaseModel):
+    partition: int = Field(description="the key's partition (murmur2, as Kafka places a keyed record)")
+    offsets: list[int] = Field(description="of the records, in request order; the last is the key's new version (ETag)")
+    base_offset: int
+    last_offset: int
+
+
+class KeyRecordsResponse(BaseModel):
+    partition: int = Field(description="the key's partition (murmur2, as Kafka places a keyed record)")
+    records: list[FetchedRecord] = Field(description="the key's records in offset order")
+    next_offset: int = Field(description="where the next page starts: pass it as `offset` (more records of the key may follow it)")
+    more: bool = Field(description="true when the page stopped at max_records or max_bytes")
+    latest_offset: int = Field(description="the offset of the key's latest record (its version, also the ETag); -1 when it has none")
+    high_watermark: int
+    log_start_offset: int
+
+
 class PartitionOffsets(BaseModel):
     log_start_offset: int
     high_watermark: int

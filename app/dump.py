@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
-from engine import filenames
+from engine import filenames, key_index
 from engine.control_records import ABORT, COMMIT, TYPE_NAMES, control_type, coordinator_epoch
 from engine.dump import (
     LogDump,
@@ -21,7 +21,7 @@ from engine.dump import (
     verify_offset_index,
     verify_time_index,
 )
-from engine.format import CODEC_NAMES, NO_TIMESTAMP, BatchHeader
+from engine.format import CODEC_NAMES, CONTROL_BIT, NO_TIMESTAMP, BatchHeader
 from engine.producer_state import last_sequence
 from engine.records import Record
 
@@ -135,6 +135,46 @@ def _dump_index(path: Path, *, verify: bool, time_index: bool) -> list[str]:
     return problems
 
 
+def _dump_key_index(path: Path, *, verify: bool) -> list[str]:
+    """A key index's header (docs/FORMAT.md, "Key index"); with verify, its checks and its
+    entries against the ones the .log beside it makes."""
+    import numpy as np
+    from crc32c import crc32c
+
+    data = path.read_bytes()
+    emit(f"Dumping {path}")
+    if len(data) < key_index.HEADER.size:
+        return [f"{path.name}: {len(data)} bytes, shorter than a key index header (it is rebuilt on first use)"]
+    magic, version, _flags, base, nxt, logged, count, crc, _ = key_index.HEADER.unpack_from(data)
+    emit(f"baseOffset: {base} nextOffset: {nxt} logSize: {logged} entries: {count} bytesPerEntry: 12")
+    if not verify:
+        return []
+    problems = []
+    body = data[key_index.HEADER.size:]
+    if (magic, version) != (key_index.MAGIC, key_index.VERSION):
+        return [f"{path.name}: not a key index (magic {magic!r}, version {version})"]
+    if len(body) != 12 * count or crc32c(body) != crc:
+        return [f"{path.name}: damaged (its size or CRC-32C does not match; it is rebuilt on first use)"]
+    stored = key_index.ClosedKeys(base, np.frombuffer(body, "<u8", count), np.frombuffer(body, "<u4", count, 8 * count))
+    log_path = path.with_name(path.name[: -len(key_index.KEY_INDEX_SUFFIX)] + filenames.LOG_SUFFIX)
+    if not log_path.exists():
+        return [f"{path.name}: no {log_path.name} beside it (recovery deletes it)"]
+    if log_path.stat().st_size != logged:
+        emit(f"note: {log_path.name} is {log_path.stat().st_size} bytes, the index was made from {logged}: "
+             "not used, rebuilt on first use")
+        return problems
+    dump = LogDump(log_path, base_offset_of(log_path), logged)
+    made = key_index.ActiveKeys(base)
+    for report in iter_log(log_path, dump, check_crc=False, decode=True):
+        for record in report.records or ():
+            if record.key is not None and not report.header.attributes & CONTROL_BIT:
+                made.add(key_index.key_hash(record.key), record.offset)
+    expected = made.freeze()
+    if not (np.array_equal(expected.hashes, stored.hashes) and np.array_equal(expected.deltas, stored.deltas)):
+        problems.append(f"{path.name}: its entries differ from the keyed records of {log_path.name}")
+    return problems
+
+
 def run_dump(files: list[Path], *, verify: bool, records: bool, values: bool) -> int:
     problems: list[str] = []
     for path in files:
@@ -146,8 +186,10 @@ def run_dump(files: list[Path], *, verify: bool, records: bool, values: bool) ->
             problems += _dump_index(path, verify=verify, time_index=False)
         elif kind == filenames.TIME_INDEX_SUFFIX:
             problems += _dump_index(path, verify=verify, time_index=True)
+        elif path.name.endswith(key_index.KEY_INDEX_SUFFIX):
+            problems += _dump_key_index(path, verify=verify)
         else:
-            problems.append(f"{path}: not a .log, .index or .timeindex file")
+            problems.append(f"{path}: not a .log, .index, .timeindex or .keyindex file")
     for problem in problems:
         err.print(f"[red]problem:[/red] {escape(problem)}")
     if verify and not problems:

@@ -16,5 +16,5 @@ big machines (its own scripts; see bench/README.md).
 
 BENCHMARKS = (
     "append", "read", "lookup", "restart", "http_produce", "http_raw", "http_fetch", "compaction", "snapshot", "spark",
-    "http_shards", "http_small", "http_fanout",
+    "http_shards", "http_small", "http_fanout", "http_keys",
 )

@@ -104,6 +104,21 @@ def _ratio(name: str, value: Any) -> float:
     return x
 
 
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise InvalidConfigError(name, value, "expected true or false")
+
+
+def _text(value: Any) -> str:
+    """A parsed config value as Kafka writes it: 0.5, true, 1000."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
 def _choice(*options: str) -> Callable[[str, Any], str]:
     def parse(name: str, value: Any) -> str:
         if not isinstance(value, str) or value not in options:
@@ -153,6 +168,9 @@ CONFIG_DEFS: dict[str, _Def] = {
     "segment.bytes": _Def("segment_bytes", _int_parser(14, INT_MAX), 1_073_741_824, "roll a segment at this size"),
     "segment.index.bytes": _Def("segment_index_bytes", _int_parser(24, INT_MAX), 10_485_760, "preallocated size of each index"),
     "segment.ms": _Def("segment_ms", _int_parser(1, LONG_MAX), 604_800_000, "roll a segment this long after its first timestamp"),
+    # not Kafka's: the per-key index (per-key reads and conditional appends); false for
+    # firehose topics, which then pay nothing for it
+    "eventlog.key.index": _Def("key_index", _bool, True, "keep a per-key index: per-key reads and conditional appends"),
 }
 
 
@@ -175,6 +193,7 @@ class LogConfig:
     segment_bytes: int = 1_073_741_824
     segment_index_bytes: int = 10_485_760
     segment_ms: int = 604_800_000
+    key_index: bool = True
 
     @property
     def compact(self) -> bool:
@@ -208,8 +227,7 @@ class LogConfig:
     def to_kafka(self) -> dict[str, str]:
         out = {}
         for name, d in CONFIG_DEFS.items():
-            value = getattr(self, d.field)
-            out[name] = repr(value) if isinstance(value, float) else str(value)
+            out[name] = _text(getattr(self, d.field))
         return out
 
 
@@ -228,5 +246,5 @@ def normalise_overrides(overrides: Mapping[str, Any]) -> dict[str, str]:
     """Validated overrides as Kafka-style strings, for storing in the metadata log."""
     out = {}
     for name, value in parse_overrides(overrides).items():
-        out[name] = repr(value) if isinstance(value, float) else str(value)
+        out[name] = _text(value)
     return out

@@ -283,6 +283,36 @@ class OffsetMismatchError(ConflictError):
         self.high_watermark = high_watermark
 
 
+class IfMatchFailedError(OffsetMismatchError):
+    """An OffsetMismatchError whose condition came in the If-Match header: a failed HTTP
+    precondition (412), where the body's expected_offset keeps 409."""
+
+
+class KeyVersionMismatchError(ConflictError):
+    """Raised when a per-key conditional append finds the key's latest record elsewhere:
+    `expected` and `current` are offsets, -1 meaning the key has no records."""
+
+    def __init__(self, key: bytes, expected: int, current: int) -> None:
+        shown = key.decode("utf-8", "backslashreplace")
+        if len(shown) > 200:
+            shown = shown[:200] + "..."
+        want = {-1: "no records", -2: "some records"}.get(expected, f"its latest record at offset {expected}")
+        have = "it has none" if current < 0 else f"its latest is at offset {current}"
+        super().__init__(f"key {shown!r}: expected {want}, but {have}")
+        self.key = key
+        self.expected = expected
+        self.current = current
+
+
+class KeyIndexDisabledError(ConflictError):
+    """Raised by per-key reads and conditional appends on a topic whose key index is off."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic!r} keeps no key index (eventlog.key.index=false): per-key reads and "
+                         "conditional appends need it; set it to true")
+        self.topic = topic
+
+
 class OutOfOrderSequenceError(ConflictError):
     """Raised when an idempotent producer's batch does not follow its previous one (Kafka's
     OUT_OF_ORDER_SEQUENCE_NUMBER): a batch was lost in between, or a retry changed."""

@@ -423,7 +423,8 @@ class FollowedPartition(LogReads):
     # -- writes: the owner's ------------------------------------------------------------------
 
     async def append(
-        self, batches: Sequence[PreparedBatch], *, expected_offset: int | None = None, size: int | None = None
+        self, batches: Sequence[PreparedBatch], *, expected_offset: int | None = None, size: int | None = None,
+        key_condition: tuple[bytes, int] | None = None,
     ) -> AppendResult:
         future = asyncio.get_running_loop().create_future()
 
@@ -431,12 +432,12 @@ class FollowedPartition(LogReads):
             if not future.done():
                 future.set_result(result) if error is None else future.set_exception(error)
 
-        self.append_soon(batches, answered, expected_offset=expected_offset, size=size)
+        self.append_soon(batches, answered, expected_offset=expected_offset, size=size, key_condition=key_condition)
         return await future
 
     def append_soon(
         self, batches: Sequence[PreparedBatch], callback: Callable[[AppendResult | None, BaseException | None], None],
-        *, expected_offset: int | None = None, size: int | None = None,
+        *, expected_offset: int | None = None, size: int | None = None, key_condition: tuple[bytes, int] | None = None,
     ) -> None:
         """PartitionLog.append_soon, on the owner: the request goes now, the callback runs as
         the owner's answer is read."""
@@ -455,11 +456,15 @@ class FollowedPartition(LogReads):
 
         manager.channel.call_soon(
             self.owner, "partition_append", answered, self.topic, self.topic_id, self.partition,
-            data, headers, expected_offset, size,
+            data, headers, expected_offset, size, key_condition,
         )
 
     async def delete_records(self, before_offset: int) -> int:
         return await self._call("delete_records", before_offset)
+
+    async def read_key(self, key: bytes, after_offset: int, max_records: int, max_bytes: int) -> Any:
+        """PartitionLog.read_key, by the owner (the key index lives there)."""
+        return await self._call("read_key", key, after_offset, max_records, max_bytes)
 
     async def roll(self) -> int:
         return await self._call("roll")

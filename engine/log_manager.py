@@ -1388,8 +1388,12 @@ class LogManager:
                 raise TopicNotFoundError(topic)
         log = self._owned(topic, partition)
         if what == "append":
-            data, headers, expected_offset, size = args
-            return await log.append(_batches_of(data, headers), expected_offset=expected_offset, size=size)
+            data, headers, expected_offset, size, key_condition = args
+            return await log.append(
+                _batches_of(data, headers), expected_offset=expected_offset, size=size, key_condition=key_condition
+            )
+        if what == "read_key":
+            return await log.read_key(*args)
         if what == "delete_records":
             return await log.delete_records(*args)
         if what == "roll":
@@ -1411,6 +1415,7 @@ class LogManager:
     def _on_partition_append(
         self, reply: Callable[[bool, Any], None], topic: str, topic_id: str, partition: int,
         data: bytes, headers: list, expected_offset: int | None, size: int | None,
+        key_condition: tuple[bytes, int] | None = None,
     ) -> None:
         """An append another shard forwards (a quick handler: queued to the writer as it is
         read, answered as the writer finishes it). A topic this shard has not caught up with
@@ -1421,7 +1426,9 @@ class LogManager:
 
             async def slow() -> None:
                 try:
-                    result = await self._on_partition("append", topic, topic_id, partition, data, headers, expected_offset, size)
+                    result = await self._on_partition(
+                        "append", topic, topic_id, partition, data, headers, expected_offset, size, key_condition
+                    )
                 except Exception as exc:
                     reply(False, exc)
                 else:
@@ -1432,7 +1439,7 @@ class LogManager:
         self._owned(topic, partition).append_soon(
             _batches_of(data, headers),
             lambda result, error: reply(True, result) if error is None else reply(False, error),
-            expected_offset=expected_offset, size=size,
+            expected_offset=expected_offset, size=size, key_condition=key_condition,
         )
 
     async def _on_groups(self, what: str, args: tuple) -> Any:

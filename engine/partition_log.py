@@ -36,14 +36,16 @@ from typing import Any, Awaitable, Callable, Sequence
 import anyio
 from anyio.abc import TaskStatus
 
-from . import filenames
+from . import filenames, key_reads
 from .commits import CommitBatcher, PendingFlush, batcher_for
 from .config import LogConfig
 from .errors import (
     CorruptBatchError,
     EngineError,
     InflatedTooLargeError,
+    KeyIndexDisabledError,
     KeyRequiredError,
+    KeyVersionMismatchError,
     LogClosedError,
     OffsetMismatchError,
     OffsetOutOfRangeError,
@@ -63,9 +65,10 @@ from .format import (
     set_base_offset,
     set_log_append_time,
 )
+from .key_index import KeyIndex, key_hash, remove_key_index
 from .log_reads import LogReads
 from .producer_state import DEFAULT_EXPIRATION_MS, ProducerEntry, ProducerStateManager
-from .records import check_records_framing
+from .records import check_records_framing, split_records
 from .segment import AppendBatch, LogSegment
 from .segments import LogView
 
@@ -112,6 +115,9 @@ class PreparedBatch:
 
     data: memoryview
     header: BatchHeader
+    # (offset delta, key) of its keyed records, when whoever encoded it knew them (the key
+    # index's input; else the writer reads them from the batch)
+    keys: list[tuple[int, bytes]] | None = None
 
     @property
     def record_count(self) -> int:
@@ -218,6 +224,8 @@ class _Append(_Op):
     batches: Sequence[PreparedBatch] = ()
     size: int = 0
     expected_offset: int | None = None
+    # (key, the offset its latest record must have, or -1: it must have none)
+    key_condition: tuple[bytes, int] | None = None
 
 
 @dataclass(eq=False)
@@ -288,6 +296,7 @@ class PartitionLog(LogReads):
         # refused by reads since
         self.corrupt_batches = {"recovery": 0, "read": 0}
         self.view = LogView.build(self._segments, self._log_start_offset, self._next_offset, active.size)
+        self.key_index = KeyIndex(directory)
         # for the other shards of a family (LogManager._publish_slot): bumped whenever the
         # segment list changes; files_changing while segment files are being renamed
         self.generation = 1
@@ -540,6 +549,18 @@ class PartitionLog(LogReads):
         pending: dict[int, ProducerEntry] = {}
         prepared: list[AppendBatch] = []
         messages = 0
+        index = self.key_index
+        keys_on = config.key_index
+        if keys_on:
+            index.load_active(self._segments[-1], self._segments[-1].size)  # what is committed
+        elif index.active is not None:
+            index.forget_active()
+        batch_keys: list[tuple[list[int], list[int]]] = []  # per prepared batch: key hashes, offsets
+        # this commit's keyed records so far, hash -> (offset, key): for per-key conditions only
+        group_keys: dict[int, list[tuple[int, bytes]]] | None = (
+            {} if keys_on and any(op.key_condition is not None for op in group) else None
+        )
+        reads: key_reads.BatchCache | None = None
         for op in group:
             try:
                 duplicates = [producers.check(b.header, now, pending) for b in op.batches]
@@ -550,6 +571,20 @@ class PartitionLog(LogReads):
             if op.expected_offset is not None and op.expected_offset != next_offset and not all(duplicates):
                 op.error = OffsetMismatchError(op.expected_offset, next_offset)
                 continue
+            if op.key_condition is not None and not all(duplicates):
+                if not keys_on:
+                    op.error = KeyIndexDisabledError(self.topic)
+                    continue
+                key, expected = op.key_condition
+                h = key_hash(key)
+                assert group_keys is not None
+                current = next((o for o, k in reversed(group_keys.get(h, ())) if k == key), None)
+                if current is None:
+                    reads = reads or key_reads.BatchCache()
+                    current = key_reads.latest_of(self.view, index, key, h, reads)
+                if not key_reads.condition_holds(expected, current):
+                    op.error = KeyVersionMismatchError(key, expected, current)
+                    continue
             if any(d is not None for d in duplicates):
                 if not all(duplicates):  # part of a retried request changed: not a retry
                     first = next(b.header for b, d in zip(op.batches, duplicates) if d is None)
@@ -574,6 +609,14 @@ class PartitionLog(LogReads):
                 bases.append(next_offset)
                 last = next_offset + header.last_offset_delta
                 prepared.append(AppendBatch(batch.data, next_offset, last, max_ts, header.size))
+                if keys_on:
+                    keyed = _keys_of(batch)
+                    hashes = [key_hash(key) for _delta, key in keyed]
+                    offsets = [next_offset + delta for delta, _key in keyed]
+                    batch_keys.append((hashes, offsets))
+                    if group_keys is not None:
+                        for h, offset, (_delta, key) in zip(hashes, offsets, keyed):
+                            group_keys.setdefault(h, []).append((offset, key))
                 messages += header.records_count
                 next_offset = last + 1
             op.result = AppendResult(first, next_offset - 1, append_time, tuple(bases))
@@ -587,12 +630,16 @@ class PartitionLog(LogReads):
         try:
             segment = self._segments[-1]
             rolled = False
-            for batch in prepared:
+            for i, batch in enumerate(prepared):
                 if self._should_roll(segment, batch, now):
                     segment.write_staged()
                     segment = self._roll_sync(batch.base_offset, now)
                     rolled = True
                 segment.stage(batch, config.index_interval_bytes)
+                if keys_on:
+                    active = index.active
+                    assert active is not None and active.base_offset == segment.base_offset
+                    active.add_many(*batch_keys[i])
             segment.write_staged()
             self._next_offset = next_offset
             unflushed = self._unflushed_messages + messages
@@ -650,11 +697,14 @@ class PartitionLog(LogReads):
         """Remove what a failed commit wrote: segments it rolled to, and its bytes and index
         entries in the segment that was active. Nothing of it was published. If even this
         fails, the caller's StorageError marks the partition failed."""
+        self.key_index.forget_active()  # rebuilt from the segment on next use
         for segment in self._segments[len(segments_before):]:
             segment.close()
             segment.delete_files()
+            remove_key_index(self.directory, segment.base_offset)
         if len(self._segments) > len(segments_before):
             self._segments = segments_before
+            remove_key_index(self.directory, segments_before[-1].base_offset)  # active again
             fsync_dir(self.directory)
         segments_before[-1].rollback(state_before)
         self.recovery_point = recovery_point
@@ -700,6 +750,10 @@ class PartitionLog(LogReads):
         )
         fsync_dir(self.directory)
         self._segments = self._segments + (new,)
+        if self.config.key_index:
+            self.key_index.rolled(old, base_offset)
+        else:
+            self.key_index.forget_active()
         if self.config.durable_acks or self._unflushed_messages == 0:
             self.recovery_point = base_offset
         logger.debug("rolled %s at offset %d", self.name, base_offset)
@@ -713,7 +767,8 @@ class PartitionLog(LogReads):
         return await op.wait()
 
     async def append(
-        self, batches: Sequence[PreparedBatch], *, expected_offset: int | None = None, size: int | None = None
+        self, batches: Sequence[PreparedBatch], *, expected_offset: int | None = None, size: int | None = None,
+        key_condition: tuple[bytes, int] | None = None,
     ) -> AppendResult:
         """Append validated batches (see prepare_batches) as one unit; returns once durable.
 
@@ -724,17 +779,21 @@ class PartitionLog(LogReads):
         written returns their offsets (result.duplicate); a sequence gap or an old epoch raises.
         A full disk raises StorageFullError and leaves the log as it was. `size`, the batches'
         total bytes, may be given by a caller that counted them off the event loop (a million
-        small batches take a while to add up).
+        small batches take a while to add up). With `key_condition` (key, offset), they are
+        appended only if that key's latest record is at that offset (-1: the key has no
+        records), else KeyVersionMismatchError and nothing written (key_index.py).
         """
         if not batches:
             raise CorruptBatchError("nothing to append")
         if size is None:
             size = sum(b.header.size for b in batches)
-        return await self._submit(_Append(batches=batches, size=size, expected_offset=expected_offset))
+        return await self._submit(
+            _Append(batches=batches, size=size, expected_offset=expected_offset, key_condition=key_condition)
+        )
 
     def append_soon(
         self, batches: Sequence[PreparedBatch], callback: Callable[[AppendResult | None, BaseException | None], None],
-        *, expected_offset: int | None = None, size: int | None = None,
+        *, expected_offset: int | None = None, size: int | None = None, key_condition: tuple[bytes, int] | None = None,
     ) -> None:
         """append() for callers that would rather be called back than wait: queues the append
         now and calls `callback(result, None)` or `callback(None, error)` from the writer's
@@ -750,7 +809,7 @@ class PartitionLog(LogReads):
         def done(op: _Op) -> None:
             callback(None, op.error) if op.error is not None else callback(op.result, None)
 
-        op = _Append(batches=batches, size=size, expected_offset=expected_offset, callback=done)
+        op = _Append(batches=batches, size=size, expected_offset=expected_offset, key_condition=key_condition, callback=done)
         # others wait for room already (after them, in order), or the queue is full: wait for
         # room as append() would
         if self._senders or not self._put_nowait(op):
@@ -834,6 +893,7 @@ class PartitionLog(LogReads):
             doomed_ids = {id(s) for s in doomed}  # never the active segment, even an empty one
             log._segments = tuple(s for s in log._segments if id(s) not in doomed_ids)
             for s in doomed:
+                remove_key_index(log.directory, s.base_offset)  # derived: goes first
                 s.change_suffix(s.suffix, filenames.DELETED_SUFFIX)
             fsync_dir(log.directory)
             crash_point("delete.after_deleted_rename")
@@ -886,6 +946,8 @@ class PartitionLog(LogReads):
                 raise ValueError("the active segment cannot be replaced")
             if any(id(s) not in {id(x) for x in live} for s in old_segments):
                 raise ValueError("a segment to replace is no longer part of the log")
+            for s in old_segments:  # derived, and the new ones' may share their base offsets
+                remove_key_index(log.directory, s.base_offset)
             for s in reversed(new_sorted):
                 s.change_suffix(filenames.CLEANED_SUFFIX, filenames.SWAP_SUFFIX)
             fsync_dir(log.directory)
@@ -912,6 +974,18 @@ class PartitionLog(LogReads):
                 self._files_changing(False)
 
     # -- reads (any task) ---------------------------------------------------------------------
+
+    async def read_key(self, key: bytes, after_offset: int, max_records: int, max_bytes: int) -> key_reads.KeyRecords:
+        """`key`'s records above `after_offset` (key_reads.read_key), in a worker thread."""
+        self.check_open()
+        if not self.config.key_index:
+            raise KeyIndexDisabledError(self.topic)
+        try:
+            return await anyio.to_thread.run_sync(
+                key_reads.read_key, self.view, self.key_index, key, key_hash(key), after_offset, max_records, max_bytes
+            )
+        except OSError as exc:
+            raise self._read_error(exc) from exc
 
     async def wait_for_data(self, offset: int, timeout_s: float) -> bool:
         """Wait until the high watermark passes `offset` (woken by the writer's publish, not by
@@ -977,3 +1051,17 @@ class PartitionLog(LogReads):
         """Refuse writes from now on (reads go on) until a restart recovers the log."""
         if self._failed is None:
             self._failed = error
+
+
+def _keys_of(batch: PreparedBatch) -> list[tuple[int, bytes]]:
+    """(offset delta, key) of the batch's keyed records: as its encoder left them, else read
+    from the batch (control batches have none)."""
+    if batch.keys is not None:
+        return batch.keys
+    header = batch.header
+    if header.attributes & CONTROL_BIT:
+        return []
+    fields = split_records(batch.data, header, 0, with_keys=True)
+    assert fields.keys is not None
+    base = header.base_offset
+    return [(offset - base, key) for offset, key in zip(fields.offsets, fields.keys) if key is not None]

@@ -59,18 +59,21 @@ from . import compression
 from .config import LogConfig
 from .errors import (
     IdempotencyKeyReusedError,
+    IfMatchFailedError,
     InvalidFieldError,
     InvalidJsonError,
     InvalidRequestError,
     KeyRequiredError,
+    OffsetMismatchError,
     OutOfOrderSequenceError,
     PartitionNotFoundError,
     RecordTooLargeError,
 )
 from .format import NO_PRODUCER_ID, set_producer
+from .key_reads import ANY_RECORDS
 from .metadata import INTERNAL_TOPICS
 from .partition_log import AppendResult, PreparedBatch, prepare_batches, wall_clock_ms
-from .partitioner import partitions_for_keys
+from .partitioner import partition_for_key, partitions_for_keys
 from .records import encode_batch
 from .slicing import JSON_SLICE_BYTES, free_in_slices, gc_paused, loads_in_slices
 
@@ -320,7 +323,10 @@ def encode_batches(records: list[Record], log: Partition, producer_id: int = NO_
                 raise RecordTooLargeError(len(batch), limit, "max.message.bytes" if limit == config.max_message_bytes else "segment.bytes")
             mid = len(chunk) // 2
             return build(chunk[:mid], sequence) + build(chunk[mid:], sequence + mid)
-        return prepare_batches(batch, config, check_records=False)
+        out = prepare_batches(batch, config, check_records=False)
+        if config.key_index and len(out) == 1:  # the key index's input, known here
+            out[0].keys = [(i, r[0]) for i, r in enumerate(chunk) if r[0] is not None]
+        return out
 
     if codec != compression.NONE or len(records) <= INLINE_RECORDS:
         return build(records, 0)
@@ -360,6 +366,7 @@ class _PreparedJson:
     expected_offset: int | None
     producer_id: int
     now: int
+    if_match: bool = False  # the condition came in the If-Match header (a failure is 412)
 
 
 def _offsets(prepared: _PreparedJson, results: dict[int, AppendResult]) -> list[dict[str, int]]:
@@ -485,7 +492,7 @@ class ProduceService:
             groups[p] = (log, encode_batches(recs, log, producer_id))
         if type(doc.get("records")) is list:
             free_in_slices(doc["records"])
-        return _PreparedJson(placed, records, groups, expected_offset, producer_id, now)
+        return _PreparedJson(placed, records, groups, expected_offset, producer_id, now, _from_header(if_match))
 
     @staticmethod
     def _answer(
@@ -509,7 +516,7 @@ class ProduceService:
         expected_offset, producer_id = prepared.expected_offset, prepared.producer_id
         if len(groups) == 1:
             (p, (log, batches)), = groups.items()
-            return {p: await _append(log, batches, expected_offset, producer_id)}
+            return {p: await _append(log, batches, expected_offset, producer_id, if_match=prepared.if_match)}
         loop = _asyncio_loop()
         if loop is None:
             return await self._append_all_anyio(prepared)
@@ -540,7 +547,7 @@ class ProduceService:
         await everything
         for p in groups:
             if p in errors:
-                raise _append_error(errors[p], producer_id)
+                raise _append_error(errors[p], producer_id, prepared.if_match)
         return results
 
     async def _append_all_anyio(self, prepared: _PreparedJson) -> dict[int, AppendResult]:
@@ -548,7 +555,9 @@ class ProduceService:
 
         async def one(p: int, log: Partition, batches: list[PreparedBatch]) -> None:
             try:
-                results[p] = await _append(log, batches, prepared.expected_offset, prepared.producer_id)
+                results[p] = await _append(
+                    log, batches, prepared.expected_offset, prepared.producer_id, if_match=prepared.if_match
+                )
             except Exception as exc:
                 errors[p] = exc
 
@@ -584,12 +593,14 @@ class ProduceService:
         prepare = functools.partial(prepare_raw, body, log, producer_id, max_inflated_bytes)
         if len(body) <= VALIDATE_IN_THREAD_BYTES:
             batches, max_timestamp = prepare()
-            result = await _append(log, batches, expected_offset, producer_id, len(body))
+            result = await _append(log, batches, expected_offset, producer_id, len(body), if_match=_from_header(if_match))
         else:
             with gc_paused():
                 batches, max_timestamp = await anyio.to_thread.run_sync(prepare)
                 try:
-                    result = await _append(log, batches, expected_offset, producer_id, len(body))
+                    result = await _append(
+                        log, batches, expected_offset, producer_id, len(body), if_match=_from_header(if_match)
+                    )
                 except Exception:  # the append is over (a cancelled one may still be queued: left alone)
                     await anyio.to_thread.run_sync(free_in_slices, batches)
                     raise
@@ -601,6 +612,98 @@ class ProduceService:
         else:
             timestamp = max_timestamp
         return RawProduced(partition, result.base_offset, result.last_offset, timestamp, result.duplicate)
+
+    async def produce_key(
+        self,
+        topic: str,
+        key: bytes,
+        body: bytes | bytearray,
+        *,
+        principal: str = "",
+        idempotency_key: str | None = None,
+        if_match: str | None = None,
+        if_none_match: str | None = None,
+    ) -> KeyProduced:
+        """Append a per-key append's records (docs/API.md, "Per-key event streams") to the key's
+        partition (murmur2, as Kafka places a keyed record) as one unit, conditional on the
+        key's latest record with If-Match / If-None-Match (KeyVersionMismatchError)."""
+        refuse_internal(topic)
+        state = self.engine.topic(topic)
+        condition = key_condition_of(key, if_match, if_none_match)
+        producer_id = producer_id_for(principal, idempotency_key)
+        log = self.engine.partition(topic, partition_for_key(key, len(state.partitions)))
+        partition = log.partition
+        now = wall_clock_ms()
+
+        def prepare() -> list[PreparedBatch]:
+            return encode_batches(parse_key_records(parse_body(body), key, now), log, producer_id)
+
+        # a big body is parsed and encoded in a worker thread, as produce_json does
+        batches = prepare() if len(body) <= INLINE_JSON_BYTES else await anyio.to_thread.run_sync(prepare)
+        result = await _append(log, batches, None, producer_id, key_condition=condition)
+        offsets = []
+        for base, batch in zip(result.batch_base_offsets, batches):
+            offsets.extend(range(base, base + batch.record_count))
+        return KeyProduced(partition, offsets, result.duplicate)
+
+
+# ---------------------------------------------------------------------------------------------
+# per-key appends
+
+
+KEY_BODY_KEYS = frozenset({"records", "value_format"})
+KEY_RECORD_KEYS = frozenset({"value", "headers", "timestamp"})
+
+
+@dataclass(frozen=True, slots=True)
+class KeyProduced:
+    """The answer to a per-key append: the records' offsets (the last is the key's new ETag)."""
+
+    partition: int
+    offsets: list[int]
+    replayed: bool
+
+
+def key_condition_of(key: bytes, if_match: str | None, if_none_match: str | None) -> tuple[bytes, int] | None:
+    """A per-key append's condition: (key, the offset its latest record must have); -1 for
+    If-None-Match: * (the key has no records), ANY_RECORDS for If-Match: * (it has some)."""
+    if if_match is not None and if_none_match is not None:
+        raise InvalidFieldError("If-Match and If-None-Match: give one of them")
+    if if_none_match is not None:
+        if if_none_match.strip() != "*":
+            raise InvalidFieldError("If-None-Match: only * (the key has no records) is supported")
+        return key, -1
+    if if_match is None:
+        return None
+    text = if_match.strip()
+    if text == "*":
+        return key, ANY_RECORDS
+    if text.startswith("W/"):
+        text = text[2:]
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        text = text[1:-1]
+    if text == "-1":
+        return key, -1
+    if not text.isdigit() or not text.isascii():
+        raise InvalidFieldError('If-Match: must be the key\'s ETag, an offset such as "42" ("-1": no records yet), or *')
+    return key, int(text)
+
+
+def parse_key_records(doc: dict[str, Any], key: bytes, now: int) -> list[Record]:
+    """(key, value, timestamp, headers) of a per-key append's records: the key is the path's."""
+    unknown = set(doc) - KEY_BODY_KEYS
+    if unknown:
+        raise InvalidFieldError(f"unknown field(s): {', '.join(sorted(unknown))} (the key comes from the path)")
+    records = doc.get("records")
+    if not isinstance(records, list) or not records:
+        raise InvalidFieldError("records: must be a non-empty list")
+    for i, rec in enumerate(records):
+        if type(rec) is dict and not KEY_RECORD_KEYS.issuperset(rec):
+            extra = sorted(rec.keys() - KEY_RECORD_KEYS)
+            why = " (the key and the partition come from the path)" if {"key", "partition"} & set(extra) else ""
+            raise InvalidFieldError(f"records[{i}]: unknown field(s): {', '.join(extra)}{why}")
+    _placed, out = parse_records(doc, "", 1, fixed_partition=0, now=now)
+    return [(key, value, ts, headers) for _key, value, ts, headers in out]
 
 
 def prepare_raw(
@@ -635,19 +738,30 @@ def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
 
 
 async def _append(
-    log: Partition, batches: list[PreparedBatch], expected_offset: int | None, producer_id: int, size: int | None = None
+    log: Partition, batches: list[PreparedBatch], expected_offset: int | None, producer_id: int, size: int | None = None,
+    *, if_match: bool = False, key_condition: tuple[bytes, int] | None = None,
 ) -> AppendResult:
     """log.append; a sequence error of an Idempotency-Key's producer id means the key was
-    reused for another request."""
+    reused for another request, and an offset condition from If-Match failed a precondition."""
     try:
+        if key_condition is not None:
+            return await log.append(batches, expected_offset=expected_offset, size=size, key_condition=key_condition)
         return await log.append(batches, expected_offset=expected_offset, size=size)
-    except OutOfOrderSequenceError as exc:
-        raise _append_error(exc, producer_id) from None
+    except (OutOfOrderSequenceError, OffsetMismatchError) as exc:
+        raise _append_error(exc, producer_id, if_match) from None
 
 
-def _append_error(error: BaseException, producer_id: int) -> BaseException:
+def _append_error(error: BaseException, producer_id: int, if_match: bool = False) -> BaseException:
     """What a refused append answers: a sequence error of an Idempotency-Key's producer id means
-    the key was reused for another request."""
+    the key was reused for another request; an offset mismatch whose condition came in If-Match
+    is a failed precondition (412)."""
     if isinstance(error, OutOfOrderSequenceError) and producer_id >= 0:
         return IdempotencyKeyReusedError(producer_id)
+    if isinstance(error, OffsetMismatchError) and if_match and not isinstance(error, IfMatchFailedError):
+        return IfMatchFailedError(error.expected, error.high_watermark)
     return error
+
+
+def _from_header(if_match: str | None) -> bool:
+    """Whether If-Match makes the append conditional (`*` does not)."""
+    return if_match is not None and if_match.strip() != "*"

@@ -9,7 +9,7 @@ Steps, in order (Kafka's LogLoader does the same):
 3. For the remaining .swap segments (a replacement that had finished step 1 of
    replace_segments): delete the live segment files whose base offset lies in
    [lowest swap base, highest swap next offset), then rename the .swap files to live names.
-4. Delete index files without a .log.
+4. Delete index files without a .log (key indexes too, and half-written ones: key_index.py).
 5. Open every segment. After an unclean shutdown (or a clean one whose marker does not cover
    the partition, or whose last segment is not as the marker says: _tail_is_clean), every
    segment from the one holding the recovery point on is scanned (LogSegment.recover): each
@@ -40,6 +40,7 @@ from . import filenames
 from .config import LogConfig
 from .errors import CorruptIndexError, StorageError
 from .fileutil import fsync_dir, io_errors
+from .key_index import KEY_INDEX_SUFFIX
 from .log_dirs import CleanTail
 from .repair import DAMAGED_SUFFIX, DamagedRange
 from .segment import LogSegment
@@ -119,6 +120,10 @@ def resolve_transient_files(directory: Path, config: LogConfig, stats: LoadStats
         if parsed and parsed[2] == "" and parsed[1] != filenames.LOG_SUFFIX:
             if filenames.base_name(parsed[0]) + filenames.LOG_SUFFIX not in names:
                 _unlink(directory / name, stats)
+        elif name.endswith(KEY_INDEX_SUFFIX + ".tmp") or (
+            name.endswith(KEY_INDEX_SUFFIX) and name[: -len(KEY_INDEX_SUFFIX)] + filenames.LOG_SUFFIX not in names
+        ):
+            _unlink(directory / name, stats)  # a key index half written, or whose segment is gone
     if stats.resolved_files:
         fsync_dir(directory)
 

@@ -8,8 +8,13 @@ their records is known exactly and must be in the log exactly once.
   RETRY_PAUSE_S, across restarts, until it is answered. The answer -- a first write, or a
   replay (header Idempotent-Replayed: true) -- gives the records' offsets.
 * Conditional producers, two on one partition: append 1-3 records with If-Match at the high
-  watermark they know (and an Idempotency-Key per request); on 409 offset_mismatch take the
-  watermark the 409 names and try again. A request in doubt is resolved by the same retry: the
+  watermark they know (and an Idempotency-Key per request); on 412 offset_mismatch take the
+  watermark the 412 names and try again.
+* Key writers (issue 14), two on the aggregates topic: each appends one record at a time to a
+  key (its n-th record to agg-<n % 12>, so they contend for every key) through
+  POST .../keys/{key}/records with If-Match at the key's version they know (If-None-Match: *
+  for a new key) and an Idempotency-Key; on 412 key_version_mismatch they take the
+  current_offset it names and try again. A request in doubt is resolved by the same retry: the
   key is checked before the offset, so one that was written is answered as a replay. Their ids
   carry their own sequence numbers (verify.check_sequences).
 
@@ -59,7 +64,8 @@ class Exact:
     resolved_by_replay: int = 0  # ... the first attempt had been written
     resolved_by_write: int = 0  # ... it had not: the retry wrote it
     refused_507: int = 0  # attempts answered 507 storage_full (sent again with their key)
-    conflicts_409: int = 0  # conditional appends answered offset_mismatch
+    conflicts_409: int = 0  # conditional appends answered offset_mismatch (412 since issue 14)
+    key_conflicts_412: int = 0  # per-key appends answered key_version_mismatch
     unresolved: int = 0  # left in doubt when the load stopped
 
 
@@ -173,6 +179,40 @@ class ExactWriters:
         finally:
             self._exact_running -= 1
 
+    async def _key_producer(self, topic: str) -> None:
+        """One record at a time to a key of the aggregates topic, conditional on the key's
+        version this writer knows; a 412 names the current one (see the module's docstring)."""
+        writer = self._writer_number()
+        self.model.exact_writers.add(writer)
+        seq = 0
+        versions: dict[bytes, int] = {}
+        self._exact_running += 1
+        try:
+            while not self.gate.stopping and not self.finishing:
+                rid = record_id(writer, seq)
+                key, value = content(topic, rid)
+                assert key is not None and value is not None
+                if key not in versions:
+                    try:
+                        r = await self.client.get(f"/v1/topics/{topic}/keys/{key.decode()}/records", params={"max_records": 1})
+                    except httpx.TransportError:
+                        r = None
+                    if r is None or r.status_code != 200:
+                        await asyncio.sleep(RETRY_PAUSE_S)
+                        continue
+                    versions[key] = r.json()["latest_offset"]
+                headers = {"content-type": "application/json", "idempotency-key": f"key-{writer}-{seq}"}
+                _key_condition(headers, versions[key])
+                body = orjson.dumps({"records": [{"value": value.decode(), "headers": [{"key": "id", "value": str(rid)}]}]})
+                answer = await self._exactly_once("produce_key", topic, f"/v1/topics/{topic}/keys/{key.decode()}/records",
+                                                  body, headers, [rid], _key_placement, conditional=True)
+                if answer is None:
+                    return
+                versions[key] = answer["last_offset"]
+                seq += 1
+        finally:
+            self._exact_running -= 1
+
     async def _exactly_once(self, kind: str, topic: str, url: str, body: bytes, headers: dict[str, str],
                             ids: list[int], placement: Callable[[dict], list[tuple[int, int]]],
                             conditional: bool = False) -> dict | None:
@@ -204,11 +244,17 @@ class ExactWriters:
                     self.model.doubt(topic, ids)
             elif status == 507:
                 x.refused_507 += 1  # nothing written; the same key goes again
-            elif status == 409 and conditional and outcome.json().get("code") == "offset_mismatch":
+            elif status in (409, 412) and conditional and outcome.json().get("code") == "offset_mismatch":
                 # not written, by this attempt nor (the key is checked first) by an earlier one
                 x.conflicts_409 += 1
                 self.stats.event("conditional_409")
                 headers["if-match"] = f'"{outcome.json()["high_watermark"]}"'
+                await asyncio.sleep(_rng_pause())
+                continue
+            elif status == 412 and conditional and outcome.json().get("code") == "key_version_mismatch":
+                x.key_conflicts_412 += 1  # not written: the same request goes with the version named
+                self.stats.event("key_conflict_412")
+                _key_condition(headers, outcome.json()["current_offset"])
                 await asyncio.sleep(_rng_pause())
                 continue
             elif status:
@@ -283,6 +329,20 @@ def _range_placement(partition: int, n: int) -> Callable[[dict], list[tuple[int,
         return [(partition, answer["base_offset"] + i) for i in range(n)]
 
     return place
+
+
+def _key_condition(headers: dict[str, str], version: int) -> None:
+    """If-Match at a key's version, or If-None-Match: * while it has no records."""
+    headers.pop("if-match", None)
+    headers.pop("if-none-match", None)
+    if version >= 0:
+        headers["if-match"] = f'"{version}"'
+    else:
+        headers["if-none-match"] = "*"
+
+
+def _key_placement(answer: dict) -> list[tuple[int, int]]:
+    return [(answer["partition"], offset) for offset in answer["offsets"]]
 
 
 def _offsets_placement(answer: dict) -> list[tuple[int, int]]:

@@ -14,7 +14,9 @@ Readers (never paused; they see kills as broken connections and resume where the
 * fetchers reading every partition from offset 0 to the end, then again from 0 (JSON; and one
   asking for raw batches, decoded with kafka-python);
 * long-pollers at the end of a partition (max_wait_ms);
-* SSE tailers following a partition's event stream from its start.
+* SSE tailers following a partition's event stream from its start;
+* key readers reading one aggregate's history at a time through the key index (issue 14): its
+  offsets increase, every record has that key, and its ETag is its latest offset.
 
 Every record a reader gets goes to Model.observe; its offsets must increase, without gaps in
 the topics that cannot have them, and a jump forward is allowed only past the log start offset
@@ -53,6 +55,8 @@ from tests.kafka_oracle import decode_all
 
 from .exact import RAW, RETRY_PAUSE_S, ExactWriters
 from .model import (
+    AGGREGATE_KEYS,
+    AGGREGATES,
     EXPIRES,
     FULL,
     GAPS,
@@ -160,10 +164,11 @@ class Load(ExactWriters):
             self._json_producer(FULL),
             self._idempotent_producer(PLAIN), self._idempotent_producer(PLAIN), self._idempotent_producer(FULL),
             self._conditional_producer(LEDGER, 0), self._conditional_producer(LEDGER, 0),
+            self._key_producer(AGGREGATES), self._key_producer(AGGREGATES), self._key_reader(AGGREGATES),
             self._admin(), self._snapshots(),
         ]
         out += [self._small_producer(MANY) for _ in range(SMALL_PRODUCERS)]
-        for topic in (PLAIN, RETAINED, TABLE, FULL, LEDGER, MANY):
+        for topic in (PLAIN, RETAINED, TABLE, FULL, LEDGER, MANY, AGGREGATES):
             out.append(self._fetcher(topic))
         out.append(self._raw_fetcher(PLAIN))
         out.append(self._long_poller(PLAIN, 0))
@@ -430,6 +435,36 @@ class Load(ExactWriters):
             phase.reads_ok += 1
         self._take(reader, topic, partition, position, records, body["log_start_offset"])
         return max(position, body["next_offset"]), len(records)
+
+    async def _key_reader(self, topic: str) -> None:
+        """Reads a random aggregate's whole history through the key index, again and again."""
+        reader = f"key_reader({topic})"
+        rng = random.Random(self.rng.random())
+        while not self.gate.stopping:
+            key = f"agg-{rng.randrange(AGGREGATE_KEYS)}"
+            try:
+                r = await self.client.get(f"/v1/topics/{topic}/keys/{key}/records", params={"max_records": 10_000})
+            except Exception as exc:  # noqa: BLE001 -- see _connection_lost
+                self._connection_lost(reader, exc)
+                await asyncio.sleep(RETRY_PAUSE_S)
+                continue
+            if r.status_code != 200:
+                if not self.stats.unavailable(reader, r.status_code, _code(r)):
+                    self.model.fail("unexpected_status", f"{reader}: {r.status_code} {r.text[:300]}")
+                await asyncio.sleep(RETRY_PAUSE_S)
+                continue
+            body = r.json()
+            offsets = [rec["offset"] for rec in body["records"]]
+            if offsets != sorted(set(offsets)) or any(rec["key"] != key for rec in body["records"]):
+                self.model.fail("key_index", f"{reader}: {key}: offsets {offsets[:20]}... or keys out of place")
+            elif r.headers.get("etag") != f'"{offsets[-1] if offsets and not body["more"] else body["latest_offset"]}"':
+                self.model.fail("key_index", f"{reader}: {key}: ETag {r.headers.get('etag')} for latest {offsets[-1:]}")
+            for rec in body["records"]:
+                headers = {h["key"]: h["value"] for h in rec["headers"]}
+                if "id" in headers:
+                    self.model.observe(topic, body["partition"], rec["offset"], int(headers["id"]), reader)
+            self.stats.op("key_read")
+            await asyncio.sleep(0.02)
 
     async def _fetcher(self, topic: str) -> None:
         positions = dict.fromkeys(range(self.partitions[topic]), 0)

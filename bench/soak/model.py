@@ -35,13 +35,15 @@ TABLE = "soak-table"  # compacted, small key space, tombstones
 FULL = "soak-full"  # one partition; its directory gets ENOSPC injected in disk-full phases
 LEDGER = "soak-ledger"  # one partition; only conditional (If-Match) producers write it
 MANY = "soak-many"  # many partitions; one-record appends from many producers at once (issue 13)
+AGGREGATES = "soak-aggregates"  # per-key conditional appends (issue 14): a key is an aggregate
 
 TABLE_KEYS = 48
+AGGREGATE_KEYS = 12  # every key writer writes all of them: they contend
 TOMBSTONE_PER_256 = 38  # ~15 % of the table topic's writes are tombstones
 
 # what each topic may legitimately lose at the front, and whether its offsets may have gaps
-EXPIRES = {PLAIN: False, RETAINED: True, TABLE: True, FULL: False, LEDGER: False, MANY: False}
-GAPS = {PLAIN: False, RETAINED: False, TABLE: True, FULL: False, LEDGER: False, MANY: False}
+EXPIRES = {PLAIN: False, RETAINED: True, TABLE: True, FULL: False, LEDGER: False, MANY: False, AGGREGATES: False}
+GAPS = {PLAIN: False, RETAINED: False, TABLE: True, FULL: False, LEDGER: False, MANY: False, AGGREGATES: False}
 
 
 def record_id(writer: int, seq: int) -> int:
@@ -56,6 +58,8 @@ def content(topic: str, rid: int) -> tuple[bytes | None, bytes | None]:
         key = b"key-%d" % (int.from_bytes(h[:2], "big") % TABLE_KEYS)
         value = None if h[1] < TOMBSTONE_PER_256 else f"v{rid}-{pad}".encode()
         return key, value
+    if topic == AGGREGATES:  # the key of a writer's n-th record: n % AGGREGATE_KEYS
+        return b"agg-%d" % ((rid & ((1 << 40) - 1)) % AGGREGATE_KEYS), f"v{rid}-{pad}".encode()
     key = None if h[0] % 3 == 0 else b"user-%d" % (int.from_bytes(h[2:4], "big") % 500)
     return key, f"v{rid}-{pad}".encode()
 

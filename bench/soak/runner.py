@@ -36,12 +36,12 @@ from typing import Any
 import httpx
 
 from .load import Gate, Load, Stats, drain
-from .model import FULL, LEDGER, MANY, PLAIN, RETAINED, TABLE, Model
+from .model import AGGREGATES, FULL, LEDGER, MANY, PLAIN, RETAINED, TABLE, Model
 from .phases import PHASES, fault_phase, write_rules
 from .server import SERVER_ENV, SoakServer
 from .verify import DiskCache, decode_files, verify_api, verify_disk_final
 
-PARTITIONS = {PLAIN: 4, RETAINED: 2, TABLE: 2, FULL: 1, LEDGER: 1, MANY: 32}
+PARTITIONS = {PLAIN: 4, RETAINED: 2, TABLE: 2, FULL: 1, LEDGER: 1, MANY: 32, AGGREGATES: 3}
 TOPIC_CONFIGS: dict[str, dict[str, Any]] = {
     PLAIN: {"segment.bytes": 256 * 1024},
     RETAINED: {
@@ -55,6 +55,7 @@ TOPIC_CONFIGS: dict[str, dict[str, Any]] = {
     FULL: {"segment.bytes": 32 * 1024},  # rolls often, so some refused appends are a roll's
     LEDGER: {"segment.bytes": 64 * 1024},
     MANY: {"segment.bytes": 16 * 1024},  # small appends over many partitions, rolling as they go
+    AGGREGATES: {"segment.bytes": 8 * 1024},  # rolls often: most of a key's history is in .keyindex files
 }
 LOST_KINDS = ("lost", "table_mismatch", "refused_written")
 DUPLICATED_KINDS = ("duplicated",)

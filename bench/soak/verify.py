@@ -32,7 +32,7 @@ import httpx
 
 from tests.kafka_oracle import decode_all
 
-from .model import EXPIRES, GAPS, TABLE, Model, content
+from .model import AGGREGATES, EXPIRES, GAPS, TABLE, Model, content
 
 _SEGMENT = re.compile(r"^\d{20}\.log$")
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
@@ -177,10 +177,32 @@ async def verify_api(client: httpx.AsyncClient, model: Model, partitions: dict[s
                 continue
             check_partition(model, topic, partition, records, log_start, hw, found, ids_seen, f"{label} (API)")
             check_sequences(model, topic, partition, records, found, f"{label} (API)")
+            if topic == AGGREGATES:
+                await check_key_index(client, model, topic, records, found, f"{label} (API)")
     if table_read:
         check_table(model, found, f"{label} (API)")
     found.counts.pop("compacted", None)
     return found.counts
+
+
+async def check_key_index(client: httpx.AsyncClient, model: Model, topic: str, records: list, found: Found,
+                          source: str) -> None:
+    """Each key's history through the key index equals the partition's records with that key
+    (the partition was just read whole), and its ETag is the latest one's offset."""
+    by_key: dict[bytes, list[int]] = defaultdict(list)
+    for offset, _rid, key, _value in records:
+        if key is not None:
+            by_key[key].append(offset)
+    for key, offsets in by_key.items():
+        r = await client.get(f"/v1/topics/{topic}/keys/{key.decode()}/records", params={"max_records": 10_000})
+        if r.status_code != 200:
+            model.fail("key_index", f"{source}: {topic} key {key!r}: {r.status_code} {r.text[:300]}")
+            continue
+        got = [rec["offset"] for rec in r.json()["records"]]
+        if got != offsets or r.headers.get("etag") != f'"{offsets[-1]}"':
+            model.fail("key_index", f"{source}: {topic} key {key!r}: the key index gives {got[:10]}... "
+                                    f"(ETag {r.headers.get('etag')}), the partition {offsets[:10]}...")
+        found.counts["keys_checked"] += 1
 
 
 class Unreadable(Exception):

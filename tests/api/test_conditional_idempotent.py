@@ -42,10 +42,12 @@ def test_conditional_appends_with_expected_offset_and_if_match(client: httpx.Cli
     # the ETag of one append is the If-Match of the next
     r = produce(client, path, ["deposited"], headers={"If-Match": r.headers["etag"]})
     assert r.status_code == 200 and r.json()["base_offset"] == 1
-    assert_problem(produce(client, path, ["stale"], headers={"If-Match": '"1"'}), 409, "offset_mismatch")
+    # a failed If-Match is a failed HTTP precondition (RFC 9110): 412, the same code and fields
+    body = assert_problem(produce(client, path, ["stale"], headers={"If-Match": '"1"'}), 412, "offset_mismatch")
+    assert body["expected_offset"] == 1 and body["high_watermark"] == 2
     # raw batches take If-Match too
     raw = build_batch([(None, b"raw", T0, [])])
-    assert_problem(client.post(path, content=raw, headers={"content-type": RAW, "If-Match": "0"}), 409, "offset_mismatch")
+    assert_problem(client.post(path, content=raw, headers={"content-type": RAW, "If-Match": "0"}), 412, "offset_mismatch")
     r = client.post(path, content=raw, headers={"content-type": RAW, "If-Match": "2"})
     assert r.status_code == 200 and r.json()["base_offset"] == 2 and r.headers["etag"] == '"3"'
     assert client.post(path, content=raw, headers={"content-type": RAW, "If-Match": "*"}).status_code == 200

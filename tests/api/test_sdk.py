@@ -54,6 +54,11 @@ OPERATIONS = {
         "fetchRecords": "fetch_records",
         "streamRecords": "stream_records",
     },
+    "keys": {
+        "readKeyRecords": "read_key_records",
+        "appendKeyRecords": "append_key_records",
+        "streamKeyRecords": "stream_key_records",
+    },
     "offsets": {
         "listOffsets": "list_offsets",
         "deleteRecords": "delete_records",
@@ -224,6 +229,38 @@ def test_one_module_per_operation_named_after_its_operation_id(sdk: SDK) -> None
     for model in ("ProduceRequest", "ProduceRecord", "RecordHeader", "Problem", "ProduceResponse",
                   "PartitionProduceResponse", "FetchResponse", "PartitionOffsets", "GroupOffsets"):
         assert hasattr(models, model), model
+
+
+def test_an_aggregate_through_the_sdk_per_key_streams(sdk: SDK) -> None:
+    """Per-key appends with If-None-Match / If-Match, the key's history and its ETag, a stale
+    write refused with 412, through the generated client."""
+    m = sdk.models
+    append = sdk.op("keys", "append_key_records")
+    read = sdk.op("keys", "read_key_records")
+    with sdk.client() as client:
+        sdk.op("topics", "create_topic").sync(client=client, body=m.TopicCreate(name="carts", partitions=3))
+        created = append.sync_detailed(
+            topic="carts", key="cart/7", client=client, if_none_match="*",
+            body=m.KeyProduceRequest(records=[m.KeyRecord(value={"type": "created"})], value_format=m.Format.JSON),
+        )
+        assert created.status_code == 200, created.content
+        assert isinstance(created.parsed, m.KeyProduceResponse)
+        assert created.parsed.partition == partition_for_key(b"cart/7", 3) and created.headers["etag"] == f'"{created.parsed.last_offset}"'
+        page = read.sync_detailed(topic="carts", key="cart/7", client=client, value_format=m.Format.JSON)
+        assert isinstance(page.parsed, m.KeyRecordsResponse) and page.headers["etag"] == created.headers["etag"]
+        assert [r.value for r in page.parsed.records] == [{"type": "created"}] and page.parsed.latest_offset == created.parsed.last_offset
+        paid = append.sync_detailed(
+            topic="carts", key="cart/7", client=client, if_match=page.headers["etag"],
+            body=m.KeyProduceRequest(records=[m.KeyRecord(value="paid")]),
+        )
+        assert paid.status_code == 200
+        stale = append.sync_detailed(
+            topic="carts", key="cart/7", client=client, if_match=page.headers["etag"],
+            body=m.KeyProduceRequest(records=[m.KeyRecord(value="cancelled")]),
+        )
+        assert stale.status_code == 412 and stale.parsed.code == "key_version_mismatch"
+        values = [r.value for r in read.sync(topic="carts", key="cart/7", client=client).records]
+        assert values == ['{"type":"created"}', "paid"]
 
 
 def test_topics_produce_fetch_offsets_and_groups_through_the_sdk(sdk: SDK) -> None:

@@ -175,7 +175,28 @@ def check_partition(server: ServerProcess, client: httpx.Client, topic: str, mod
     offsets = client.get(f"/v1/topics/{topic}/partitions/0/offsets").json()
     assert offsets["log_start_offset"] == start
     assert offsets["high_watermark"] == max(model.acked) + 1
+    check_key_index(client, topic, records)
     return start
+
+
+def check_key_index(client: httpx.Client, topic: str, records: list[tuple]) -> None:
+    """Each key's history through the key index (engine/key_index.py, rebuilt or checked after
+    the crash) is the partition's records with that key, and its ETag its latest offset."""
+    by_key: dict[str, list[tuple]] = {}
+    for offset, key, value in records:
+        by_key.setdefault(key, []).append((offset, value))
+    for key, want in by_key.items():
+        got, after = [], -1
+        while True:
+            r = client.get(f"/v1/topics/{topic}/keys/{key}/records", params={"after_offset": after, "max_records": 1000})
+            assert r.status_code == 200, r.text
+            page = r.json()
+            got += [(rec["offset"], rec["value"]) for rec in page["records"]]
+            if not page["more"]:
+                break
+            after = page["next_offset"] - 1
+        assert got == want, f"key {key!r}: the key index disagrees with the partition"
+        assert r.headers["etag"] == f'"{want[-1][0]}"'
 
 
 def check_partition_allowing_deleted(server: ServerProcess, client: httpx.Client, topic: str, model: Model) -> int:

@@ -1,0 +1,271 @@
+"""Per-key event streams: a key is an aggregate's stream (docs/API.md, "Per-key event streams").
+
+    GET  /v1/topics/{topic}/keys/{key}/records          the key's records, paged, ETag = its version
+    POST /v1/topics/{topic}/keys/{key}/records          append for the key, If-Match / If-None-Match
+    GET  /v1/topics/{topic}/keys/{key}/records/stream   the key's records as server-sent events
+
+The key in the path is percent-decoded and read per `key_format` (string: its UTF-8 bytes;
+base64, standard or URL-safe alphabet, padding optional: any bytes; json: the JSON text as a
+produce with key_format=json stores it). Its partition is Kafka's murmur2 placement, so a key
+written through the partition-level produce endpoints (with that placement) is the same
+stream. A key's version is the offset of its latest record (-1: none); the engine's key index
+(engine/key_index.py) answers both without scanning the partition, on the partition's owner
+shard.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import anyio
+import orjson
+from fastapi import APIRouter, Header, Query, Request
+from starlette.responses import Response, StreamingResponse
+
+from engine.errors import LogClosedError, OffsetOutOfRangeError, StorageError
+from engine.partitioner import partition_for_key
+
+from .auth import Reader, Writer
+from .deps import Engine
+from .errors import ApiError, ServerPaths
+from .records import (
+    IDEMPOTENCY_KEY_DOC,
+    REPLAYED_HEADER,
+    SSE_KEEPALIVE_S,
+    _auth_problems,
+    _read_body,
+    _records_json,
+    _stream_error,
+    produce_service,
+)
+from .schemas import Format, KeyProduceResponse, KeyRecordsResponse, Problem
+
+router = APIRouter(prefix="/v1/topics", tags=["keys"])
+
+STREAM_PAGE_RECORDS = 500
+STREAM_PAGE_BYTES = 1024 * 1024
+
+KEY_DOC = (
+    "the key, percent-encoded; read per key_format (string: UTF-8; base64: any bytes, standard or "
+    "URL-safe alphabet; json: JSON text)"
+)
+IF_MATCH_DOC = (
+    'Append only if the key\'s latest record is at this offset (its ETag, e.g. `"42"`; `"-1"`: the key has '
+    "no records; `*`: it has some), else 412 key_version_mismatch and nothing written"
+)
+IF_NONE_MATCH_DOC = "`*`: append only if the key has no records, else 412 key_version_mismatch"
+
+_read_problems: dict[int | str, dict[str, Any]] = {
+    **_auth_problems,
+    404: {"model": Problem, "description": "topic_not_found"},
+    409: {"model": Problem, "description": "key_index_disabled: the topic keeps no key index (eventlog.key.index=false)"},
+    422: {"model": Problem, "description": "validation_error (a key not in key_format), not_utf8, not_json"},
+    503: {"model": Problem, "description": "partition_offline, unavailable"},
+}
+
+
+def path_key(text: str, key_format: str) -> bytes:
+    """The key bytes a path segment stands for."""
+    if key_format == "string":
+        return text.encode("utf-8", "surrogatepass")
+    if key_format == "base64":
+        cleaned = text.replace("-", "+").replace("_", "/")
+        cleaned += "=" * (-len(cleaned) % 4)
+        try:
+            return base64.b64decode(cleaned, validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError(422, "validation_error", "key: not valid base64 (key_format=base64)") from None
+    try:
+        return orjson.dumps(orjson.loads(text))
+    except orjson.JSONDecodeError:
+        raise ApiError(422, "validation_error", "key: not valid JSON (key_format=json)") from None
+
+
+def _start_after(offset: int | None, after_offset: int | None) -> int | None:
+    if offset is not None and after_offset is not None:
+        raise ApiError(422, "validation_error", "give offset or after_offset, not both")
+    if offset is not None:
+        return offset - 1
+    return after_offset
+
+
+def _key_partition(engine: Any, topic: str, key: bytes) -> Any:
+    state = engine.topic(topic)
+    return engine.partition(topic, partition_for_key(key, len(state.partitions)))
+
+
+@router.get(
+    "/{topic}/keys/{key:path}/records",
+    operation_id="readKeyRecords",
+    response_model=KeyRecordsResponse,
+    responses={200: {"headers": {"ETag": {"description": 'the key\'s version: `"<offset of its latest record>"`, `"-1"` when it has none', "schema": {"type": "string"}}}}, **_read_problems},
+    summary="Read one key's records (an aggregate's events) in offset order; ETag = its version",
+)
+async def read_key_records(
+    topic: str,
+    key: str,
+    request: Request,
+    engine: Engine,
+    _principal: Reader,
+    offset: int | None = Query(None, ge=0, description="the first offset to read (a page's next_offset); default: the beginning"),
+    after_offset: int | None = Query(None, ge=-1, description="read the records after this offset (instead of offset)"),
+    max_records: int = Query(500, ge=1, le=10_000),
+    max_bytes: int = Query(1_048_576, ge=1, le=64 * 1024 * 1024, description="about this many key and value bytes (at least one record)"),
+    key_format: Format = Query(Format.string, description=KEY_DOC),
+    value_format: Format = Format.string,
+) -> Response:
+    data = path_key(key, key_format.value)
+    after = _start_after(offset, after_offset)
+    log = _key_partition(engine, topic, data)
+    page = await log.read_key(data, -1 if after is None else after, max_records, max_bytes)
+    records = await anyio.to_thread.run_sync(_records_json, page.records, key_format.value, value_format.value) \
+        if len(page.records) > 100 else _records_json(page.records, key_format.value, value_format.value)
+    metrics = request.app.state.metrics
+    metrics.fetched_records.labels(topic).inc(len(records))
+    body = {
+        "partition": log.partition,
+        "records": records,
+        "next_offset": page.next_after + 1,
+        "more": page.more,
+        "latest_offset": page.latest,
+        "high_watermark": page.high_watermark,
+        "log_start_offset": page.log_start_offset,
+    }
+    return Response(orjson.dumps(body), media_type="application/json", headers={"ETag": f'"{page.latest}"'})
+
+
+@router.post(
+    "/{topic}/keys/{key:path}/records",
+    operation_id="appendKeyRecords",
+    response_model=KeyProduceResponse,
+    responses={
+        200: {"headers": {"ETag": {"description": "the key's new version: the last record's offset", "schema": {"type": "string"}}}},
+        **_auth_problems,
+        400: {"model": Problem, "description": "invalid_json, invalid_request (an internal topic)"},
+        404: {"model": Problem, "description": "topic_not_found"},
+        409: {"model": Problem, "description": "key_index_disabled (a conditional append on a topic without a key index)"},
+        412: {"model": Problem, "description": "key_version_mismatch: the key's latest record is elsewhere (with expected_offset and current_offset, -1 for none); nothing was written"},
+        413: {"model": Problem, "description": "record_too_large, request_too_large"},
+        415: {"model": Problem, "description": "unsupported_media_type: the body must be application/json"},
+        422: {"model": Problem, "description": "validation_error, idempotency_key_reused"},
+        503: {"model": Problem, "description": "unavailable, partition_offline, too_many_open_files: nothing was written"},
+        507: {"model": Problem, "description": "storage_full: nothing was written"},
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/KeyProduceRequest"}}},
+        }
+    },
+    summary="Append records to one key's stream, atomically, optionally only if the key is unchanged",
+)
+async def append_key_records(
+    topic: str,
+    key: str,
+    request: Request,
+    engine: Engine,
+    principal: Writer,
+    key_format: Format = Query(Format.string, description=KEY_DOC),
+    idempotency_key: str | None = Header(None, alias="Idempotency-Key", description=IDEMPOTENCY_KEY_DOC),
+    if_match: str | None = Header(None, alias="If-Match", description=IF_MATCH_DOC),
+    if_none_match: str | None = Header(None, alias="If-None-Match", description=IF_NONE_MATCH_DOC),
+) -> Response:
+    data = path_key(key, key_format.value)
+    content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if content_type not in ("application/json", ""):
+        raise ApiError(415, "unsupported_media_type", "use application/json")
+    service = produce_service(engine)
+    service.partition(topic, 0)  # the topic exists, and is not internal, before the body is read
+    body = await _read_body(request)
+    done = await service.produce_key(
+        topic, data, body, principal=principal.name, idempotency_key=idempotency_key, if_match=if_match,
+        if_none_match=if_none_match,
+    )
+    last = done.offsets[-1]
+    headers = {"ETag": f'"{last}"'}
+    if done.replayed:
+        headers[REPLAYED_HEADER] = "true"
+    answer = {"partition": done.partition, "offsets": done.offsets, "base_offset": done.offsets[0], "last_offset": last}
+    return Response(orjson.dumps(answer), media_type="application/json", headers=headers)
+
+
+@router.get(
+    "/{topic}/keys/{key:path}/records/stream",
+    operation_id="streamKeyRecords",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "description": "one `record` event per record of the key (`id`: its offset); on a compacted topic a "
+            "tombstone is followed by an `end` event and the stream ends",
+        },
+        **_read_problems,
+    },
+    summary="Follow one key's records as server-sent events, from an offset or from now",
+)
+async def stream_key_records(
+    topic: str,
+    key: str,
+    request: Request,
+    engine: Engine,
+    _principal: Reader,
+    offset: int | None = Query(None, ge=0, description="the first offset to send; default: new records only"),
+    after_offset: int | None = Query(None, ge=-1, description="send the records after this offset (instead of offset)"),
+    key_format: Format = Query(Format.string, description=KEY_DOC),
+    value_format: Format = Format.string,
+    last_event_id: int | None = Header(None, ge=-1, description="resume after this offset (sent by EventSource on reconnect)"),
+) -> StreamingResponse:
+    data = path_key(key, key_format.value)
+    log = _key_partition(engine, topic, data)
+    log.check_open()
+    after = last_event_id if last_event_id is not None else _start_after(offset, after_offset)
+    if after is None:
+        after = log.high_watermark - 1
+    if after >= log.high_watermark:
+        raise OffsetOutOfRangeError(after + 1, log.log_start_offset, log.high_watermark)
+    compacted = log.config.compact
+    kf, vf = key_format.value, value_format.value
+    metrics = request.app.state.metrics
+    paths = ServerPaths.of(request)
+    await log.read_key(data, after, 1, 1)  # the key index is on: 409 now, not in the stream
+
+    async def events():
+        nonlocal after
+        yield b": streaming " + f"{topic} key from offset {after + 1} (partition {log.partition})".encode() + b"\n\n"
+        while True:
+            await anyio.lowlevel.checkpoint()
+            try:
+                if engine.stopping or log.waiting_stopped:
+                    raise LogClosedError(log.name)
+                log.check_open()
+                page = await log.read_key(data, after, STREAM_PAGE_RECORDS, STREAM_PAGE_BYTES)
+            except (ApiError, OffsetOutOfRangeError, StorageError, LogClosedError) as exc:
+                event = _stream_error(exc, after + 1)
+                if paths is not None:
+                    event["detail"] = paths.scrub(event["detail"])
+                yield b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+                return
+            if page.records:
+                metrics.fetched_records.labels(topic).inc(len(page.records))
+                out = []
+                for record in _records_json(page.records, kf, vf):
+                    out.append(b"id: %d\nevent: record\ndata: %s\n\n" % (record["offset"], orjson.dumps(record)))
+                    if compacted and record["value"] is None:
+                        out.append(b"event: end\ndata: " + orjson.dumps({"offset": record["offset"], "reason": "tombstone"}) + b"\n\n")
+                        yield b"".join(out)
+                        return
+                yield b"".join(out)
+            after = page.next_after
+            if page.more:
+                continue
+            try:
+                ready = await log.wait_for_data(after + 1, SSE_KEEPALIVE_S)
+            except LogClosedError as exc:
+                yield b"event: error\ndata: " + orjson.dumps(_stream_error(exc, after + 1)) + b"\n\n"
+                return
+            if not ready:
+                yield b": keepalive\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
