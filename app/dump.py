@@ -146,16 +146,17 @@ def _dump_key_index(path: Path, *, verify: bool) -> list[str]:
     if len(data) < key_index.HEADER.size:
         return [f"{path.name}: {len(data)} bytes, shorter than a key index header (it is rebuilt on first use)"]
     magic, version, _flags, base, nxt, logged, count, crc, _ = key_index.HEADER.unpack_from(data)
-    emit(f"baseOffset: {base} nextOffset: {nxt} logSize: {logged} entries: {count} bytesPerEntry: 12")
+    emit(f"baseOffset: {base} nextOffset: {nxt} logSize: {logged} entries: {count} bytesPerEntry: {key_index.ENTRY_BYTES}")
     if not verify:
         return []
     problems = []
     body = data[key_index.HEADER.size:]
     if (magic, version) != (key_index.MAGIC, key_index.VERSION):
         return [f"{path.name}: not a key index (magic {magic!r}, version {version})"]
-    if len(body) != 12 * count or crc32c(body) != crc:
+    if len(body) != key_index.ENTRY_BYTES * count or crc32c(body) != crc:
         return [f"{path.name}: damaged (its size or CRC-32C does not match; it is rebuilt on first use)"]
-    stored = key_index.ClosedKeys(base, np.frombuffer(body, "<u8", count), np.frombuffer(body, "<u4", count, 8 * count))
+    stored = key_index.ClosedKeys(base, np.frombuffer(body, "<u8", count), np.frombuffer(body, "<u4", count, 8 * count),
+                                  np.frombuffer(body, "<u4", count, 12 * count))
     log_path = path.with_name(path.name[: -len(key_index.KEY_INDEX_SUFFIX)] + filenames.LOG_SUFFIX)
     if not log_path.exists():
         return [f"{path.name}: no {log_path.name} beside it (recovery deletes it)"]
@@ -168,9 +169,9 @@ def _dump_key_index(path: Path, *, verify: bool) -> list[str]:
     for report in iter_log(log_path, dump, check_crc=False, decode=True):
         for record in report.records or ():
             if record.key is not None and not report.header.attributes & CONTROL_BIT:
-                made.add(key_index.key_hash(record.key), record.offset)
+                made.add(key_index.key_hash(record.key), record.offset, report.header.position)
     expected = made.freeze()
-    if not (np.array_equal(expected.hashes, stored.hashes) and np.array_equal(expected.deltas, stored.deltas)):
+    if not all(np.array_equal(getattr(expected, a), getattr(stored, a)) for a in ("hashes", "deltas", "positions")):
         problems.append(f"{path.name}: its entries differ from the keyed records of {log_path.name}")
     return problems
 

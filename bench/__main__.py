@@ -55,6 +55,7 @@ SPACE_GB = {
     "http_shards": (1.5, 0.5),
     "http_small": (1, 0.5),
     "http_fanout": (0.5, 0.5),
+    "http_keys": (2.5, 0.5),
 }
 
 

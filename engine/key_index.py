@@ -4,9 +4,10 @@ A key is an aggregate's stream (docs/API.md, "Per-key event streams"). Reading o
 history, or appending only if the key is unchanged, must not scan the partition, so the
 partition's writer indexes every keyed record it appends:
 
-* The active segment's entries live in memory (ActiveKeys): per record with a key, its key
-  hash and offset, and a chain from each entry to the previous one of the same hash, so one
-  key's offsets are found newest first without a scan; and per hash the newest entry.
+* An entry is per record with a key: its key hash, its offset, and the position of its batch
+  in the segment (so a reader reads that batch without searching the offset index).
+* The active segment's entries live in memory (ActiveKeys): the newest in arrays, older ones in
+  sorted runs.
 * A closed segment's entries are an immutable file beside it, `<base offset>.keyindex`
   (ClosedKeys; format below), written when the segment rolls, searched with numpy. Kafka
   ignores the file (its loader looks at .log, .index, .timeindex and .txnindex), so a data dir
@@ -22,9 +23,10 @@ File format (little-endian), `<base offset>.keyindex`:
                       i64 log size (the segment's .log bytes, when written), u64 count,
                       u32 CRC-32C of the body, u32 unused
     body: count u64 key hashes, ascending; then count u32 offset deltas (offset - base
-          offset), ascending within one hash
+          offset), ascending within one hash; then count u32 batch positions (where the
+          record's batch starts in the .log)
 
-12 bytes per keyed record. A file whose magic, version, CRC, base offset, next offset or log
+16 bytes per keyed record. A file whose magic, version, CRC, base offset, next offset or log
 size does not match its segment (damaged, torn, or left by a segment that compaction replaced
 at the same base offset) is not used: the index is rebuilt from the segment (every batch's
 keys) and written again, as Kafka rebuilds a missing offset index. The file is never fsynced:
@@ -38,10 +40,9 @@ by scanning the active segment on first use after a start (load_active), for a p
 whose topic has `eventlog.key.index` on (the default).
 
 Threads: the writer (its commit thread) adds entries; readers (the event loop, worker
-threads) look them up concurrently. Entries are appended to arrays before the hash's newest
-entry is moved to them, and readers look no further than the published high watermark, so a
-reader never follows an entry that is half made. Loading a closed segment's file takes
-`_lock`.
+threads) look them up concurrently, no further than the published high watermark. The active
+segment's tail arrays are extended and read under ActiveKeys.lock; loading a closed segment's
+file takes KeyIndex._lock.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ import struct
 import threading
 import weakref
 from array import array
+from collections.abc import Sequence
+from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
@@ -74,7 +77,7 @@ KEY_INDEX_SUFFIX = ".keyindex"
 MAGIC = b"EVKI"
 VERSION = 1
 HEADER = struct.Struct("<4sHHqqqQII")
-NO_OFFSET = -1
+ENTRY_BYTES = 16  # hash, offset delta, batch position
 REBUILD_CHUNK_BYTES = 4 * 1024 * 1024  # a rebuild reads the segment this much at a time
 
 
@@ -86,136 +89,161 @@ def key_index_file(directory: Path, base_offset: int) -> Path:
 
 
 class _Tail:
-    """The newest entries of an active segment, in append order: per entry its hash, offset and
-    the entry before it with the same hash, and per hash its newest entry."""
+    """The newest entries of an active segment, in append order (hash, offset, batch position)."""
 
-    __slots__ = ("hashes", "heads", "offsets", "previous")
+    __slots__ = ("hashes", "offsets", "positions")
 
     def __init__(self) -> None:
         self.hashes = array("Q")
         self.offsets = array("q")
-        self.previous = array("q")  # the entry before this one with the same hash, or -1
-        self.heads: dict[int, int] = {}  # hash -> its newest entry
+        self.positions = array("I")
 
-    def newest_first(self, h: int) -> Iterator[int]:
-        entry = self.heads.get(h, -1)
-        offsets, previous = self.offsets, self.previous
-        while 0 <= entry < len(previous):
-            yield offsets[entry]
-            entry = previous[entry]
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Copies (the caller holds the lock)."""
+        return (np.array(self.hashes, dtype=np.uint64), np.array(self.offsets, dtype=np.int64),
+                np.array(self.positions, dtype=np.uint32))
 
 
 class ActiveKeys:
-    """The active segment's keyed records. The newest (up to TAIL_ENTRIES) are a chain per hash
-    in a dict; older ones are sorted runs (numpy, 12 bytes an entry), spilled from the tail and
-    merged while a run is at least half its elder's size (up to MERGE_ENTRIES), so a lookup
-    searches a few runs and the memory of a segment with 10 M keys stays ~120 MB, not the ~1 GB
-    a dict of them would hold. The writer replaces `state` whole when it spills: a reader takes
-    it once and reads a consistent set."""
+    """The active segment's keyed records. The newest (up to TAIL_ENTRIES) are two arrays in
+    append order, scanned with numpy on lookup; older ones are sorted runs (12 bytes an entry),
+    spilled from the tail and merged FAN_IN at a time once that many of one size tier pile up
+    (up to MERGE_ENTRIES), so an entry is merged about twice in a 10 M-entry segment, a lookup
+    searches some twenty runs at most, and the memory of a segment with 10 M keys stays ~120 MB
+    where a dict of them would hold ~1 GB. The writer replaces `state` whole when it spills: a
+    reader takes it once and reads a consistent set; the tail's arrays are read and extended
+    under `lock` (an array that a reader's view holds cannot grow)."""
 
     TAIL_ENTRIES = 65_536
+    FAN_IN = 8
     MERGE_ENTRIES = 4 * 1024 * 1024
 
-    __slots__ = ("base_offset", "entries", "state")
+    __slots__ = ("base_offset", "entries", "lock", "state")
 
     def __init__(self, base_offset: int) -> None:
         self.base_offset = base_offset
         self.state: tuple[tuple[ClosedKeys, ...], _Tail] = ((), _Tail())
         self.entries = 0
+        self.lock = threading.Lock()
 
     def __len__(self) -> int:
         return self.entries
 
-    def add(self, h: int, offset: int) -> None:
-        self.add_many([h], [offset])
+    def add(self, h: int, offset: int, position: int) -> None:
+        self.add_many([h], [offset], position)
 
-    def add_many(self, hashes: list[int], offsets: list[int]) -> None:
-        """Each (hash, offset), in order (a batch's keyed records)."""
-        runs, tail = self.state
-        heads = tail.heads
-        get = heads.get
-        entry = len(tail.offsets)
-        previous = []
-        for h in hashes:
-            previous.append(get(h, -1))
-            heads[h] = entry
-            entry += 1
-        # a reader that finds a head before its entry is appended sees an index past the end
-        # and stops there (it looks no further than what is published anyway)
-        tail.hashes.extend(hashes)
-        tail.offsets.extend(offsets)
-        tail.previous.extend(previous)
-        self.entries += len(hashes)
-        if len(tail.offsets) >= self.TAIL_ENTRIES:
+    def add_many(self, hashes: list[int], offsets: Sequence[int], position: int) -> None:
+        """Each (hash, offset), in order: the keyed records of the batch at `position`."""
+        tail = self.state[1]
+        n = len(hashes)
+        if n >= 32 and isinstance(offsets, range):  # a batch numbered without gaps: copied as bytes
+            h = np.array(hashes, dtype=np.uint64).tobytes()
+            o = np.arange(offsets.start, offsets.stop, dtype=np.int64).tobytes()
+            p = np.full(n, position, dtype=np.uint32).tobytes()
+            with self.lock:
+                before = len(tail.offsets)
+                tail.hashes.frombytes(h)
+                tail.offsets.frombytes(o)
+                tail.positions.frombytes(p)
+                size = len(tail.offsets)
+        else:
+            with self.lock:
+                before = len(tail.offsets)
+                tail.hashes.extend(hashes)
+                tail.offsets.extend(offsets)
+                tail.positions.extend(repeat(position, n))
+                size = len(tail.offsets)
+        self.entries += size - before
+        if size >= self.TAIL_ENTRIES:
             self._spill()
 
     def _spill(self) -> None:
         runs, tail = self.state
-        merged = [*runs, _sorted(self.base_offset, np.array(tail.hashes, dtype=np.uint64),
-                                 np.array(tail.offsets, dtype=np.int64))]
-        while len(merged) >= 2 and 2 * len(merged[-1]) >= len(merged[-2]) and len(merged[-1]) + len(merged[-2]) <= self.MERGE_ENTRIES:
-            newer, older = merged.pop(), merged.pop()
-            merged.append(_merge(self.base_offset, older, newer))
+        with self.lock:
+            arrays = tail.arrays()
+        merged = [*runs, _sorted(self.base_offset, *arrays)]
+        while len(merged) >= self.FAN_IN:
+            group = merged[-self.FAN_IN:]
+            if len(group[0]) > 2 * len(group[-1]) or sum(len(r) for r in group) > self.MERGE_ENTRIES:
+                break  # not one size tier, or too big to merge again
+            del merged[-self.FAN_IN:]
+            merged.append(_merge(self.base_offset, group))
         self.state = (tuple(merged), _Tail())
 
-    def newest_first(self, h: int) -> Iterator[int]:
-        """The offsets of hash `h`, newest first."""
+    def newest_first(self, h: int) -> Iterator[tuple[int, int]]:
+        """(offset, batch position) of hash `h`, newest first."""
         runs, tail = self.state
-        yield from tail.newest_first(h)
+        with self.lock:
+            hashes, offsets, positions = tail.arrays()
+        mine = hashes == np.uint64(h)
+        yield from zip(reversed(offsets[mine].tolist()), reversed(positions[mine].tolist()))
         for run in reversed(runs):
-            yield from reversed(run.offsets_of(h).tolist())
+            offsets, positions = run.entries_of(h)
+            yield from zip(reversed(offsets.tolist()), reversed(positions.tolist()))
 
     def freeze(self) -> ClosedKeys:
         runs, tail = self.state
-        whole = _sorted(self.base_offset, np.array(tail.hashes, dtype=np.uint64), np.array(tail.offsets, dtype=np.int64))
-        for run in runs:
-            whole = _merge(self.base_offset, run, whole)
-        return whole
+        with self.lock:
+            arrays = tail.arrays()
+        return _merge(self.base_offset, [*runs, _sorted(self.base_offset, *arrays)])
 
     def memory_bytes(self) -> int:
-        """About what the entries hold in memory (the runs' arrays, the tail's and its dict)."""
+        """About what the entries hold in memory (the runs' arrays and the tail's)."""
         runs, tail = self.state
-        return sum(12 * len(r) for r in runs) + 24 * len(tail.offsets) + 100 * len(tail.heads)
+        return sum(16 * len(r) for r in runs) + 20 * len(tail.offsets)
 
 
-def _sorted(base_offset: int, hashes: np.ndarray, offsets: np.ndarray) -> ClosedKeys:
+def _sorted(base_offset: int, hashes: np.ndarray, offsets: np.ndarray, positions: np.ndarray) -> ClosedKeys:
+    """Entries in append order (offsets ascending) sorted by hash: a stable sort keeps each
+    hash's offsets ascending."""
     deltas = (offsets - base_offset).astype(np.uint32)
-    order = np.lexsort((deltas, hashes))
-    return ClosedKeys(base_offset, hashes[order], deltas[order])
+    order = np.argsort(hashes, kind="stable")
+    return ClosedKeys(base_offset, hashes[order], deltas[order], positions[order])
 
 
-def _merge(base_offset: int, older: ClosedKeys, newer: ClosedKeys) -> ClosedKeys:
-    hashes = np.concatenate((older.hashes, newer.hashes))
-    deltas = np.concatenate((older.deltas, newer.deltas))
-    order = np.lexsort((deltas, hashes))
-    return ClosedKeys(base_offset, hashes[order], deltas[order])
+def _merge(base_offset: int, runs: list[ClosedKeys]) -> ClosedKeys:
+    """Runs oldest first (every offset of a run above those of the runs before it): a stable
+    sort of the sorted runs end to end (which merges them) keeps each hash's offsets ascending."""
+    if len(runs) == 1:
+        return runs[0]
+    hashes = np.concatenate([r.hashes for r in runs])
+    deltas = np.concatenate([r.deltas for r in runs])
+    positions = np.concatenate([r.positions for r in runs])
+    order = np.argsort(hashes, kind="stable")
+    return ClosedKeys(base_offset, hashes[order], deltas[order], positions[order])
 
 
 class ClosedKeys:
-    """A closed segment's keyed records: hashes ascending, offset deltas ascending per hash."""
+    """A closed segment's keyed records: hashes ascending, offset deltas ascending per hash, and
+    each one's batch position."""
 
-    __slots__ = ("base_offset", "deltas", "hashes")
+    __slots__ = ("base_offset", "deltas", "hashes", "positions")
 
-    def __init__(self, base_offset: int, hashes: np.ndarray, deltas: np.ndarray) -> None:
+    def __init__(self, base_offset: int, hashes: np.ndarray, deltas: np.ndarray, positions: np.ndarray) -> None:
         self.base_offset = base_offset
         self.hashes = hashes
         self.deltas = deltas
+        self.positions = positions
 
     def __len__(self) -> int:
         return len(self.hashes)
 
-    def offsets_of(self, h: int) -> np.ndarray:
-        """The offsets of hash `h`, ascending (int64)."""
+    def entries_of(self, h: int) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets as int64, batch positions) of hash `h`, offsets ascending."""
         q = np.uint64(h)
         lo = int(np.searchsorted(self.hashes, q, "left"))
         hi = int(np.searchsorted(self.hashes, q, "right"))
-        return self.deltas[lo:hi].astype(np.int64) + self.base_offset
+        return self.deltas[lo:hi].astype(np.int64) + self.base_offset, self.positions[lo:hi]
+
+    def offsets_of(self, h: int) -> np.ndarray:
+        """The offsets of hash `h`, ascending (int64)."""
+        return self.entries_of(h)[0]
 
     # -- the file -----------------------------------------------------------------------------
 
     def write(self, path: Path, next_offset: int, log_size: int) -> None:
         """Write the file (through a temporary name, so a reader never sees half of one)."""
-        body = self.hashes.astype("<u8").tobytes() + self.deltas.astype("<u4").tobytes()
+        body = self.hashes.astype("<u8").tobytes() + self.deltas.astype("<u4").tobytes() + self.positions.astype("<u4").tobytes()
         header = HEADER.pack(MAGIC, VERSION, 0, self.base_offset, next_offset, log_size, len(self.hashes), crc32c(body), 0)
         tmp = path.with_name(path.name + ".tmp")
         try:
@@ -242,19 +270,20 @@ class ClosedKeys:
         magic, version, _flags, base, nxt, logged, count, crc, _ = HEADER.unpack_from(data)
         if (magic, version, base, nxt, logged) != (MAGIC, VERSION, base_offset, next_offset, log_size):
             return None
-        if size != HEADER.size + 12 * count:
+        if size != HEADER.size + ENTRY_BYTES * count:
             return None
         with memoryview(data) as whole:
             if crc32c(whole[HEADER.size:]) != crc:
                 return None
         hashes = np.frombuffer(data, dtype="<u8", count=count, offset=HEADER.size)
         deltas = np.frombuffer(data, dtype="<u4", count=count, offset=HEADER.size + 8 * count)
-        return cls(base_offset, hashes, deltas)
+        positions = np.frombuffer(data, dtype="<u4", count=count, offset=HEADER.size + 12 * count)
+        return cls(base_offset, hashes, deltas, positions)
 
 
-def segment_keys(segment: LogSegment, end_position: int) -> Iterator[tuple[int, bytes]]:
-    """(offset, key) of every keyed record in the segment's first `end_position` bytes, in
-    offset order (control batches skipped)."""
+def segment_keys(segment: LogSegment, end_position: int) -> Iterator[tuple[int, bytes, int]]:
+    """(offset, key, batch position) of every keyed record in the segment's first
+    `end_position` bytes, in offset order (control batches skipped)."""
     from .scan import scan_headers
 
     handle = segment.open_handle()
@@ -271,7 +300,7 @@ def segment_keys(segment: LogSegment, end_position: int) -> Iterator[tuple[int, 
         assert fields.keys is not None
         for offset, key in zip(fields.offsets, fields.keys):
             if key is not None:
-                yield offset, key
+                yield offset, key, start
 
 
 class KeyIndex:
@@ -295,9 +324,7 @@ class KeyIndex:
         with self._lock:
             active = self.active
             if active is None or active.base_offset != segment.base_offset:
-                active = ActiveKeys(segment.base_offset)
-                for offset, key in segment_keys(segment, end_position):
-                    active.add(key_hash(key), offset)
+                active = _scanned(segment, end_position)
                 self.active = active
         return active
 
@@ -332,10 +359,7 @@ class KeyIndex:
             path = key_index_file(segment.directory, segment.base_offset)
             keys = ClosedKeys.read(path, segment.base_offset, segment.next_offset, segment.size)
             if keys is None:
-                active = ActiveKeys(segment.base_offset)
-                for offset, key in segment_keys(segment, segment.size):
-                    active.add(key_hash(key), offset)
-                keys = active.freeze()
+                keys = _scanned(segment, segment.size).freeze()
                 self.rebuilt_files += 1
                 if segment.suffix == "":
                     try:
@@ -345,12 +369,12 @@ class KeyIndex:
             self._closed[segment] = keys
             return keys
 
-    def offsets_after(self, view: LogView, h: int, after: int, limit: int) -> list[int]:
-        """Up to `limit` offsets of hash `h` above `after`, ascending, below the view's high
-        watermark and at or above its log start offset."""
+    def entries_after(self, view: LogView, h: int, after: int, limit: int) -> list[tuple[int, int]]:
+        """Up to `limit` (offset, batch position) of hash `h` with offsets above `after`,
+        ascending, below the view's high watermark and at or above its log start offset."""
         floor = max(after + 1, view.log_start_offset)
         top = view.high_watermark
-        out: list[int] = []
+        out: list[tuple[int, int]] = []
         if floor >= top:
             return out
         segments = view.segments
@@ -359,40 +383,45 @@ class KeyIndex:
             segment = segments[i]
             if i == len(segments) - 1:
                 active = self.load_active(segment, view.active_end)
-                found = [o for o in active.newest_first(h) if floor <= o < top]
+                found = [e for e in active.newest_first(h) if floor <= e[0] < top]
                 found.reverse()
             else:
-                offsets = self.closed_keys(segment).offsets_of(h)
-                found = offsets[(offsets >= floor) & (offsets < top)].tolist()
+                offsets, positions = self.closed_keys(segment).entries_of(h)
+                keep = (offsets >= floor) & (offsets < top)
+                found = list(zip(offsets[keep].tolist(), positions[keep].tolist()))
             out.extend(found[: limit - len(out)])
             if len(out) >= limit:
                 break
         return out
 
-    def newest_first(self, view: LogView, h: int) -> Iterator[int]:
-        """The offsets of hash `h` in the view, newest first."""
+    def newest_first(self, view: LogView, h: int) -> Iterator[tuple[int, int]]:
+        """(offset, batch position) of hash `h` in the view, newest first."""
         floor, top = view.log_start_offset, view.high_watermark
         segments = view.segments
         for i in range(len(segments) - 1, -1, -1):
             segment = segments[i]
             if i == len(segments) - 1:
-                for o in self.load_active(segment, view.active_end).newest_first(h):
-                    if o < floor:
-                        return
-                    if o < top:
-                        yield o
+                entries: Iterator[tuple[int, int]] = self.load_active(segment, view.active_end).newest_first(h)
             else:
-                for o in reversed(self.closed_keys(segment).offsets_of(h).tolist()):
-                    if o < floor:
-                        return
-                    if o < top:
-                        yield o
+                offsets, positions = self.closed_keys(segment).entries_of(h)
+                entries = zip(reversed(offsets.tolist()), reversed(positions.tolist()))
+            for offset, position in entries:
+                if offset < floor:
+                    return
+                if offset < top:
+                    yield offset, position
 
     def memory_bytes(self) -> int:
         active = self.active
-        return (active.memory_bytes() if active is not None else 0) + sum(
-            12 * len(k) for k in list(self._closed.values())
-        )
+        return active.memory_bytes() if active is not None else 0
+
+
+def _scanned(segment: LogSegment, end_position: int) -> ActiveKeys:
+    """A segment's entries made from its first `end_position` bytes."""
+    active = ActiveKeys(segment.base_offset)
+    for offset, key, position in segment_keys(segment, end_position):
+        active.add(key_hash(key), offset, position)
+    return active
 
 
 def remove_key_index(directory: Path, base_offset: int) -> None:

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import CorruptDataError
-from .format import CONTROL_BIT, parse_header
+from .format import CONTROL_BIT, HEADER_SIZE, BatchHeader, parse_header
 from .key_index import KeyIndex
 from .reader import _damage, fetch_slice
-from .records import Record, batch_records_bytes, decode_block
+from .records import Record, batch_records_bytes, decode_one
 from .segments import LogView
 
 NO_RECORDS = -1
@@ -46,54 +46,76 @@ class KeyRecords:
 
 
 class BatchCache:
-    """The decoded batches of one lookup: a key's consecutive records often share one."""
+    """The batches one lookup read: a key's consecutive records often share one. Each is read
+    at the position its key index entry names, its CRC-32C checked once, and only the records
+    asked for are decoded."""
 
     __slots__ = ("batches",)
 
-    def __init__(self) -> None:
-        self.batches: dict[int, tuple[int, list[Record]]] = {}  # base offset -> (last offset, records)
+    READ_AHEAD = 4096  # a first read of a batch takes this much (most batches of events fit)
 
-    def record_at(self, view: LogView, offset: int) -> Record | None:
-        """The record at exactly `offset`, or None (compaction removed it, or a control batch)."""
-        for base, (last, records) in self.batches.items():
-            if base <= offset <= last:
-                return _pick(records, offset)
-        slice_ = fetch_slice(view, offset, 1)
-        if slice_ is None:
+    def __init__(self) -> None:
+        self.batches: dict[tuple[int, int], tuple[BatchHeader, bytes | None]] = {}  # (segment, position) -> header, records block
+
+    def record_at(self, view: LogView, offset: int, position: int) -> Record | None:
+        """The record at exactly `offset`, whose batch starts at `position` of its segment; None
+        when there is none (compaction removed it, or a control batch holds the offset)."""
+        index = view.segment_index_for(offset)
+        segment = view.segments[index]
+        key = (id(segment), position)
+        found = self.batches.get(key)
+        if found is None:
+            found = self._read(view, index, offset, position)
+            if found is None:
+                return self._searched(view, offset)  # the entry is not this segment's: look it up
+            if len(self.batches) >= 64:
+                self.batches.clear()
+            self.batches[key] = found
+        header, block = found
+        if block is None or not header.base_offset <= offset <= header.last_offset:
             return None
-        data = slice_.read()
-        header = parse_header(data, 0, slice_.position)
+        return decode_one(block, header, offset - header.base_offset)
+
+    @classmethod
+    def _read(cls, view: LogView, index: int, offset: int, position: int) -> tuple[BatchHeader, bytes | None] | None:
+        segment = view.segments[index]
+        end = view.end_position(index)
+        if position + HEADER_SIZE > end:
+            return None
+        data = segment.read_bytes(position, min(cls.READ_AHEAD, end - position))
+        header = parse_header(data, 0, position)
+        if not header.base_offset <= offset <= header.last_offset or position + header.size > end:
+            return None
+        if header.size > len(data):
+            data = segment.read_bytes(position, header.size)
         damage = _damage(data, 0, header)
         if damage is not None:
-            raise CorruptDataError(slice_.segment.log_path, header.position, header.base_offset, header.last_offset, damage)
-        if header.attributes & CONTROL_BIT or not header.base_offset <= offset <= header.last_offset:
-            return None
+            raise CorruptDataError(segment.log_path, header.position, header.base_offset, header.last_offset, damage)
+        if header.attributes & CONTROL_BIT:
+            return header, None
         block = batch_records_bytes(data, header, 0)
-        records = decode_block(block, header)
-        if len(self.batches) >= 64:
-            self.batches.clear()
-        self.batches[header.base_offset] = (header.last_offset, records)
-        return _pick(records, offset)
+        return header, bytes(block)
 
-
-def _pick(records: list[Record], offset: int) -> Record | None:
-    lo, hi = 0, len(records)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if records[mid].offset < offset:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo < len(records) and records[lo].offset == offset:
-        return records[lo]
-    return None
+    def _searched(self, view: LogView, offset: int) -> Record | None:
+        """The record at `offset` found through the offset index (an entry whose position is
+        not in this view's segment)."""
+        slice_ = fetch_slice(view, offset, 1)
+        index = view.segment_index_for(offset)
+        if slice_ is None or slice_.segment is not view.segments[index] or slice_.first_batch_offset > offset:
+            return None
+        found = self._read(view, index, offset, slice_.position)
+        if found is None:
+            return None
+        self.batches[(id(slice_.segment), slice_.position)] = found
+        header, block = found
+        return None if block is None else decode_one(block, header, offset - header.base_offset)
 
 
 def latest_of(view: LogView, index: KeyIndex, key: bytes, h: int, cache: BatchCache | None = None) -> int:
     """The offset of `key`'s latest record in the view; NO_RECORDS when it has none."""
     cache = cache or BatchCache()
-    for offset in index.newest_first(view, h):
-        record = cache.record_at(view, offset)
+    for offset, position in index.newest_first(view, h):
+        record = cache.record_at(view, offset, position)
         if record is not None and record.key == key:
             return offset
     return NO_RECORDS
@@ -111,11 +133,11 @@ def read_key(
     more = False
     while True:
         want = max_records - len(records)
-        candidates = index.offsets_after(view, h, cursor, want + 1)
+        candidates = index.entries_after(view, h, cursor, want + 1)
         if not candidates:
             break
-        for offset in candidates:
-            record = cache.record_at(view, offset)
+        for offset, position in candidates:
+            record = cache.record_at(view, offset, position)
             cursor = offset
             if record is None or record.key != key:
                 continue

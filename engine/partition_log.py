@@ -115,9 +115,9 @@ class PreparedBatch:
 
     data: memoryview
     header: BatchHeader
-    # (offset delta, key) of its keyed records, when whoever encoded it knew them (the key
-    # index's input; else the writer reads them from the batch)
-    keys: list[tuple[int, bytes]] | None = None
+    # the key of each of its records (None: no key), in offset order, when whoever encoded it
+    # knew them (the key index's input; else the writer reads them from the batch)
+    keys: list[bytes | None] | None = None
 
     @property
     def record_count(self) -> int:
@@ -555,7 +555,7 @@ class PartitionLog(LogReads):
             index.load_active(self._segments[-1], self._segments[-1].size)  # what is committed
         elif index.active is not None:
             index.forget_active()
-        batch_keys: list[tuple[list[int], list[int]]] = []  # per prepared batch: key hashes, offsets
+        batch_keys: list[tuple[list[int], Sequence[int]]] = []  # per prepared batch: key hashes, offsets
         # this commit's keyed records so far, hash -> (offset, key): for per-key conditions only
         group_keys: dict[int, list[tuple[int, bytes]]] | None = (
             {} if keys_on and any(op.key_condition is not None for op in group) else None
@@ -610,12 +610,17 @@ class PartitionLog(LogReads):
                 last = next_offset + header.last_offset_delta
                 prepared.append(AppendBatch(batch.data, next_offset, last, max_ts, header.size))
                 if keys_on:
-                    keyed = _keys_of(batch)
-                    hashes = [key_hash(key) for _delta, key in keyed]
-                    offsets = [next_offset + delta for delta, _key in keyed]
+                    keys = _record_keys(batch)
+                    if None in keys:
+                        keyed = [(i, k) for i, k in enumerate(keys) if k is not None]
+                        offsets: Sequence[int] = [next_offset + i for i, _k in keyed]
+                        keys = [k for _i, k in keyed]
+                    else:
+                        offsets = range(next_offset, next_offset + len(keys))
+                    hashes = list(map(key_hash, keys))
                     batch_keys.append((hashes, offsets))
                     if group_keys is not None:
-                        for h, offset, (_delta, key) in zip(hashes, offsets, keyed):
+                        for h, offset, key in zip(hashes, offsets, keys):
                             group_keys.setdefault(h, []).append((offset, key))
                 messages += header.records_count
                 next_offset = last + 1
@@ -635,11 +640,12 @@ class PartitionLog(LogReads):
                     segment.write_staged()
                     segment = self._roll_sync(batch.base_offset, now)
                     rolled = True
+                position = segment.size  # where the batch goes
                 segment.stage(batch, config.index_interval_bytes)
                 if keys_on:
                     active = index.active
                     assert active is not None and active.base_offset == segment.base_offset
-                    active.add_many(*batch_keys[i])
+                    active.add_many(*batch_keys[i], position)
             segment.write_staged()
             self._next_offset = next_offset
             unflushed = self._unflushed_messages + messages
@@ -1053,15 +1059,15 @@ class PartitionLog(LogReads):
             self._failed = error
 
 
-def _keys_of(batch: PreparedBatch) -> list[tuple[int, bytes]]:
-    """(offset delta, key) of the batch's keyed records: as its encoder left them, else read
-    from the batch (control batches have none)."""
+def _record_keys(batch: PreparedBatch) -> list[bytes | None]:
+    """The key of each record of the batch (None: no key), in offset order: as its encoder left
+    them, else read from the batch (a producer's batch numbers its records 0..n-1; a control
+    batch's records have no key of the log's)."""
     if batch.keys is not None:
         return batch.keys
     header = batch.header
     if header.attributes & CONTROL_BIT:
-        return []
+        return [None] * header.records_count
     fields = split_records(batch.data, header, 0, with_keys=True)
     assert fields.keys is not None
-    base = header.base_offset
-    return [(offset - base, key) for offset, key in zip(fields.offsets, fields.keys) if key is not None]
+    return fields.keys

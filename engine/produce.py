@@ -325,7 +325,7 @@ def encode_batches(records: list[Record], log: Partition, producer_id: int = NO_
             return build(chunk[:mid], sequence) + build(chunk[mid:], sequence + mid)
         out = prepare_batches(batch, config, check_records=False)
         if config.key_index and len(out) == 1:  # the key index's input, known here
-            out[0].keys = [(i, r[0]) for i, r in enumerate(chunk) if r[0] is not None]
+            out[0].keys = [r[0] for r in chunk]
         return out
 
     if codec != compression.NONE or len(records) <= INLINE_RECORDS:

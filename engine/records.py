@@ -438,6 +438,30 @@ def decode_block(data: bytes | bytearray | memoryview, header: BatchHeader) -> l
     return out
 
 
+def decode_one(data: bytes | bytearray | memoryview, header: BatchHeader, offset_delta: int) -> Record | None:
+    """The record with `offset_delta` from a batch's records block, skipping the others by
+    their lengths (a per-key read wants one record of a batch); None when the batch has no
+    such record (compaction removed it)."""
+    rv = read_varint
+    pos = 0
+    end = len(data)
+    for _ in range(header.records_count):
+        start = pos
+        length, pos = rv(data, pos)
+        record_end = pos + length
+        if length < 0 or record_end > end:
+            raise CorruptBatchError("record length runs past the end of the batch", header.position)
+        _ts, after_ts = rv(data, pos + 1)
+        delta, _ = rv(data, after_ts)
+        if delta == offset_delta:
+            (record,) = decode_block(bytes(data[start:record_end]), header._replace(records_count=1))
+            return record
+        if delta > offset_delta:
+            return None
+        pos = record_end
+    return None
+
+
 def decode_batch(buf: bytes | bytearray | memoryview, position: int = 0, *, check_crc: bool = True) -> tuple[BatchHeader, list[Record]]:
     header = validate_batch(buf, position, check_crc=check_crc) if check_crc else parse_header(buf, position)
     return header, decode_records(buf, header)

@@ -101,7 +101,7 @@ def test_dump_log_prints_batches_records_and_index_entries(tmp_path: Path) -> No
     assert "| offset: 1 CreateTime: 1700000000001 keySize: 1 valueSize: 70 sequence: -1 headerKeys: [h]" in out
     assert "offset: " in out and "position: " in out and "timestamp: " in out
     # the closed segment's key index, checked against the records of its .log
-    assert any(f.name.endswith(".keyindex") for f in files) and "bytesPerEntry: 12" in out
+    assert any(f.name.endswith(".keyindex") for f in files) and "bytesPerEntry: 16" in out
     assert "no problems" in result.stderr
 
 

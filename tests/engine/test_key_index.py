@@ -70,15 +70,17 @@ async def check_keys(log, keys=KEYS) -> None:
 def test_closed_keys_file_round_trip_and_checks(tmp_path: Path) -> None:
     active = ActiveKeys(100)
     for i, h in enumerate([5, 3, 5, 2**64 - 1, 3, 5]):
-        active.add(h, 100 + i)
-    assert list(active.newest_first(5)) == [105, 102, 100]
+        active.add(h, 100 + i, 70 * (i // 2))  # two records a batch
+    assert list(active.newest_first(5)) == [(105, 140), (102, 70), (100, 0)]
     closed = active.freeze()
     assert closed.offsets_of(5).tolist() == [100, 102, 105] and closed.offsets_of(2**64 - 1).tolist() == [103]
+    assert closed.entries_of(5)[1].tolist() == [0, 70, 140]
     assert closed.offsets_of(4).tolist() == []
     path = tmp_path / "x.keyindex"
     closed.write(path, next_offset=106, log_size=999)
     back = ClosedKeys.read(path, 100, 106, 999)
-    assert back is not None and np.array_equal(back.hashes, closed.hashes) and np.array_equal(back.deltas, closed.deltas)
+    assert back is not None
+    assert all(np.array_equal(getattr(back, a), getattr(closed, a)) for a in ("hashes", "deltas", "positions"))
     # another segment's file (a compaction swap at the same base), or a damaged one, is not used
     assert ClosedKeys.read(path, 100, 106, 998) is None
     assert ClosedKeys.read(path, 100, 105, 999) is None
@@ -232,13 +234,14 @@ def test_active_entries_spill_into_sorted_runs(monkeypatch: pytest.MonkeyPatch) 
     model: dict[int, list[int]] = {}
     for i in range(5000):
         h = key_index.key_hash(b"k%d" % (i % 37))
-        active.add_many([h], [1000 + i])
+        active.add_many([h], [1000 + i], 3 * i)
         model.setdefault(h, []).append(1000 + i)
     runs, tail = active.state
     assert 2 <= len(runs) < 20 and len(tail.offsets) < 64
     for h, offsets in model.items():
-        assert list(active.newest_first(h)) == offsets[::-1]
+        assert list(active.newest_first(h)) == [(o, 3 * (o - 1000)) for o in offsets[::-1]]
         assert active.freeze().offsets_of(h).tolist() == offsets
+        assert active.freeze().entries_of(h)[1].tolist() == [3 * (o - 1000) for o in offsets]
     assert active.memory_bytes() < 100_000
     # the hash is XXH3-64 (files written by one process are read by the next): pinned here
     assert key_index.key_hash(b"") == 0x2D06800538D394C2
@@ -374,3 +377,16 @@ TestKeyedLog = pytest.mark.slow(KeyedLog.TestCase)
 
 def test_key_index_file_name() -> None:
     assert key_index_file(Path("/d"), 42).name == "00000000000000000042.keyindex"
+
+
+def test_decode_one_reads_one_record_of_a_batch() -> None:
+    from engine.format import parse_header
+    from engine.records import batch_records_bytes, decode_block, decode_one
+
+    batch = bytes(encode_batch(40, [(b"k%d" % i, None if i == 3 else b"v" * i, 1000 + i, [("h", b"x")] if i % 2 else [])
+                                    for i in range(7)]))
+    header = parse_header(batch, 0, 0)
+    block = bytes(batch_records_bytes(batch, header, 0))
+    every = decode_block(block, header)
+    assert [decode_one(block, header, d) for d in range(7)] == every
+    assert decode_one(block, header, 7) is None
