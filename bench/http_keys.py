@@ -15,8 +15,8 @@ What is measured. `eventlog serve` at the default --processes, on a fresh data d
    offset LIMIT 100` in this process, the same keys in the same order. Also the server's resident
    memory after the reads, and the key index's bytes on disk per record.
 2. Conditional appends: CLIENTS client processes (http.client, one keep-alive connection each)
-   append one record at a time to keys drawn at random from 10,000, on a 4-partition topic, for
-   CELL_SECONDS: each keeps the versions it learnt (the ETag of its last success, or the
+   append one record at a time to keys drawn at random from 10,000, on a 4-partition topic (a new
+   one for each repeat, so the keys are new at its start), for CELL_SECONDS: each keeps the versions it learnt (the ETag of its last success, or the
    `current_offset` of a 412) and sends `If-Match` (or `If-None-Match: *` for a key it has never
    seen); against the same processes sending plain one-record produces with keys to the topic
    endpoint. Afterwards every key's history (read through the partitions) must be exactly the
@@ -188,10 +188,28 @@ def _key_index_bytes(data_dir: Path) -> tuple[int, int]:
     return sum(f.stat().st_size for f in files), len(files)
 
 
+def _active_memory(entries: int) -> dict[str, Any]:
+    """The memory of an active segment's key entries for `entries` distinct keys, in this
+    process: resident memory before and after, and the index's own count."""
+    from engine.key_index import ActiveKeys, key_hash
+
+    rss0 = _rss([os.getpid()])
+    active = ActiveKeys(0)
+    t0 = time.perf_counter()
+    batch = 500
+    for start in range(0, entries, batch):
+        keys = [b"key-%09d" % i for i in range(start, min(entries, start + batch))]
+        active.add_many(list(map(key_hash, keys)), range(start, start + len(keys)), start * 40)
+    took = time.perf_counter() - t0
+    rss1 = _rss([os.getpid()])
+    return {"active_entries": entries, "memory_bytes": active.memory_bytes(), "rss_growth_bytes": rss1 - rss0,
+            "bytes_per_key": round((rss1 - rss0) / entries, 1), "add_s": round(took, 2), "runs": len(active.state[0])}
+
+
 # -- 2. conditional appends --------------------------------------------------------------------
 
 
-def _cond_client(port: int, seed: int, seconds: float, conditional: bool, start: float, out: Any) -> None:
+def _cond_client(port: int, seed: int, seconds: float, conditional: bool, start: float, out: Any, topic: str) -> None:
     rng = random.Random(seed)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     versions: dict[int, int] = {}
@@ -207,7 +225,7 @@ def _cond_client(port: int, seed: int, seconds: float, conditional: bool, start:
             headers = {"content-type": "application/json"}
             headers["If-Match" if version >= 0 else "If-None-Match"] = f'"{version}"' if version >= 0 else "*"
             body = orjson.dumps({"records": [{"value": f"event from {seed}"}]})
-            conn.request("POST", f"/v1/topics/cond/keys/{key}/records", body, headers)
+            conn.request("POST", f"/v1/topics/{topic}/keys/{key}/records", body, headers)
         else:
             body = orjson.dumps({"records": [{"key": key, "value": f"event from {seed}"}]})
             conn.request("POST", "/v1/topics/plain/records", body, {"content-type": "application/json"})
@@ -228,11 +246,11 @@ def _cond_client(port: int, seed: int, seconds: float, conditional: bool, start:
     out.put(("ok", sent, conflicts, wins))
 
 
-def _cond_cell(server: ShardedServer, clients: int, seconds: float, conditional: bool) -> dict[str, Any]:
+def _cond_cell(server: ShardedServer, clients: int, seconds: float, conditional: bool, topic: str = "plain") -> dict[str, Any]:
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     start = time.time() + 1.0
-    procs = [ctx.Process(target=_cond_client, args=(server.port, i + (1000 if conditional else 0), seconds, conditional, start, out))
+    procs = [ctx.Process(target=_cond_client, args=(server.port, i + (1000 if conditional else 0), seconds, conditional, start, out, topic))
              for i in range(clients)]
     for p in procs:
         p.start()
@@ -246,19 +264,19 @@ def _cond_cell(server: ShardedServer, clients: int, seconds: float, conditional:
     conflicts = sum(g[2] for g in got)
     wins = [w for g in got for w in g[3]]
     appended = sent - conflicts
-    return {"requests": sent, "appended": appended, "conflicts": conflicts, "records_per_s": round(appended / seconds, 1),
-            "wins": wins}
+    return {"topic": topic, "requests": sent, "appended": appended, "conflicts": conflicts,
+            "records_per_s": round(appended / seconds, 1), "wins": wins}
 
 
-def _lost_updates(server: ShardedServer, wins: list[tuple[int, int, int]]) -> dict[str, Any]:
+def _lost_updates(server: ShardedServer, topic: str, wins: list[tuple[int, int, int]]) -> dict[str, Any]:
     """Every key's records (read through its partition) against the chain of successes."""
     by_key: dict[str, list[int]] = {}
     with httpx.Client(base_url=server.url, timeout=60) as client:
-        partitions = len(client.get("/v1/topics/cond").json()["partitions"])
+        partitions = len(client.get(f"/v1/topics/{topic}").json()["partitions"])
         for p in range(partitions):
             offset = 0
             while True:
-                r = client.get(f"/v1/topics/cond/partitions/{p}/records", params={"offset": offset, "max_records": 10_000}).json()
+                r = client.get(f"/v1/topics/{topic}/partitions/{p}/records", params={"offset": offset, "max_records": 10_000}).json()
                 for rec in r["records"]:
                     by_key.setdefault(rec["key"], []).append(rec["offset"])
                 if not r["records"]:
@@ -280,7 +298,7 @@ def _lost_updates(server: ShardedServer, wins: list[tuple[int, int, int]]) -> di
                 violations += 1
             previous = written
     unexpected = sum(1 for key in by_key if key not in chains)
-    return {"keys_written": len(chains), "violations": violations + unexpected}
+    return {"topic": topic, "keys_written": len(chains), "violations": violations + unexpected}
 
 
 # -- 3. the index's cost ------------------------------------------------------------------------
@@ -309,19 +327,21 @@ def run(ctx: Context) -> dict[str, Any]:
                                                "key_index_bytes": index_bytes, "key_index_files": index_files}}
             ctx.log(f"history: eventlog p50 {reads['p50_ms']} ms, p99 {reads['p99_ms']} ms")
             with httpx.Client(base_url=server.url, timeout=60) as client:
-                for name, configs in (("cond", {}), ("plain", {}), ("on", {}), ("off", {"eventlog.key.index": "false"})):
+                conds = [(f"cond-{i}", {}) for i in range(p["repeats"])]
+                for name, configs in (*conds, ("plain", {}), ("on", {}), ("off", {"eventlog.key.index": "false"})):
                     r = client.post("/v1/topics", json={"name": name, "partitions": 4, "configs": configs})
                     if r.status_code != 201:
                         raise RuntimeError(f"create {name}: {r.status_code} {r.text}")
-            cond_cells, plain_cells, wins = [], [], []
-            for _ in range(p["repeats"]):
+            cond_cells, plain_cells, checks = [], [], []
+            for i in range(p["repeats"]):  # each conditional cell on a topic of its own: keys new at its start
                 plain_cells.append(_cond_cell(server, p["clients"], p["cell_seconds"], conditional=False))
-                cell = _cond_cell(server, p["clients"], p["cell_seconds"], conditional=True)
-                wins += cell.pop("wins")
+                cell = _cond_cell(server, p["clients"], p["cell_seconds"], conditional=True, topic=f"cond-{i}")
+                checks.append(_lost_updates(server, cell["topic"], cell.pop("wins")))
                 cond_cells.append(cell)
             for c in plain_cells:
                 c.pop("wins")
-            lost = _lost_updates(server, wins)
+            lost = {"keys_written": sum(c["keys_written"] for c in checks), "violations": sum(c["violations"] for c in checks),
+                    "topics": checks}
             results["conditional"] = {"conditional": cond_cells, "plain": plain_cells, "check": lost}
             body = work / "body.json"
             body.write_bytes(orjson.dumps({"records": [{"key": k, "value": v} for k, v in http_produce.records()]}))
@@ -338,6 +358,7 @@ def run(ctx: Context) -> dict[str, Any]:
                 raise RuntimeError(f"eventlog exited with {server.exit_status}:\n{tail(server.log_path)}")
         ctx.log("sqlite: building the same rows ...")
         results["history"]["sqlite"] = _sqlite(work / "peer.db", p["records"], p["keys"], order)
+        results["memory"] = _active_memory(p["keys"] * 10)
     finally:
         remove_tree(work)
     return {"params": p, "results": results, "summary": _summary(p, results)}
@@ -351,6 +372,7 @@ def _summary(p: dict[str, Any], r: dict[str, Any]) -> list[dict[str, Any]]:
     on = median(c["records_per_s"] for c in r["cost"]["on"])
     off = median(c["records_per_s"] for c in r["cost"]["off"])
     per_record = ours["key_index_bytes"] / p["records"] if ours["key_index_files"] else None
+    memory = r["memory"]
     return [
         summary_row(f"one key's {HOT_RECORDS} records from a {p['records']:,}-record partition of {p['keys']:,} keys, through HTTP",
                     f"p50 {ours['p50_ms']} ms, p99 {ours['p99_ms']} ms",
@@ -365,6 +387,9 @@ def _summary(p: dict[str, Any], r: dict[str, Any]) -> list[dict[str, Any]]:
                     f"{on:,.0f} records/s" + (f"; {per_record:.1f} index bytes on disk per record" if per_record else ""),
                     f"index off: {off:,.0f} records/s", on / off if off else None, f">= {GOAL_COST_RATIO} x",
                     on >= GOAL_COST_RATIO * off),
+        summary_row(f"key index memory of an active segment holding {memory['active_entries']:,} distinct keys",
+                    f"{memory['rss_growth_bytes'] / 1e6:,.0f} MB resident ({memory['bytes_per_key']} bytes a key)",
+                    "a dict of them: ~100 bytes a key", None, "bounded, reported", None),
     ]
 
 

@@ -62,14 +62,19 @@ SHARED_SYNC_MIN = 2  # flushes on one filesystem in a job that a syncfs covers i
 
 class PendingFlush:
     """What completes a commit due a flush: call it with None to fdatasync the partition's
-    active segment, or with the seconds a syncfs of its filesystem took (already durable)."""
+    active segment, or with the seconds a syncfs of its filesystem took (already durable).
+    `index`, if any, is work of the commit that may run while the flush does (the key index's
+    entries: partition_log.py), and must be done before the commit is answered."""
 
-    __slots__ = ("complete", "segment", "device")
+    __slots__ = ("complete", "segment", "device", "index")
 
-    def __init__(self, complete: Callable[[float | None], None], segment: Any, device: int) -> None:
+    def __init__(
+        self, complete: Callable[[float | None], None], segment: Any, device: int, index: Callable[[], None] | None = None
+    ) -> None:
         self.complete = complete
         self.segment = segment
         self.device = device
+        self.index = index
 
     def __call__(self, shared_s: float | None = None) -> None:
         self.complete(shared_s)
@@ -153,9 +158,14 @@ class CommitBatcher:
             if flush is not None:
                 flushes.append((i, flush))
         if flushes:
+            # the commits' other work runs in a flush thread while the syncs wait for the disk
+            works = [flush.index for _i, flush in flushes if flush.index is not None]
+            meanwhile = FLUSH_THREADS.submit(_run_each, works) if works else None
             if self.shared_sync:
                 flushes = self._sync_shared(flushes, outcomes)
             self._sync_each(flushes, outcomes)
+            if meanwhile is not None:
+                meanwhile.result()
         try:
             self.loop.call_soon_threadsafe(self._finish, job, outcomes)
         except RuntimeError:  # the loop is closed: nobody is left to answer
@@ -227,6 +237,11 @@ class CommitBatcher:
                 future.set_result(None)
             else:
                 future.set_exception(outcome)
+
+
+def _run_each(works: list[Callable[[], None]]) -> None:
+    for work in works:
+        work()  # (each handles its own failure)
 
 
 _batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, CommitBatcher] = weakref.WeakKeyDictionary()

@@ -132,12 +132,12 @@ class ActiveKeys:
     def add(self, h: int, offset: int, position: int) -> None:
         self.add_many([h], [offset], position)
 
-    def add_many(self, hashes: list[int], offsets: Sequence[int], position: int) -> None:
+    def add_many(self, hashes: list[int] | np.ndarray, offsets: Sequence[int], position: int) -> None:
         """Each (hash, offset), in order: the keyed records of the batch at `position`."""
         tail = self.state[1]
         n = len(hashes)
         if n >= 32 and isinstance(offsets, range):  # a batch numbered without gaps: copied as bytes
-            h = np.array(hashes, dtype=np.uint64).tobytes()
+            h = np.asarray(hashes, dtype=np.uint64).tobytes()
             o = np.arange(offsets.start, offsets.stop, dtype=np.int64).tobytes()
             p = np.full(n, position, dtype=np.uint32).tobytes()
             with self.lock:
@@ -147,6 +147,8 @@ class ActiveKeys:
                 tail.positions.frombytes(p)
                 size = len(tail.offsets)
         else:
+            if isinstance(hashes, np.ndarray):
+                hashes = hashes.tolist()
             with self.lock:
                 before = len(tail.offsets)
                 tail.hashes.extend(hashes)
@@ -182,10 +184,15 @@ class ActiveKeys:
             yield from zip(reversed(offsets.tolist()), reversed(positions.tolist()))
 
     def freeze(self) -> ClosedKeys:
+        """Every entry, sorted by hash and then offset (a closed segment's file's order)."""
         runs, tail = self.state
         with self.lock:
-            arrays = tail.arrays()
-        return _merge(self.base_offset, [*runs, _sorted(self.base_offset, *arrays)])
+            hashes, offsets, positions = tail.arrays()
+        hashes = np.concatenate([r.hashes for r in runs] + [hashes])
+        deltas = np.concatenate([r.deltas for r in runs] + [(offsets - self.base_offset).astype(np.uint32)])
+        positions = np.concatenate([r.positions for r in runs] + [positions])
+        order = np.lexsort((deltas, hashes))
+        return ClosedKeys(self.base_offset, hashes[order], deltas[order], positions[order])
 
     def memory_bytes(self) -> int:
         """About what the entries hold in memory (the runs' arrays and the tail's)."""
@@ -194,16 +201,15 @@ class ActiveKeys:
 
 
 def _sorted(base_offset: int, hashes: np.ndarray, offsets: np.ndarray, positions: np.ndarray) -> ClosedKeys:
-    """Entries in append order (offsets ascending) sorted by hash: a stable sort keeps each
-    hash's offsets ascending."""
+    """Entries sorted by hash (quicksort: 6 x a stable sort's speed here; one hash's entries
+    may come in any order within the run, and ClosedKeys.entries_of orders them)."""
     deltas = (offsets - base_offset).astype(np.uint32)
-    order = np.argsort(hashes, kind="stable")
+    order = np.argsort(hashes, kind="quicksort")
     return ClosedKeys(base_offset, hashes[order], deltas[order], positions[order])
 
 
 def _merge(base_offset: int, runs: list[ClosedKeys]) -> ClosedKeys:
-    """Runs oldest first (every offset of a run above those of the runs before it): a stable
-    sort of the sorted runs end to end (which merges them) keeps each hash's offsets ascending."""
+    """Runs sorted by hash, into one (a stable sort of them end to end: timsort merges them)."""
     if len(runs) == 1:
         return runs[0]
     hashes = np.concatenate([r.hashes for r in runs])
@@ -233,7 +239,11 @@ class ClosedKeys:
         q = np.uint64(h)
         lo = int(np.searchsorted(self.hashes, q, "left"))
         hi = int(np.searchsorted(self.hashes, q, "right"))
-        return self.deltas[lo:hi].astype(np.int64) + self.base_offset, self.positions[lo:hi]
+        deltas, positions = self.deltas[lo:hi], self.positions[lo:hi]
+        if hi - lo > 1:  # an active segment's run keeps one hash's entries in any order
+            order = np.argsort(deltas, kind="stable")
+            deltas, positions = deltas[order], positions[order]
+        return deltas.astype(np.int64) + self.base_offset, positions
 
     def offsets_of(self, h: int) -> np.ndarray:
         """The offsets of hash `h`, ascending (int64)."""

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
 import anyio
+import numpy as np
 from anyio.abc import TaskStatus
 
 from . import filenames, key_reads
@@ -555,7 +556,8 @@ class PartitionLog(LogReads):
             index.load_active(self._segments[-1], self._segments[-1].size)  # what is committed
         elif index.active is not None:
             index.forget_active()
-        batch_keys: list[tuple[list[int], Sequence[int]]] = []  # per prepared batch: key hashes, offsets
+        # per prepared batch: its key hashes (None: hashed later), keys, offsets
+        batch_keys: list[tuple[list[int] | None, list[bytes], Sequence[int]]] = []
         # this commit's keyed records so far, hash -> (offset, key): for per-key conditions only
         group_keys: dict[int, list[tuple[int, bytes]]] | None = (
             {} if keys_on and any(op.key_condition is not None for op in group) else None
@@ -617,9 +619,11 @@ class PartitionLog(LogReads):
                         keys = [k for _i, k in keyed]
                     else:
                         offsets = range(next_offset, next_offset + len(keys))
-                    hashes = list(map(key_hash, keys))
-                    batch_keys.append((hashes, offsets))
-                    if group_keys is not None:
+                    if group_keys is None:  # the common case: no conditions to check
+                        batch_keys.append((None, keys, offsets))
+                    else:
+                        hashes = list(map(key_hash, keys))
+                        batch_keys.append((hashes, keys, offsets))
                         for h, offset, key in zip(hashes, offsets, keys):
                             group_keys.setdefault(h, []).append((offset, key))
                 messages += header.records_count
@@ -632,11 +636,16 @@ class PartitionLog(LogReads):
         state_before = segments_before[-1].append_state()
         recovery_point_before = self.recovery_point
         next_offset_before = self._next_offset
+        # key index entries to add: (the active segment's entries, hashes, keys, offsets, batch
+        # position); while the commit's fsync runs when there is one (commits.py), else now
+        index_adds: list[tuple[Any, list[int] | None, list[bytes], Sequence[int], int]] = []
         try:
             segment = self._segments[-1]
             rolled = False
             for i, batch in enumerate(prepared):
                 if self._should_roll(segment, batch, now):
+                    self._add_keys(index_adds)  # the segment's entries are complete before it closes
+                    index_adds = []
                     segment.write_staged()
                     segment = self._roll_sync(batch.base_offset, now)
                     rolled = True
@@ -645,7 +654,7 @@ class PartitionLog(LogReads):
                 if keys_on:
                     active = index.active
                     assert active is not None and active.base_offset == segment.base_offset
-                    active.add_many(*batch_keys[i], position)
+                    index_adds.append((active, *batch_keys[i], position))
             segment.write_staged()
             self._next_offset = next_offset
             unflushed = self._unflushed_messages + messages
@@ -663,6 +672,7 @@ class PartitionLog(LogReads):
                 self._on_commit(self, len(group), messages, sum(b.size for b in prepared))
 
         if not due:
+            self._add_keys(index_adds)
             complete()
             return None
 
@@ -673,7 +683,21 @@ class PartitionLog(LogReads):
                 self._refuse_commit(exc, next_offset_before, segments_before, state_before, recovery_point_before)
             complete()
 
-        return PendingFlush(flush, self._segments[-1], self._device)
+        index_work = functools.partial(self._add_keys, index_adds) if index_adds else None
+        return PendingFlush(flush, self._segments[-1], self._device, index_work)
+
+    def _add_keys(self, adds: list[tuple[Any, list[int] | None, list[bytes], Sequence[int], int]]) -> None:
+        """Add a commit's key index entries (commit thread; or a flush thread while its fsync
+        runs: before the commit is published, and before the partition's next commit). A
+        failure leaves the active segment's entries to be rebuilt from its records."""
+        try:
+            for active, hashes, keys, offsets, position in adds:
+                if hashes is None:
+                    hashes = np.fromiter(map(key_hash, keys), np.uint64, len(keys))
+                active.add_many(hashes, offsets, position)
+        except Exception:
+            logger.exception("%s: key index entries not added; rebuilt from the segment on next use", self.name)
+            self.key_index.forget_active()
 
     def _refuse_commit(
         self, exc: TransientStorageError, next_offset: int, segments_before: tuple[LogSegment, ...], state_before: tuple,
