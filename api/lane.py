@@ -47,6 +47,7 @@ from engine.errors import EngineError, LogClosedError, OffsetOutOfRangeError, St
 
 from .auth import ANONYMOUS_ADMIN, Authenticator, Principal, check_access
 from .errors import ApiError, ServerPaths, engine_problem, problem
+from .keys import key_answer, path_key
 from .limits import RequestRefused
 from .observability import AccessLog, Metrics
 from .quotas import FETCH, PRODUCE, QuotaManager, over_quota
@@ -70,6 +71,7 @@ logger = logging.getLogger("eventlog.api")
 TOPIC_ROUTE = "/v1/topics/{topic}/records"
 PARTITION_ROUTE = "/v1/topics/{topic}/partitions/{partition}/records"
 STREAM_ROUTE = PARTITION_ROUTE + "/stream"
+KEY_ROUTE = "/v1/topics/{topic}/keys/{key:path}/records"  # the template FastAPI's route has
 _STREAM_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"),
 ]
@@ -100,7 +102,7 @@ class HotLane:
         self.max_inflated_bytes = max_inflated_bytes
         self._counters: dict[tuple[str, int], Any] = {}
         self._latency = {
-            route: metrics.latency.labels(route, "POST") for route in (TOPIC_ROUTE, PARTITION_ROUTE)
+            route: metrics.latency.labels(route, "POST") for route in (TOPIC_ROUTE, PARTITION_ROUTE, KEY_ROUTE)
         }
         self._stream_latency = metrics.latency.labels(STREAM_ROUTE, "GET")
 
@@ -116,6 +118,10 @@ class HotLane:
             if n == 2:
                 if parts[1] == "records" and parts[0]:
                     return self.serve, (parts[0], None)
+            elif n >= 4 and parts[1] == "keys" and parts[-1] == "records" and parts[0]:
+                key_format = _key_format(scope.get("query_string", b""))
+                if key_format is not None:
+                    return self.serve, (parts[0], None, "/".join(parts[2:-1]), key_format)
             elif n == 4 and parts[1] == "partitions" and parts[3] == "records" and parts[0]:
                 partition = _plain_int(parts[2], 0, None)
                 if partition is not None:
@@ -153,18 +159,21 @@ class HotLane:
                 break
         return self.stream, (topic, partition, offset, kf, vf, last_event_id)
 
-    async def serve(self, scope: Scope, receive: Receive, send: Send, topic: str, partition: int | None) -> None:
+    async def serve(
+        self, scope: Scope, receive: Receive, send: Send, topic: str, partition: int | None,
+        key_text: str | None = None, key_format: str = "string",
+    ) -> None:
         started = time.perf_counter()
         metrics = self.metrics
         metrics.in_flight += 1
-        route = TOPIC_ROUTE if partition is None else PARTITION_ROUTE
+        route = KEY_ROUTE if key_text is not None else TOPIC_ROUTE if partition is None else PARTITION_ROUTE
         principal = ANONYMOUS_ADMIN
         quota_on = False
         received = [0]  # body bytes taken so far (_body counts them), for the quota
         status = 500
         sent = 0
         try:
-            length = content_type = authorization = idempotency_key = if_match = None
+            length = content_type = authorization = idempotency_key = if_match = if_none_match = None
             for name, value in scope["headers"]:
                 if name == b"content-length":
                     length = length or value
@@ -176,12 +185,20 @@ class HotLane:
                     idempotency_key = idempotency_key or value
                 elif name == b"if-match":
                     if_match = if_match or value
+                elif name == b"if-none-match":
+                    if_none_match = if_none_match or value
             declared = self._declared(length)
             principal = self._authenticate(authorization)
             quota_on = self._within_quota(principal, PRODUCE)
             engine = self._engine()
             check_access(principal, "write", topic)
             service = produce_service(engine)
+            if key_text is not None:  # a per-key append (api/keys.py, append_key_records)
+                status, sent = await self._append_key(
+                    scope, receive, send, service, topic, key_text, key_format, declared, started, received, content_type,
+                    principal.name, idempotency_key, if_match, if_none_match,
+                )
+                return
             if partition is not None:
                 service.partition(topic, partition)  # before reading the body
             body = await self._body(receive, declared, started, received)
@@ -230,6 +247,32 @@ class HotLane:
                 "POST", scope["path"], scope.get("query_string", b""), route, status, elapsed, sent,
                 scope.get("client"), principal.name,
             )
+
+    async def _append_key(
+        self, scope: Scope, receive: Receive, send: Send, service: Any, topic: str, key_text: str, key_format: str,
+        declared: int, started: float, received: list[int], content_type: bytes | None, principal: str,
+        idempotency_key: bytes | None, if_match: bytes | None, if_none_match: bytes | None,
+    ) -> tuple[int, int]:
+        """What keys.append_key_records does, in the same order; (status, bytes sent)."""
+        data = path_key(key_text, key_format)
+        kind = content_type.decode("latin-1").split(";")[0].strip().lower() if content_type is not None else ""
+        if kind not in ("application/json", ""):
+            raise ApiError(415, "unsupported_media_type", "use application/json")
+        service.partition(topic, 0)  # the topic exists, and is not internal, before the body is read
+        body = await self._body(receive, declared, started, received)
+        done = await service.produce_key(
+            topic, data, body, principal=principal,
+            idempotency_key=idempotency_key.decode("latin-1") if idempotency_key is not None else None,
+            if_match=if_match.decode("latin-1") if if_match is not None else None,
+            if_none_match=if_none_match.decode("latin-1") if if_none_match is not None else None,
+        )
+        answer = key_answer(done)
+        headers = [*_JSON_HEADERS, (b"content-length", b"%d" % len(answer)), (b"etag", b'"%d"' % done.offsets[-1])]
+        if done.replayed:
+            headers.append(_REPLAYED)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+        return 200, len(answer)
 
     # -- the checks before a body is read (in this order) ---------------------------------------
 
@@ -455,3 +498,15 @@ async def _until_gone(receive: Receive) -> None:
     """Returns when the client has gone away (uvicorn answers receive() with http.disconnect)."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+def _key_format(query: bytes) -> str | None:
+    """The key_format of a per-key append's query when it is all the query holds and names a
+    format as FastAPI would read it (else None: the documented route answers)."""
+    if not query:
+        return "string"
+    given = QueryParams(query)
+    if set(given.keys()) != {"key_format"} or len(given.getlist("key_format")) != 1:
+        return None
+    value = given["key_format"]
+    return value if value in _FORMATS else None

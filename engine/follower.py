@@ -444,6 +444,9 @@ class FollowedPartition(LogReads):
         self.check_open()
         data = b"".join(batches_bytes(batches))
         headers = [b.header for b in batches]
+        # the keys an encoder left on the batches travel with them: the owner's key index would
+        # otherwise read them back from the records
+        batch_keys = [b.keys for b in batches] if any(b.keys is not None for b in batches) else None
         manager = self._manager
 
         def answered(ok: bool, value: Any) -> None:
@@ -456,7 +459,7 @@ class FollowedPartition(LogReads):
 
         manager.channel.call_soon(
             self.owner, "partition_append", answered, self.topic, self.topic_id, self.partition,
-            data, headers, expected_offset, size, key_condition,
+            data, headers, expected_offset, size, key_condition, batch_keys,
         )
 
     async def delete_records(self, before_offset: int) -> int:

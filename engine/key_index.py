@@ -291,8 +291,8 @@ class ClosedKeys:
         return cls(base_offset, hashes, deltas, positions)
 
 
-def segment_keys(segment: LogSegment, end_position: int) -> Iterator[tuple[int, bytes, int]]:
-    """(offset, key, batch position) of every keyed record in the segment's first
+def segment_keys(segment: LogSegment, end_position: int) -> Iterator[tuple[list[int], list[bytes], int]]:
+    """(offsets, keys, batch position) of the keyed records of each batch in the segment's first
     `end_position` bytes, in offset order (control batches skipped)."""
     from .scan import scan_headers
 
@@ -308,9 +308,12 @@ def segment_keys(segment: LogSegment, end_position: int) -> Iterator[tuple[int, 
             chunk = os.pread(handle.fd, max(header.size, min(REBUILD_CHUNK_BYTES, end_position - start)), start)
         fields = split_records(chunk, header, start - chunk_start, with_keys=True)
         assert fields.keys is not None
-        for offset, key in zip(fields.offsets, fields.keys):
-            if key is not None:
-                yield offset, key, start
+        if None in fields.keys:
+            pairs = [(o, k) for o, k in zip(fields.offsets, fields.keys) if k is not None]
+            if pairs:
+                yield [o for o, _k in pairs], [k for _o, k in pairs], start
+        elif fields.keys:
+            yield fields.offsets, fields.keys, start
 
 
 class KeyIndex:
@@ -429,8 +432,8 @@ class KeyIndex:
 def _scanned(segment: LogSegment, end_position: int) -> ActiveKeys:
     """A segment's entries made from its first `end_position` bytes."""
     active = ActiveKeys(segment.base_offset)
-    for offset, key, position in segment_keys(segment, end_position):
-        active.add(key_hash(key), offset, position)
+    for offsets, keys, position in segment_keys(segment, end_position):
+        active.add_many(np.fromiter(map(key_hash, keys), np.uint64, len(keys)), offsets, position)
     return active
 
 

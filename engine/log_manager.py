@@ -1388,9 +1388,10 @@ class LogManager:
                 raise TopicNotFoundError(topic)
         log = self._owned(topic, partition)
         if what == "append":
-            data, headers, expected_offset, size, key_condition = args
+            data, headers, expected_offset, size, key_condition, batch_keys = args
             return await log.append(
-                _batches_of(data, headers), expected_offset=expected_offset, size=size, key_condition=key_condition
+                _batches_of(data, headers, batch_keys), expected_offset=expected_offset, size=size,
+                key_condition=key_condition,
             )
         if what == "read_key":
             return await log.read_key(*args)
@@ -1415,7 +1416,7 @@ class LogManager:
     def _on_partition_append(
         self, reply: Callable[[bool, Any], None], topic: str, topic_id: str, partition: int,
         data: bytes, headers: list, expected_offset: int | None, size: int | None,
-        key_condition: tuple[bytes, int] | None = None,
+        key_condition: tuple[bytes, int] | None = None, batch_keys: list | None = None,
     ) -> None:
         """An append another shard forwards (a quick handler: queued to the writer as it is
         read, answered as the writer finishes it). A topic this shard has not caught up with
@@ -1427,7 +1428,7 @@ class LogManager:
             async def slow() -> None:
                 try:
                     result = await self._on_partition(
-                        "append", topic, topic_id, partition, data, headers, expected_offset, size, key_condition
+                        "append", topic, topic_id, partition, data, headers, expected_offset, size, key_condition, batch_keys
                     )
                 except Exception as exc:
                     reply(False, exc)
@@ -1437,7 +1438,7 @@ class LogManager:
             self.channel._spawn(slow())
             return
         self._owned(topic, partition).append_soon(
-            _batches_of(data, headers),
+            _batches_of(data, headers, batch_keys),
             lambda result, error: reply(True, result) if error is None else reply(False, error),
             expected_offset=expected_offset, size=size, key_condition=key_condition,
         )
@@ -1467,13 +1468,15 @@ class LogManager:
         self.channel.quick_handlers["partition_append"] = self._on_partition_append
 
 
-def _batches_of(data: bytes, headers: list) -> list[PreparedBatch]:
-    """A forwarded append's batches: its bytes (one writable copy) cut at its headers' sizes."""
+def _batches_of(data: bytes, headers: list, batch_keys: list | None = None) -> list[PreparedBatch]:
+    """A forwarded append's batches: its bytes (one writable copy) cut at its headers' sizes,
+    with the keys their encoder knew (the key index's input), if it sent them."""
     buffer = memoryview(bytearray(data))
     batches = []
     position = 0
-    for header in headers:
-        batches.append(PreparedBatch(buffer[position:position + header.size], header))
+    for i, header in enumerate(headers):
+        keys = batch_keys[i] if batch_keys is not None else None
+        batches.append(PreparedBatch(buffer[position:position + header.size], header, keys))
         position += header.size
     return batches
 

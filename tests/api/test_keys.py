@@ -312,3 +312,24 @@ def test_a_big_append_for_one_key_is_one_unit(client: httpx.Client) -> None:
     assert offsets == list(range(offsets[0], offsets[0] + 3000)) and r.headers["etag"] == f'"{offsets[-1]}"'
     page = history(client, "big", "bulk", max_records=10_000).json()
     assert len(page["records"]) == 3000 and page["records"][-1]["value"].startswith("v02999-")
+
+
+def test_a_key_stream_resumes_after_last_event_id(client: httpx.Client) -> None:
+    client.post("/v1/topics", json={"name": "resume", "partitions": 2})
+    offsets = [append(client, "resume", "k", [f"v{i}"]).json()["last_offset"] for i in range(4)]
+    append(client, "resume", "other", ["x"])
+    with client.stream("GET", key_path("resume", "k") + "/stream", headers={"Last-Event-ID": str(offsets[1])},
+                       timeout=httpx.Timeout(5, read=2)) as r:
+        assert r.status_code == 200
+        ids = []
+        try:
+            for line in r.iter_lines():
+                if line.startswith("id: "):
+                    ids.append(int(line[4:]))
+                    if len(ids) == 2:
+                        break
+        except httpx.ReadTimeout:
+            pass
+    assert ids == offsets[2:]
+    # from now (no offset): an empty key waits; a bad start is a 416 before the stream begins
+    assert_problem(client.get(key_path("resume", "k") + "/stream", params={"offset": 10_000}), 416, "offset_out_of_range")
