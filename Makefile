@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench,spark]'
 	@touch $(STAMP)
 
+# Every setting is an environment variable (docs/OPERATIONS.md, "Settings"); these are only the
+# defaults when EVENTLOG_DATA_DIR, EVENTLOG_HOST or EVENTLOG_PORT is not set.
 run: install
-	$(BIN)/eventlog serve --data-dir $(DATA_DIR) --host 127.0.0.1 --port 8080
+	EVENTLOG_DATA_DIR="$${EVENTLOG_DATA_DIR:-$(DATA_DIR)}" EVENTLOG_HOST="$${EVENTLOG_HOST:-127.0.0.1}" \
+	EVENTLOG_PORT="$${EVENTLOG_PORT:-8080}" $(BIN)/eventlog serve
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -213,6 +213,10 @@ async def _api_handler(_request: Request, exc: Exception) -> Response:
 
 async def _validation_handler(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
+    invalid_json = next((err for err in exc.errors() if err.get("type") == "json_invalid"), None)
+    if invalid_json is not None:  # a body that is not JSON: as produce answers it
+        reason = (invalid_json.get("ctx") or {}).get("error") or invalid_json.get("msg", "invalid JSON")
+        return problem(400, "invalid_json", f"request body is not valid JSON: {reason}")
     errors = [
         {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
         for err in exc.errors()
@@ -232,7 +236,24 @@ async def _http_handler(_request: Request, exc: Exception) -> Response:
     response = problem(exc.status_code, code, str(exc.detail))
     if exc.headers:
         response.headers.update(exc.headers)
+    if exc.status_code == 405:
+        # every method some route of this path takes (Starlette names only the first route's)
+        response.headers["Allow"] = ", ".join(allowed_methods(_request.app, _request.scope))
     return response
+
+
+def allowed_methods(app: Any, scope: dict[str, Any]) -> list[str]:
+    """The methods the routes matching scope's path take, HEAD wherever GET (app/main.py)."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+        probe = {**scope, "method": method, "eventlog.allow_probe": True}
+        if any(route.matches(probe)[0] == Match.FULL for route in app.router.routes):
+            methods.add(method)
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
 
 
 async def _unexpected_handler(_request: Request, exc: Exception) -> Response:

@@ -38,6 +38,7 @@ from .records import (
     _read_body,
     _records_json,
     _stream_error,
+    check_json_body,
     produce_service,
 )
 from .schemas import Format, KeyProduceResponse, KeyRecordsResponse, Problem
@@ -173,9 +174,7 @@ async def append_key_records(
     if_none_match: str | None = Header(None, alias="If-None-Match", description=IF_NONE_MATCH_DOC),
 ) -> Response:
     data = path_key(key, key_format.value)
-    content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    if content_type not in ("application/json", ""):
-        raise ApiError(415, "unsupported_media_type", "use application/json")
+    check_json_body(request.headers.get("content-type"))
     service = produce_service(engine)
     service.partition(topic, 0)  # the topic exists, and is not internal, before the body is read
     body = await _read_body(request)

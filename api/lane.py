@@ -58,6 +58,7 @@ from .records import (
     _offsets_body,
     _plain_int,
     _stream_error,
+    check_json_body,
     produce_service,
     produce_to_partition_body,
     stream_start,
@@ -201,6 +202,8 @@ class HotLane:
                 return
             if partition is not None:
                 service.partition(topic, partition)  # before reading the body
+            if partition is None:
+                check_json_body(content_type.decode("latin-1") if content_type is not None else None)
             body = await self._body(receive, declared, started, received)
             key = idempotency_key.decode("latin-1") if idempotency_key is not None else None
             if partition is None:
@@ -255,9 +258,7 @@ class HotLane:
     ) -> tuple[int, int]:
         """What keys.append_key_records does, in the same order; (status, bytes sent)."""
         data = path_key(key_text, key_format)
-        kind = content_type.decode("latin-1").split(";")[0].strip().lower() if content_type is not None else ""
-        if kind not in ("application/json", ""):
-            raise ApiError(415, "unsupported_media_type", "use application/json")
+        check_json_body(content_type.decode("latin-1") if content_type is not None else None)
         service.partition(topic, 0)  # the topic exists, and is not internal, before the body is read
         body = await self._body(receive, declared, started, received)
         done = await service.produce_key(

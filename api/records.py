@@ -182,7 +182,20 @@ async def produce(
     return await _produce(request, engine, principal, topic, idempotency_key)
 
 
+def check_json_body(content_type: str | None) -> None:
+    """The topic endpoint (and the per-key one) takes JSON only: 415 otherwise, as the partition
+    endpoint answers; raw batches are told where they go."""
+    kind = (content_type or "").split(";")[0].strip().lower()
+    if kind in ("application/json", ""):
+        return
+    if kind == RECORD_BATCH_MEDIA_TYPE:
+        raise ApiError(415, "unsupported_media_type",
+                       "raw record batches are appended to one partition: POST /v1/topics/{topic}/partitions/{partition}/records")
+    raise ApiError(415, "unsupported_media_type", "use application/json")
+
+
 async def _produce(request: Request, engine: Any, principal: Principal, topic: str, idempotency_key: str | None) -> Response:
+    check_json_body(request.headers.get("content-type"))
     parts, replayed = await produce_service(engine).produce_json(
         topic, await _read_body(request), principal=principal.name, idempotency_key=idempotency_key,
         answer=_offsets_body,

@@ -43,11 +43,11 @@ def serve(
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="data directory [env EVENTLOG_DATA_DIR; default ./data]"),
     host: Optional[str] = typer.Option(None, "--host", help="listen address [env EVENTLOG_HOST; default 127.0.0.1]"),
     port: Optional[int] = typer.Option(None, "--port", help="listen port [env EVENTLOG_PORT; default 8080]"),
-    log_level: Optional[str] = typer.Option(None, "--log-level", help="critical|error|warning|info|debug"),
-    ssl_certfile: Optional[Path] = typer.Option(None, "--ssl-certfile", help="PEM certificate: serve https [env EVENTLOG_SSL_CERTFILE]"),
-    ssl_keyfile: Optional[Path] = typer.Option(None, "--ssl-keyfile", help="PEM private key [env EVENTLOG_SSL_KEYFILE]"),
+    log_level: Optional[str] = typer.Option(None, "--log-level", help="critical|error|warning|info|debug [env EVENTLOG_LOG_LEVEL; default info]"),
+    ssl_certfile: Optional[Path] = typer.Option(None, "--ssl-certfile", help="PEM certificate: serve https [env EVENTLOG_SSL_CERTFILE; default none: http]"),
+    ssl_keyfile: Optional[Path] = typer.Option(None, "--ssl-keyfile", help="PEM private key [env EVENTLOG_SSL_KEYFILE; default none]"),
     limit_concurrency: Optional[int] = typer.Option(
-        None, "--limit-concurrency", help="connections + requests at once, 503 beyond [env EVENTLOG_LIMIT_CONCURRENCY]"
+        None, "--limit-concurrency", help="connections + requests at once, 503 beyond [env EVENTLOG_LIMIT_CONCURRENCY; default none]"
     ),
     timeout_keep_alive_ms: Optional[int] = typer.Option(
         None, "--timeout-keep-alive-ms", help="close idle keep-alive connections after this [env EVENTLOG_TIMEOUT_KEEP_ALIVE_MS; 5000]"

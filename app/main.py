@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import FastAPI
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from api import install_routes
 from api.auth import Authenticator
@@ -26,6 +26,9 @@ class EventlogApp(FastAPI):
     lane: HotLane | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            await self._head(scope, receive, send)
+            return
         lane = self.lane
         if lane is not None and scope["type"] == "http":
             taken = lane.match(scope)
@@ -34,6 +37,26 @@ class EventlogApp(FastAPI):
                 await handler(scope, receive, send, *args)
                 return
         await super().__call__(scope, receive, send)
+
+    async def _head(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """HEAD wherever GET works (RFC 9110): the GET's status and headers, no body. An event
+        stream is told the client went away once its head is sent, so it ends at once."""
+        answered = False
+
+        async def head_receive() -> Message:
+            if answered:
+                return {"type": "http.disconnect"}
+            return await receive()
+
+        async def head_send(message: Message) -> None:
+            nonlocal answered
+            if message["type"] == "http.response.start":
+                await send(message)
+            elif not answered:  # the first body message (or a zero-copy file range) ends it
+                answered = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        await super().__call__({**scope, "method": "GET"}, head_receive, head_send)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -112,6 +112,7 @@ class LogDir:
         self._lock_fd: int | None = None
         self.meta: dict[str, str] = {}
         self.had_clean_shutdown = False
+        self.created = False  # this start made the dir's meta.properties: nothing to recover
         # what the marker covers; None: it did not say (every partition counts as clean)
         self.clean_tails: dict[tuple[str, int], CleanTail] | None = None
 
@@ -148,6 +149,7 @@ class LogDir:
                 "directory.id": new_topic_id(),
             }
             write_properties(meta_path, self.meta)
+            self.created = True
         for name in CHECKPOINT_NAMES:
             if not (self.path / name).exists():
                 write_checkpoint(self.path / name, {})

@@ -279,6 +279,15 @@ class LogManager:
     def offline_partitions(self) -> list[OfflinePartition]:
         return list(self._offline.values())
 
+    def _last_shutdown(self, clean: bool) -> str:
+        """How the data dirs were left, for the start-up line (a new data dir was never shut down,
+        cleanly or not)."""
+        if clean:
+            return "clean shutdown"
+        if all(d.created for d in self.dirs):
+            return "new data dir"
+        return "unclean shutdown: recovered"
+
     def log_dir_of(self, log: PartitionLog) -> LogDir:
         return self._partition_dir[log]
 
@@ -301,9 +310,9 @@ class LogManager:
         self.ready = True
         partitions = len(self.all_partitions())
         logger.info(
-            "engine ready: %d topic(s), %d partition(s), %d offline, %s shutdown; open-files limit %d "
+            "engine ready: %d topic(s), %d partition(s), %d offline, %s; open-files limit %d "
             "(%d partitions at once)",
-            len(self.image.topics), partitions, len(self._offline), "clean" if clean else "unclean",
+            len(self.image.topics), partitions, len(self._offline), self._last_shutdown(clean),
             BUDGET.limit, BUDGET.max_partitions,
         )
         if partitions > BUDGET.max_partitions:
@@ -1132,9 +1141,9 @@ class LogManager:
         tg.start_soon(self._checkpoint_loop)
         self.ready = True
         logger.info(
-            "shard %d of %d ready: %d topic(s), %d partition(s) owned here, %d offline, %s shutdown; "
+            "shard %d of %d ready: %d topic(s), %d partition(s) owned here, %d offline, %s; "
             "open-files limit %d", me, self.shard_count, len(self.image.topics), len(self.all_partitions()),
-            len(self._offline), "clean" if clean else "unclean", BUDGET.limit,
+            len(self._offline), self._last_shutdown(clean), BUDGET.limit,
         )
         partitions = sum(len(state.partitions) for state in self.topics.values())  # each shard may read all
         if partitions > BUDGET.max_partitions:

@@ -1,0 +1,114 @@
+"""A new user's first hour (issue 15): what `make run`, `eventlog serve --help` and the first
+start of a new data dir say and do."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ..conftest import REPO, VENV_BIN, free_port
+
+
+def test_make_run_honours_the_environment(tmp_path: Path) -> None:
+    """The README says every setting is an environment variable: `make run` must not override
+    EVENTLOG_DATA_DIR, EVENTLOG_HOST and EVENTLOG_PORT with flags of its own."""
+    port = free_port()
+    data = tmp_path / "elsewhere"
+    env = {**os.environ, "EVENTLOG_PORT": str(port), "EVENTLOG_HOST": "127.0.0.1", "EVENTLOG_DATA_DIR": str(data),
+           "EVENTLOG_PROCESSES": "1"}
+    proc = subprocess.Popen(["make", "--no-print-directory", "run"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("make run did not serve on EVENTLOG_PORT")
+        assert (data / "meta.properties").exists(), "the data dir is EVENTLOG_DATA_DIR's"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # make and the server: make ends by the signal too
+        out = proc.communicate(timeout=60)[0].decode()
+    assert "engine closed (clean)" in out, out
+
+
+def test_serve_help_names_every_options_environment_variable_and_default() -> None:
+    env = {**os.environ, "COLUMNS": "200"}
+    done = subprocess.run([str(VENV_BIN / "eventlog"), "serve", "--help"], capture_output=True, text=True, env=env, check=True)
+    options: list[tuple[str, str]] = []  # (option, its help text, wrapped lines joined)
+    for line in done.stdout.splitlines():
+        m = re.match(r"^\s+(--[a-z-]+)\s+<\w+>\s+(.*)$", line)
+        if m:
+            options.append((m.group(1), m.group(2)))
+        elif options and line.startswith(" " * 20) and line.strip():
+            options[-1] = (options[-1][0], options[-1][1] + " " + line.strip())
+    assert len(options) >= 10, done.stdout
+    for option, text in options:
+        name = "EVENTLOG_" + option[2:].replace("-", "_").upper()
+        assert f"env {name}" in text, (option, text)
+        assert re.search(r"; (default )?\S", text), (option, text)
+
+
+def test_a_new_data_dir_is_not_an_unclean_shutdown(server_factory, tmp_path: Path) -> None:
+    def start_line(server) -> str:
+        return next(line for line in server.log().splitlines() if "engine ready:" in line)
+
+    server = server_factory(tmp_path / "fresh", EVENTLOG_PROCESSES="1").start()
+    assert server.stop() == 0
+    assert "new data dir" in start_line(server) and "unclean" not in server.log(), server.log()
+    again = server_factory(tmp_path / "fresh", EVENTLOG_PROCESSES="1").start()
+    assert "clean shutdown" in start_line(again) and "unclean" not in start_line(again)
+    assert again.kill() == -signal.SIGKILL
+    third = server_factory(tmp_path / "fresh", EVENTLOG_PROCESSES="1").start()
+    assert "unclean shutdown: recovered" in start_line(third)
+    assert third.stop() == 0
+
+
+def test_405_names_every_method_and_head_works_wherever_get_does(app_server) -> None:
+    with app_server.client() as c:
+        assert c.post("/v1/topics", json={"name": "t", "partitions": 1}).status_code == 201
+        assert c.post("/v1/topics/t/records", json={"records": [{"key": "k", "value": "v"}]}).status_code == 200
+        for method, path, allow in (("DELETE", "/v1/topics", "GET, HEAD, POST"), ("PUT", "/v1/topics/t", "DELETE, GET, HEAD"),
+                                    ("PUT", "/healthz", "GET, HEAD"), ("DELETE", "/v1/topics/t/keys/k/records", "GET, HEAD, POST")):
+            r = c.request(method, path)
+            assert r.status_code == 405 and r.json()["code"] == "method_not_allowed", r.text
+            assert r.headers["allow"] == allow, (method, path)
+        for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/v1/topics", "/v1/topics/t",
+                     "/v1/topics/t/partitions/0/records", "/v1/topics/t/partitions/0/offsets", "/v1/topics/t/keys/k/records",
+                     "/v1/topics/nope"):
+            get, head = c.get(path), c.head(path)
+            assert head.status_code == get.status_code and head.content == b"", path
+            assert head.headers["content-type"] == get.headers["content-type"], path
+        # an event stream's head, at once (the stream ends as its head is sent)
+        head = c.head("/v1/topics/t/partitions/0/records/stream", timeout=10)
+        assert head.status_code == 200 and head.headers["content-type"].startswith("text/event-stream")
+        assert c.head("/v1/topics/t/records").headers["allow"] == "POST"
+
+
+def test_produce_takes_json_only_on_the_topic_endpoint_as_on_the_partition_one(app_server) -> None:
+    with app_server.client() as c:
+        assert c.post("/v1/topics", json={"name": "t", "partitions": 1}).status_code == 201
+        body = b'{"records": [{"value": "v"}]}'
+        for kind in ("text/plain", "application/x-www-form-urlencoded", "application/x-protobuf"):
+            for path in ("/v1/topics/t/records", "/v1/topics/t/partitions/0/records", "/v1/topics/t/keys/k/records"):
+                r = c.post(path, content=body, headers={"content-type": kind})
+                assert r.status_code == 415 and r.json()["code"] == "unsupported_media_type", (kind, path, r.text)
+        r = c.post("/v1/topics/t/records", content=b"\x00" * 70, headers={"content-type": "application/vnd.kafka.record-batch.v2"})
+        assert r.status_code == 415 and "/partitions/{partition}/records" in r.json()["detail"]
+        assert c.post("/v1/topics/t/records", content=body, headers={"content-type": "application/json; charset=utf-8"}).status_code == 200
+        assert c.get("/v1/topics/t/partitions/0/offsets").json()["high_watermark"] == 1  # the refused wrote nothing
+        # a body that is not JSON is invalid_json wherever a JSON body is expected
+        for method, path in (("POST", "/v1/topics"), ("PATCH", "/v1/topics/t/configs"), ("POST", "/v1/groups/g/offsets")):
+            r = c.request(method, path, content=b'{"name": "x",', headers={"content-type": "application/json"})
+            assert r.status_code == 400 and r.json()["code"] == "invalid_json", (path, r.text)
