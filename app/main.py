@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import FastAPI
-from starlette.types import Message, Receive, Scope, Send
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import install_routes
 from api.auth import Authenticator
+from api.errors import allowed_methods
 from api.lane import HotLane
 from api.limits import LimitsMiddleware
 from api.observability import AccessLog, Metrics, ObservabilityMiddleware
@@ -20,14 +22,22 @@ from .settings import Settings
 __version__ = "0.1.0"
 
 
+_CORS_DONE = "eventlog.cors"  # a request the CORS middleware has seen (it calls the app back)
+
+
 class EventlogApp(FastAPI):
     """FastAPI with the hot lane (api/lane.py) ahead of its middleware stack."""
 
     lane: HotLane | None = None
+    cors: ASGIApp | None = None  # CORSMiddleware around everything (hot lane included), if configured
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "HEAD":
-            await self._head(scope, receive, send)
+        cors = self.cors
+        if cors is not None and scope["type"] == "http" and not scope.get(_CORS_DONE):
+            await cors({**scope, _CORS_DONE: True}, receive, send)
+            return
+        if scope["type"] == "http" and scope["method"] in ("HEAD", "OPTIONS"):
+            await (self._head if scope["method"] == "HEAD" else self._options)(scope, receive, send)
             return
         lane = self.lane
         if lane is not None and scope["type"] == "http":
@@ -37,6 +47,17 @@ class EventlogApp(FastAPI):
                 await handler(scope, receive, send, *args)
                 return
         await super().__call__(scope, receive, send)
+
+    async def _options(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """OPTIONS (a browser's preflight when no CORS origin is configured, or a client asking):
+        204 with the methods the path takes in `Allow`, and no CORS headers; 404 for no route."""
+        methods = allowed_methods(self, scope)
+        if methods:
+            headers = [(b"allow", ", ".join([*methods, "OPTIONS"]).encode()), (b"content-length", b"0")]
+            await send({"type": "http.response.start", "status": 204, "headers": headers})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await super().__call__(scope, receive, send)  # the router's 404
 
     async def _head(self, scope: Scope, receive: Receive, send: Send) -> None:
         """HEAD wherever GET works (RFC 9110): the GET's status and headers, no body. An event
@@ -98,6 +119,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_request_bytes=settings.max_request_bytes,
         access_log=access_log,
     )
+    if settings.cors_origins:
+        app.cors = CORSMiddleware(
+            app, allow_origins=list(settings.cors_origins), allow_methods=["GET", "HEAD", "POST", "PATCH", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "If-Match", "If-None-Match", "Idempotency-Key", "Last-Event-ID"],
+            expose_headers=["ETag", "Idempotent-Replayed", "X-Next-Offset", "X-High-Watermark", "X-Log-Start-Offset",
+                            "Retry-After", "Allow"],
+            max_age=600,
+        )
     app.lane = HotLane(
         app, metrics=metrics, authenticator=authenticator, quotas=quotas, access_log=access_log,
         max_request_bytes=settings.max_request_bytes, request_timeout_ms=settings.request_timeout_ms,

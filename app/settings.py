@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     log_dirs: Annotated[tuple[Path, ...], NoDecode] = Field(
         (), description="log.dirs: comma-separated directories for partitions; default: data_dir"
     )
+    cors_origins: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="browser origins allowed to call the API (CORS), comma-separated, e.g. "
+        "https://console.example.com; * for any; default: none (browsers get no CORS headers)",
+    )
     node_id: int = Field(0, ge=0)
     default_partitions: int = Field(1, ge=1, le=10_000, description="num.partitions for new topics")
     max_partitions: int = Field(
@@ -137,6 +141,13 @@ class Settings(BaseSettings):
     def _split_dirs(cls, value: Any) -> Any:
         if isinstance(value, str):
             return tuple(Path(p.strip()) for p in value.split(",") if p.strip())
+        return value
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(o.strip().rstrip("/") for o in value.split(",") if o.strip())
         return value
 
     @field_validator("snapshot_max_bytes", mode="before")

@@ -112,3 +112,28 @@ def test_produce_takes_json_only_on_the_topic_endpoint_as_on_the_partition_one(a
         for method, path in (("POST", "/v1/topics"), ("PATCH", "/v1/topics/t/configs"), ("POST", "/v1/groups/g/offsets")):
             r = c.request(method, path, content=b'{"name": "x",', headers={"content-type": "application/json"})
             assert r.status_code == 400 and r.json()["code"] == "invalid_json", (path, r.text)
+
+
+def test_cors_is_off_by_default_and_allows_the_configured_origins(app_factory, tmp_path: Path) -> None:
+    preflight = {"Origin": "https://console.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "content-type, if-match, idempotency-key"}
+    server = app_factory(tmp_path / "a").start()
+    with server.client() as c:
+        r = c.options("/v1/topics", headers=preflight)
+        assert r.status_code == 204 and r.headers["allow"] == "GET, HEAD, POST, OPTIONS"
+        assert "access-control-allow-origin" not in r.headers  # no origin is allowed: the browser refuses
+        assert "access-control-allow-origin" not in c.get("/v1/topics", headers={"Origin": "https://console.example"}).headers
+    server.stop()
+    server = app_factory(tmp_path / "b", EVENTLOG_CORS_ORIGINS="https://console.example, http://localhost:3000").start()
+    with server.client() as c:
+        r = c.options("/v1/topics/t/records", headers=preflight)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://console.example"
+        assert {"content-type", "if-match", "idempotency-key"} <= {h.strip().lower() for h in r.headers["access-control-allow-headers"].split(",")}
+        assert c.post("/v1/topics", json={"name": "t", "partitions": 1}).status_code == 201
+        # the hot lane's answers carry the headers too, and the ones a client reads are exposed
+        r = c.post("/v1/topics/t/partitions/0/records", json={"records": [{"value": "v"}]}, headers={"Origin": "http://localhost:3000"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:3000"
+        assert "ETag" in r.headers["access-control-expose-headers"]
+        assert c.options("/v1/topics", headers={**preflight, "Origin": "https://evil.example"}).status_code == 400
+        assert "access-control-allow-origin" not in c.get("/v1/topics", headers={"Origin": "https://evil.example"}).headers
+    server.stop()
