@@ -273,6 +273,7 @@ def test_settings_cross_to_a_shard_unchanged(tmp_path: Path) -> None:
     cert.write_text("x")
     given = dict(
         data_dir=tmp_path / "data", processes=3, host="::1", port=0, log_dirs=(tmp_path / "a", tmp_path / "b"),
+        cors_origins=("https://console.example", "http://localhost:3000"),
         node_id=7, default_partitions=3, max_partitions=99, topic_defaults={"segment.bytes": 2_000_000, "cleanup.policy": "compact"},
         recovery_threads=5, shared_sync=False, producer_id_expiration_ms=5000, checkpoint_interval_ms=1234, log_level="debug",
         access_log=False, access_log_sample=0.5, auth_file=tmp_path / "auth.json", max_request_bytes=4096, max_inflated_bytes_per_request=2 << 20,
