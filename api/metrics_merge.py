@@ -32,7 +32,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-MAX_GAUGES = frozenset({"eventlog_cleanup_last_pass_seconds"})
+# gauges whose family value is the largest shard's, not the sum: a duration, facts every shard
+# reports alike (the filesystem's free bytes, the build, the interpreter), per-process limits
+MAX_GAUGES = frozenset({
+    "eventlog_cleanup_last_pass_seconds", "eventlog_log_dir_free_bytes", "eventlog_log_dir_total_bytes",
+    "eventlog_build_info", "python_info", "process_start_time_seconds", "process_max_fds",
+})
 
 _Labels = tuple[tuple[str, str], ...]
 

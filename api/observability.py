@@ -22,16 +22,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import platform
 import random
 import time
 from typing import Any
 
 import orjson
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.commits import CommitBatcher, batcher_for
+from engine.groups import GroupOffsets
 
 from .auth import Authenticator
 from .errors import ApiError, problem
@@ -45,10 +57,21 @@ COMMIT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 RECORD_BUCKETS = (1, 10, 100, 500, 1000, 5000, 10_000, 50_000, 100_000)
 
 
+# no `X_created` series next to each counter and histogram (prometheus-client's default): they
+# double the exposition and nothing here reads them
+disable_created_metrics()
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # the process's CPU, memory and descriptors; the interpreter and its garbage collector
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(collector)
+        build = Gauge("eventlog_build_info", "1, with the version of eventlog and of Python as labels", ["version", "python"],
+                      registry=r)
+        build.labels(_version(), platform.python_version()).set(1)
         self.requests = Counter("eventlog_http_requests", "HTTP requests", ["route", "method", "status"], registry=r)
         self.latency = Histogram(
             "eventlog_http_request_duration_seconds", "HTTP request latency", ["route", "method"],
@@ -175,7 +198,22 @@ class _PartitionCollector:
         waiters = GaugeMetricFamily(
             "eventlog_partition_waiters", "long-poll fetches and event streams waiting for new records", labels=["topic", "partition"]
         )
+        lag = GaugeMetricFamily(
+            "eventlog_consumer_group_lag", "high watermark minus the group's committed offset",
+            labels=["group", "topic", "partition"],
+        )
+        free = GaugeMetricFamily("eventlog_log_dir_free_bytes", "free bytes on the filesystem of each log dir "
+                                 "(0: the data dir or the first of EVENTLOG_LOG_DIRS)", labels=["log_dir"])
+        total = GaugeMetricFamily("eventlog_log_dir_total_bytes", "size of the filesystem of each log dir", labels=["log_dir"])
         if engine is not None:
+            _group_lag(engine, lag)
+            for i, d in enumerate(getattr(engine, "dirs", ())):
+                try:
+                    st = os.statvfs(d.path)
+                except OSError:
+                    continue
+                free.add_metric([str(i)], st.f_bavail * st.f_frsize)
+                total.add_metric([str(i)], st.f_blocks * st.f_frsize)
             for log in engine.all_partitions():
                 view = log.view
                 labels = [log.topic, str(log.partition)]
@@ -195,7 +233,31 @@ class _PartitionCollector:
                 corrupt.add_metric([*labels, "read"], followed.corrupt_batches["read"])
             for part in engine.offline_partitions():
                 offline.add_metric([part.topic, str(part.partition)], 1)
-        return [hw, start, size, segments, offline, corrupt, waiters]
+        return [hw, start, size, segments, offline, corrupt, waiters, lag, free, total]
+
+
+def _group_lag(engine: Any, lag: GaugeMetricFamily) -> None:
+    """Each committed offset's lag, from the process that holds the group offsets (the only
+    one, or shard 0 of a family: a family's /metrics sums its shards)."""
+    groups = getattr(engine, "groups", None)
+    if not isinstance(groups, GroupOffsets):
+        return  # another shard holds them
+    for c in groups.committed():
+        group, topic, partition = c.group, c.topic, c.partition
+        try:
+            high_watermark = engine.partition(topic, partition).high_watermark
+        except Exception:  # noqa: BLE001 -- a deleted topic, an offline partition: no lag to show
+            continue
+        lag.add_metric([group, topic, str(partition)], max(0, high_watermark - c.offset))
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("eventlog")
+    except Exception:  # noqa: BLE001 -- not installed as a package
+        return "unknown"
 
 
 class _WorkerCollector:

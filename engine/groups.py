@@ -151,6 +151,10 @@ class GroupOffsets:
             key=lambda c: (c.topic, c.partition),
         )
 
+    def committed(self) -> list[CommittedOffset]:
+        """Every committed offset, by group, topic and partition."""
+        return [self._offsets[k] for k in sorted(self._offsets)]
+
     def pairs(self) -> list[tuple[str, str]]:
         """(group, topic) of every committed offset, without repeats."""
         return sorted({(g, t) for g, t, _p in self._offsets})

@@ -137,3 +137,22 @@ def test_cors_is_off_by_default_and_allows_the_configured_origins(app_factory, t
         assert c.options("/v1/topics", headers={**preflight, "Origin": "https://evil.example"}).status_code == 400
         assert "access-control-allow-origin" not in c.get("/v1/topics", headers={"Origin": "https://evil.example"}).headers
     server.stop()
+
+
+def test_metrics_has_process_build_lag_and_disk_and_no_created_series(app_server) -> None:
+    with app_server.client() as c:
+        assert c.post("/v1/topics", json={"name": "t", "partitions": 2}).status_code == 201
+        assert c.post("/v1/topics/t/partitions/1/records", json={"records": [{"value": "v"}] * 5}).status_code == 200
+        assert c.post("/v1/groups/g/offsets", json={"offsets": [{"topic": "t", "partition": 1, "offset": 2},
+                                                                {"topic": "t", "partition": 0, "offset": 0}]}).status_code == 200
+        text = c.get("/metrics").text
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert not [name for name in samples if "_created" in name]
+    assert float(samples['eventlog_consumer_group_lag{group="g",partition="1",topic="t"}']) == 3
+    assert float(samples['eventlog_consumer_group_lag{group="g",partition="0",topic="t"}']) == 0
+    assert float(samples['eventlog_log_dir_free_bytes{log_dir="0"}']) > 0
+    assert float(samples['eventlog_log_dir_total_bytes{log_dir="0"}']) >= float(samples['eventlog_log_dir_free_bytes{log_dir="0"}'])
+    assert any(name.startswith("eventlog_build_info{") for name in samples)
+    for name in ("process_resident_memory_bytes", "process_open_fds", "process_cpu_seconds_total"):
+        assert float(samples[name]) > 0, name
+    assert any(name.startswith("python_gc_objects_collected_total") for name in samples)
