@@ -1,5 +1,5 @@
 # eventlog service image. Build: docker build -t eventlog .
-FROM python:3.11-slim
+FROM python:3.11-slim-bookworm
 WORKDIR /srv/eventlog
 COPY pyproject.toml README.md ./
 COPY app ./app

@@ -41,3 +41,12 @@ def test_package_imports_follow_the_design(package: str) -> None:
         assert ours <= ALLOWED[package], f"{path.relative_to(REPO)} imports {sorted(ours - ALLOWED[package])}"
         bad = imported & FORBIDDEN_THIRD_PARTY.get(package, set())
         assert not bad, f"{path.relative_to(REPO)} imports {sorted(bad)}"
+
+
+def test_container_images_pin_their_debian_release() -> None:
+    """python:3.11-slim follows Debian's newest release (13 ships no Java 17): each image names
+    the release its packages come from."""
+    for name in ("Dockerfile", "Dockerfile.spark"):
+        froms = [line.split()[1] for line in (REPO / name).read_text().splitlines() if line.startswith("FROM ")]
+        assert froms and all(f.startswith("python:") and f.endswith(("-bookworm", "-trixie")) for f in froms), (name, froms)
+    assert "openjdk-17-jre-headless" not in (REPO / "Dockerfile.spark").read_text() or "bookworm" in (REPO / "Dockerfile.spark").read_text()
