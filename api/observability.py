@@ -45,6 +45,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from engine.commits import CommitBatcher, batcher_for
 from engine.groups import GroupOffsets
 
+from . import docs
 from .auth import Authenticator
 from .errors import ApiError, problem
 from .limits import RequestRefused
@@ -251,6 +252,12 @@ def _group_lag(engine: Any, lag: GaugeMetricFamily) -> None:
         lag.add_metric([group, topic, str(partition)], max(0, high_watermark - c.offset))
 
 
+def _public(path: str) -> bool:
+    """Paths open even with an auth file: the health check, and the documents' pages and
+    assets (api/docs.py; the OpenAPI document itself needs a token)."""
+    return path == "/healthz" or path in docs.PUBLIC_PATHS or path.startswith(docs.ASSETS_PREFIX + "/")
+
+
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -386,7 +393,7 @@ class ObservabilityMiddleware:
             if rejection is not None:
                 await rejection(scope, receive, send_wrapper)
                 return
-            if self.authenticator is not None and scope["path"] != "/healthz":
+            if self.authenticator is not None and not _public(scope["path"]):
                 try:
                     principal = self.authenticator.authenticate(_header(scope, b"authorization"))
                 except ApiError as exc:

@@ -95,6 +95,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "request but `GET /healthz` needs `Authorization: Bearer <token>`."
         ),
         lifespan=make_lifespan(settings, metrics),
+        # served by api/docs.py from the server's own files (FastAPI's load from a CDN)
+        docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics

@@ -1,0 +1,111 @@
+"""The API's interactive documents, offline: `/docs` (Swagger UI) and `/redoc` (ReDoc).
+
+FastAPI's own pages load their scripts from a CDN, so without internet they are blank. These
+pages load them from the server: the files of the `fastapi-offline` package (a maintained
+bundle of Swagger UI's and ReDoc's release files), served at /static/docs/. Nothing else of
+that package is used.
+
+With an auth file, the pages and their assets are open (they hold no data) and `/openapi.json`
+is not: each page has a token field, kept in the browser's session storage, and sends it as
+`Authorization: Bearer <token>` when it fetches the document (and, in Swagger UI, with every
+request tried from the page).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, HTTPException
+from fastapi.openapi.docs import get_swagger_ui_oauth2_redirect_html
+from starlette.responses import FileResponse, HTMLResponse, Response
+
+ASSETS_PREFIX = "/static/docs"
+PUBLIC_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc"})  # open even with auth on
+
+
+def _assets_dir() -> Path:
+    import fastapi_offline
+
+    return Path(fastapi_offline.__file__).parent / "static"
+
+
+ASSETS = {
+    "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
+    "swagger-ui.css": "text/css; charset=utf-8",
+    "redoc.standalone.js": "text/javascript; charset=utf-8",
+    "favicon.png": "image/png",
+}
+
+router = APIRouter(include_in_schema=False)
+
+_TOKEN_BAR = """<div id="eventlog-token" style="font: 14px sans-serif; padding: 8px 16px; background: #f4f4f4;
+ border-bottom: 1px solid #ddd">
+ <label>Bearer token (when the server has an auth file; kept for this browser tab)
+ <input id="eventlog-token-input" type="password" size="40" autocomplete="off"></label>
+ <button id="eventlog-token-apply">Use</button>
+</div>
+<script>
+function eventlogToken() { return sessionStorage.getItem("eventlog-token") || ""; }
+document.getElementById("eventlog-token-input").value = eventlogToken();
+document.getElementById("eventlog-token-apply").onclick = function () {
+  sessionStorage.setItem("eventlog-token", document.getElementById("eventlog-token-input").value.trim());
+  location.reload();
+};
+function eventlogHeaders() {
+  var token = eventlogToken();
+  return token ? {"Authorization": "Bearer " + token} : {};
+}
+</script>"""
+
+
+@router.get("/docs")
+async def swagger_ui() -> HTMLResponse:
+    return HTMLResponse(f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>eventlog - Swagger UI</title>
+<link rel="stylesheet" href="{ASSETS_PREFIX}/swagger-ui.css">
+<link rel="icon" type="image/png" href="{ASSETS_PREFIX}/favicon.png"></head>
+<body>{_TOKEN_BAR}
+<div id="swagger-ui"></div>
+<script src="{ASSETS_PREFIX}/swagger-ui-bundle.js"></script>
+<script>
+SwaggerUIBundle({{
+  url: "/openapi.json", dom_id: "#swagger-ui", deepLinking: true, showExtensions: true,
+  oauth2RedirectUrl: location.origin + "/docs/oauth2-redirect",
+  requestInterceptor: function (request) {{
+    var headers = eventlogHeaders();
+    for (var name in headers) {{ if (!request.headers[name]) request.headers[name] = headers[name]; }}
+    return request;
+  }},
+  presets: [SwaggerUIBundle.presets.apis, SwaggerUIBundle.SwaggerUIStandalonePreset],
+  layout: "BaseLayout"
+}});
+</script></body></html>""")
+
+
+@router.get("/docs/oauth2-redirect")
+async def swagger_ui_redirect() -> HTMLResponse:
+    return get_swagger_ui_oauth2_redirect_html()
+
+
+@router.get("/redoc")
+async def redoc() -> HTMLResponse:
+    return HTMLResponse(f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>eventlog - ReDoc</title>
+<link rel="icon" type="image/png" href="{ASSETS_PREFIX}/favicon.png"></head>
+<body style="margin: 0">{_TOKEN_BAR}
+<div id="redoc"></div>
+<script src="{ASSETS_PREFIX}/redoc.standalone.js"></script>
+<script>
+fetch("/openapi.json", {{headers: eventlogHeaders()}})
+  .then(function (r) {{ if (!r.ok) throw new Error("/openapi.json answered " + r.status + ": set the token above"); return r.json(); }})
+  .then(function (spec) {{ Redoc.init(spec, {{}}, document.getElementById("redoc")); }})
+  .catch(function (e) {{ document.getElementById("redoc").textContent = e.message; }});
+</script></body></html>""")
+
+
+@router.get(ASSETS_PREFIX + "/{name}")
+async def asset(name: str) -> Response:
+    kind = ASSETS.get(name)
+    if kind is None:
+        raise HTTPException(404, "Not Found")
+    return FileResponse(_assets_dir() / name, media_type=kind, headers={"Cache-Control": "public, max-age=86400"})
