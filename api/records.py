@@ -42,6 +42,7 @@ router = APIRouter(prefix="/v1/topics", tags=["records"])
 T = TypeVar("T")
 
 RECORD_BATCH_MEDIA_TYPE = "application/vnd.kafka.record-batch.v2"
+OCTET_STREAM = "application/octet-stream"  # accepted for raw batches too (generated SDKs send it)
 # a request body's declared length is allocated at once up to this (see _read_body)
 PREALLOCATE_BYTES = 1024 * 1024
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -214,7 +215,12 @@ async def _produce(request: Request, engine: Any, principal: Principal, topic: s
             "required": True,
             "content": {
                 "application/json": {"schema": {"$ref": "#/components/schemas/ProduceRequest"}},
-                RECORD_BATCH_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}},
+                # raw Kafka v2 batches, under a type SDK generators know (they skip vendor types);
+                # application/vnd.kafka.record-batch.v2 is taken as well (docs/API.md)
+                OCTET_STREAM: {
+                    "schema": {"type": "string", "format": "binary"},
+                    "description": "raw Kafka v2 record batches (also accepted as " + RECORD_BATCH_MEDIA_TYPE + ")",
+                },
             },
         }
     },
@@ -258,7 +264,7 @@ async def produce_to_partition_body(
     """The produce-to-partition answer ({partition, base_offset, last_offset, timestamp}) and
     whether it was a replay, for a body of `content_type` (JSON or raw batches: 415 otherwise)."""
     content_type = content_type.split(";")[0].strip().lower()
-    if content_type == RECORD_BATCH_MEDIA_TYPE:
+    if content_type in (RECORD_BATCH_MEDIA_TYPE, OCTET_STREAM):  # octet-stream: what generated SDKs send
         raw = await service.produce_raw(
             topic, partition, body, principal=principal, idempotency_key=idempotency_key, if_match=if_match,
             max_inflated_bytes=max_inflated_bytes,
@@ -270,7 +276,7 @@ async def produce_to_partition_body(
             topic, body, partition=partition, principal=principal, idempotency_key=idempotency_key,
             if_match=if_match, answer=_partition_answer,
         )
-    raise ApiError(415, "unsupported_media_type", f"use application/json or {RECORD_BATCH_MEDIA_TYPE}")
+    raise ApiError(415, "unsupported_media_type", f"use application/json, or {RECORD_BATCH_MEDIA_TYPE} (or {OCTET_STREAM}) for raw batches")
 
 
 @router.get(

@@ -24,6 +24,27 @@ class Problem(BaseModel):
     status: int
     detail: str
     code: str = Field(examples=["topic_not_found"])
+    # the members some codes add (docs/API.md, "Errors"); absent otherwise
+    expected_offset: int | None = Field(None, description="offset_mismatch, key_version_mismatch: the condition's offset")
+    high_watermark: int | None = Field(None, description="offset_mismatch, offset_out_of_range: the partition's")
+    current_offset: int | None = Field(None, description="key_version_mismatch: the key's latest record, -1 for none")
+    log_start_offset: int | None = Field(None, description="offset_out_of_range")
+    first_offset: int | None = Field(None, description="corrupt_data: the damaged batch's first offset")
+    last_offset: int | None = Field(None, description="corrupt_data: the damaged batch's last offset")
+    producer_id: int | None = Field(None, description="out_of_order_sequence, producer_fenced")
+    producer_epoch: int | None = Field(None, description="out_of_order_sequence, producer_fenced")
+    sequence: int | None = Field(None, description="out_of_order_sequence: the batch's first sequence")
+    last_sequence: int | None = Field(None, description="out_of_order_sequence: the last one written")
+    current_epoch: int | None = Field(None, description="producer_fenced")
+    topic: str | None = Field(None, description="partition_offline")
+    partition: int | None = Field(None, description="partition_offline")
+    reason: str | None = Field(None, description="partition_offline")
+    limit: Any = Field(None, description="request_too_large: the byte limit; snapshot_limit: count or bytes")
+    limit_ms: int | None = Field(None, description="request_timeout")
+    kind: str | None = Field(None, description="quota_exceeded: produce or fetch")
+    quota_bytes_per_sec: int | None = Field(None, description="quota_exceeded")
+    throttle_time_ms: int | None = Field(None, description="quota_exceeded")
+    errors: list[dict[str, Any]] | None = Field(None, description="validation_error: each invalid parameter or field")
     model_config = ConfigDict(extra="allow")
 
 
