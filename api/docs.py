@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import aiofiles
 from fastapi import APIRouter, HTTPException
 from fastapi.openapi.docs import get_swagger_ui_oauth2_redirect_html
-from starlette.responses import FileResponse, HTMLResponse, Response
+from starlette.responses import HTMLResponse, Response
 
 ASSETS_PREFIX = "/static/docs"
 PUBLIC_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc"})  # open even with auth on
@@ -103,9 +104,16 @@ fetch("/openapi.json", {{headers: eventlogHeaders()}})
 </script></body></html>""")
 
 
+_loaded: dict[str, bytes] = {}  # the assets read so far (~2.8 MB in all): they never change
+
+
 @router.get(ASSETS_PREFIX + "/{name}")
 async def asset(name: str) -> Response:
     kind = ASSETS.get(name)
     if kind is None:
         raise HTTPException(404, "Not Found")
-    return FileResponse(_assets_dir() / name, media_type=kind, headers={"Cache-Control": "public, max-age=86400"})
+    data = _loaded.get(name)
+    if data is None:  # read once, without holding the event loop (aiofiles: a worker thread)
+        async with aiofiles.open(_assets_dir() / name, "rb") as f:
+            data = _loaded[name] = await f.read()
+    return Response(data, media_type=kind, headers={"Cache-Control": "public, max-age=86400"})
