@@ -59,6 +59,7 @@ def _document_problems(schema: dict[str, Any]) -> None:
     meet the middleware's size and time limits (observability.py, limits.py), any GET its answer
     time limit, and produce and fetch their quotas (quotas.py)."""
     problem = {"schema": {"$ref": "#/components/schemas/Problem"}}
+    optional: list[dict[str, Any]] = []
     for path_item in schema.get("paths", {}).values():
         for method, operation in path_item.items():
             responses = operation["responses"]
@@ -86,8 +87,15 @@ def _document_problems(schema: dict[str, Any]) -> None:
                     response["description"] = "validation_error"  # the 422 FastAPI adds by itself
                 response["content"] = {PROBLEM_JSON: problem}
             if operation.get("security"):
-                # a token is needed only when the server has an auth file (off by default)
-                operation["security"] = [*operation["security"], {}]
+                # a token is needed only when the server has an auth file (off by default): the
+                # bearer scheme goes to the document's top level with an empty alternative, the
+                # form SDK generators read as optional (openapi-python-client takes any
+                # operation-level security as required, and types its client as authenticated)
+                for requirement in operation.pop("security"):
+                    if requirement and requirement not in optional:
+                        optional.append(requirement)
+    if optional:
+        schema["security"] = [*optional, {}]
     components = schema.get("components", {}).get("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)

@@ -396,6 +396,12 @@ def test_topics_produce_fetch_offsets_and_groups_through_the_sdk(sdk: SDK) -> No
     package = importlib.import_module(PACKAGE)
     with package.Client(base_url=sdk.server.url, raise_on_unexpected_status=True, httpx_args=sdk.httpx_args()) as anonymous:
         assert sdk.op("health", "get_health").sync(client=anonymous).status == "ok"  # no token needed
+    # auth is optional (a server without an auth file needs no token): every operation takes a
+    # plain Client as well as an AuthenticatedClient
+    for tag, ops in OPERATIONS.items():
+        for module_name in ops.values():
+            annotation = str(inspect.signature(sdk.op(tag, module_name).sync).parameters["client"].annotation)
+            assert "AuthenticatedClient" in annotation and annotation.endswith("Client") and "|" in annotation, (module_name, annotation)
 
 
 def test_errors_come_back_as_typed_problems(sdk: SDK) -> None:
