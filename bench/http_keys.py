@@ -44,6 +44,7 @@ import httpx
 import orjson
 
 from . import http_produce
+from .fanout.client import rss_bytes
 from .harness import Context, median, remove_tree, summary_row
 from .http_shards import ShardedServer, serve_knows_processes, tree_pids
 from .servers import WRK_DONE_LUA, run_wrk, running, tail
@@ -171,18 +172,6 @@ def _sqlite(path: Path, records: int, keys: int, order: list[int]) -> dict[str, 
     return {**_percentiles(took), "build_s": round(built, 1), "bytes": sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))}
 
 
-def _rss(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
-
-
 def _key_index_bytes(data_dir: Path) -> tuple[int, int]:
     files = list(data_dir.glob("history-0/*.keyindex"))
     return sum(f.stat().st_size for f in files), len(files)
@@ -193,7 +182,7 @@ def _active_memory(entries: int) -> dict[str, Any]:
     process: resident memory before and after, and the index's own count."""
     from engine.key_index import ActiveKeys, key_hash
 
-    rss0 = _rss([os.getpid()])
+    rss0 = rss_bytes([os.getpid()])
     active = ActiveKeys(0)
     t0 = time.perf_counter()
     batch = 500
@@ -201,7 +190,7 @@ def _active_memory(entries: int) -> dict[str, Any]:
         keys = [b"key-%09d" % i for i in range(start, min(entries, start + batch))]
         active.add_many(list(map(key_hash, keys)), range(start, start + len(keys)), start * 40)
     took = time.perf_counter() - t0
-    rss1 = _rss([os.getpid()])
+    rss1 = rss_bytes([os.getpid()])
     return {"active_entries": entries, "memory_bytes": active.memory_bytes(), "rss_growth_bytes": rss1 - rss0,
             "bytes_per_key": round((rss1 - rss0) / entries, 1), "add_s": round(took, 2), "runs": len(active.state[0])}
 
@@ -321,7 +310,7 @@ def run(ctx: Context) -> dict[str, Any]:
             ctx.log(f"filling {p['records']:,} records of {p['keys']:,} keys ...")
             fill_s = _fill(server, p["records"], p["keys"])
             reads = _history_reads(server, order)
-            rss = _rss(tree_pids(server.pid))
+            rss = rss_bytes(tree_pids(server.pid))
             index_bytes, index_files = _key_index_bytes(work / "eventlog" / "data")
             results["history"] = {"eventlog": {**reads, "fill_s": round(fill_s, 1), "server_rss_bytes": rss,
                                                "key_index_bytes": index_bytes, "key_index_files": index_files}}

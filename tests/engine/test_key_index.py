@@ -15,30 +15,19 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from engine import filenames, key_index, partition_log, reader
+from engine import filenames, key_index, partition_log
 from engine.config import LogConfig
 from engine.errors import KeyIndexDisabledError, KeyVersionMismatchError
 from engine.key_index import KEY_INDEX_SUFFIX, ActiveKeys, ClosedKeys, key_index_file
 from engine.partition_log import prepare_batches
 from engine.records import encode_batch
+from tests.workers.test_compaction import read_all as scan  # every record, through the partition
 from workers.compactor import compact_partition
 from workers.retention import run_retention
 
 from .helpers import FakeClock, running_log
 
 KEYS = [b"order-%d" % i for i in range(6)]
-
-
-def scan(log) -> list:
-    """Every record of the log, read through the partition (not the key index)."""
-    out, offset = [], log.log_start_offset
-    while offset < log.high_watermark:
-        result = reader.read_records(log.view, offset, 10_000, 1 << 22)
-        out.extend(result.records)
-        if result.next_offset <= offset:
-            break
-        offset = result.next_offset
-    return out
 
 
 async def append_for(log, key: bytes | None, values: list[bytes | None], clock, condition=None):
