@@ -118,13 +118,15 @@ class ActiveKeys:
     FAN_IN = 8
     MERGE_ENTRIES = 4 * 1024 * 1024
 
-    __slots__ = ("base_offset", "entries", "lock", "state")
+    __slots__ = ("base_offset", "entries", "lock", "scanned_to", "state")
 
     def __init__(self, base_offset: int) -> None:
         self.base_offset = base_offset
         self.state: tuple[tuple[ClosedKeys, ...], _Tail] = ((), _Tail())
         self.entries = 0
         self.lock = threading.Lock()
+        # the segment's bytes its entries cover: [0, scanned_to), a batch boundary
+        self.scanned_to = 0
 
     def __len__(self) -> int:
         return self.entries
@@ -291,15 +293,17 @@ class ClosedKeys:
         return cls(base_offset, hashes, deltas, positions)
 
 
-def segment_keys(segment: LogSegment, end_position: int) -> Iterator[tuple[list[int], list[bytes], int]]:
-    """(offsets, keys, batch position) of the keyed records of each batch in the segment's first
-    `end_position` bytes, in offset order (control batches skipped)."""
+def segment_keys(
+    segment: LogSegment, end_position: int, start_position: int = 0
+) -> Iterator[tuple[list[int], list[bytes], int]]:
+    """(offsets, keys, batch position) of the keyed records of each batch in the segment's bytes
+    [start_position, end_position) (batch boundaries), in offset order (control batches skipped)."""
     from .scan import scan_headers
 
     handle = segment.open_handle()
     chunk = b""
     chunk_start = 0
-    for header in scan_headers(handle.fd, 0, end_position):
+    for header in scan_headers(handle.fd, start_position, end_position):
         if header.attributes & CONTROL_BIT:
             continue
         start, end = header.position, header.position + header.size
@@ -329,22 +333,30 @@ class KeyIndex:
     # -- the writer ---------------------------------------------------------------------------
 
     def load_active(self, segment: LogSegment, end_position: int) -> ActiveKeys:
-        """The active segment's entries, scanned from its first `end_position` bytes if not
-        loaded yet (after a start, or after an undone append)."""
+        """The active segment's entries, covering at least its first `end_position` bytes:
+        scanned from the segment when not loaded yet (after a start, or an undone append), and
+        brought up to `end_position` when they cover less (a reader that loaded them from an
+        older view of the log)."""
         active = self.active
-        if active is not None and active.base_offset == segment.base_offset:
+        if active is not None and active.base_offset == segment.base_offset and active.scanned_to >= end_position:
             return active
         with self._lock:
             active = self.active
             if active is None or active.base_offset != segment.base_offset:
-                active = _scanned(segment, end_position)
+                active = ActiveKeys(segment.base_offset)
+                _scan_into(active, segment, end_position)
                 self.active = active
+            elif active.scanned_to < end_position:
+                _scan_into(active, segment, end_position)
         return active
 
     def rolled(self, old: LogSegment, new_base_offset: int) -> None:
         """`old` was closed: its entries become its file; the new active segment starts empty."""
         active = self.active
         if active is not None and active.base_offset == old.base_offset:
+            if active.scanned_to < old.size:  # (loaded by a reader from an older view)
+                with self._lock:
+                    _scan_into(active, old, old.size)
             closed = active.freeze()
             try:
                 closed.write(key_index_file(self.directory, old.base_offset), old.next_offset, old.size)
@@ -372,7 +384,9 @@ class KeyIndex:
             path = key_index_file(segment.directory, segment.base_offset)
             keys = ClosedKeys.read(path, segment.base_offset, segment.next_offset, segment.size)
             if keys is None:
-                keys = _scanned(segment, segment.size).freeze()
+                scanned = ActiveKeys(segment.base_offset)
+                _scan_into(scanned, segment, segment.size)
+                keys = scanned.freeze()
                 self.rebuilt_files += 1
                 if segment.suffix == "":
                     try:
@@ -429,12 +443,11 @@ class KeyIndex:
         return active.memory_bytes() if active is not None else 0
 
 
-def _scanned(segment: LogSegment, end_position: int) -> ActiveKeys:
-    """A segment's entries made from its first `end_position` bytes."""
-    active = ActiveKeys(segment.base_offset)
-    for offsets, keys, position in segment_keys(segment, end_position):
+def _scan_into(active: ActiveKeys, segment: LogSegment, end_position: int) -> None:
+    """Add the entries of the segment's bytes from what `active` covers to `end_position`."""
+    for offsets, keys, position in segment_keys(segment, end_position, active.scanned_to):
         active.add_many(np.fromiter(map(key_hash, keys), np.uint64, len(keys)), offsets, position)
-    return active
+    active.scanned_to = max(active.scanned_to, end_position)
 
 
 def remove_key_index(directory: Path, base_offset: int) -> None:

@@ -637,8 +637,8 @@ class PartitionLog(LogReads):
         recovery_point_before = self.recovery_point
         next_offset_before = self._next_offset
         # key index entries to add: (the active segment's entries, hashes, keys, offsets, batch
-        # position); while the commit's fsync runs when there is one (commits.py), else now
-        index_adds: list[tuple[Any, list[int] | None, list[bytes], Sequence[int], int]] = []
+        # position, batch end); while the commit's fsync runs when there is one (commits.py), else now
+        index_adds: list[tuple[Any, list[int] | None, list[bytes], Sequence[int], int, int]] = []
         try:
             segment = self._segments[-1]
             rolled = False
@@ -654,7 +654,7 @@ class PartitionLog(LogReads):
                 if keys_on:
                     active = index.active
                     assert active is not None and active.base_offset == segment.base_offset
-                    index_adds.append((active, *batch_keys[i], position))
+                    index_adds.append((active, *batch_keys[i], position, segment.size))
             segment.write_staged()
             self._next_offset = next_offset
             unflushed = self._unflushed_messages + messages
@@ -686,15 +686,16 @@ class PartitionLog(LogReads):
         index_work = functools.partial(self._add_keys, index_adds) if index_adds else None
         return PendingFlush(flush, self._segments[-1], self._device, index_work)
 
-    def _add_keys(self, adds: list[tuple[Any, list[int] | None, list[bytes], Sequence[int], int]]) -> None:
+    def _add_keys(self, adds: list[tuple[Any, list[int] | None, list[bytes], Sequence[int], int, int]]) -> None:
         """Add a commit's key index entries (commit thread; or a flush thread while its fsync
         runs: before the commit is published, and before the partition's next commit). A
         failure leaves the active segment's entries to be rebuilt from its records."""
         try:
-            for active, hashes, keys, offsets, position in adds:
+            for active, hashes, keys, offsets, position, end in adds:
                 if hashes is None:
                     hashes = np.fromiter(map(key_hash, keys), np.uint64, len(keys))
                 active.add_many(hashes, offsets, position)
+                active.scanned_to = max(active.scanned_to, end)
         except Exception:
             logger.exception("%s: key index entries not added; rebuilt from the segment on next use", self.name)
             self.key_index.forget_active()

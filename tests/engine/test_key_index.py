@@ -379,3 +379,28 @@ def test_decode_one_reads_one_record_of_a_batch() -> None:
     every = decode_block(block, header)
     assert [decode_one(block, header, d) for d in range(7)] == every
     assert decode_one(block, header, 7) is None
+
+
+async def test_entries_loaded_from_an_older_view_are_brought_up_to_date(tmp_path: Path) -> None:
+    """The active segment's entries, loaded by a reader from a view older than the log (after
+    they were dropped), cover what that view had; the next reader, the writer and a roll each
+    bring them up to what they need."""
+    clock = FakeClock()
+    async with running_log(tmp_path, LogConfig(segment_bytes=10_000), clock=clock) as log:
+        await append_for(log, KEYS[0], [b"a"], clock)
+        old = log.view
+        b = await append_for(log, KEYS[1], [b"b"], clock)
+        log.key_index.forget_active()
+        log.key_index.load_active(old.segments[-1], old.active_end)  # a reader with the older view
+        assert log.key_index.active.scanned_to == old.active_end
+        assert (await log.read_key(KEYS[1], -1, 10, 1 << 20)).latest == b.last_offset  # the current view
+        log.key_index.forget_active()
+        log.key_index.load_active(old.segments[-1], old.active_end)
+        await append_for(log, KEYS[1], [b"c"], clock, (KEYS[1], b.last_offset))  # the writer
+        log.key_index.forget_active()
+        log.key_index.load_active(old.segments[-1], old.active_end)
+        await log.roll()  # the closed segment's file holds every entry
+        await check_keys(log)
+    async with running_log(tmp_path, LogConfig(segment_bytes=10_000), clock=clock) as log:
+        await check_keys(log)
+        assert log.key_index.rebuilt_files == 0
