@@ -359,7 +359,7 @@ class KeyedLog(RuleBasedStateMachine):
 
 
 KeyedLog.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestKeyedLog = pytest.mark.slow(KeyedLog.TestCase)
 
