@@ -37,8 +37,8 @@ from .records import (
     _auth_problems,
     _read_body,
     _records_json,
-    _stream_error,
     check_json_body,
+    error_event,
     produce_service,
 )
 from .schemas import Format, KeyProduceResponse, KeyRecordsResponse, Problem
@@ -246,10 +246,7 @@ async def stream_key_records(
                 log.check_open()
                 page = await log.read_key(data, after, STREAM_PAGE_RECORDS, STREAM_PAGE_BYTES)
             except (ApiError, OffsetOutOfRangeError, StorageError, LogClosedError) as exc:
-                event = _stream_error(exc, after + 1)
-                if paths is not None:
-                    event["detail"] = paths.scrub(event["detail"])
-                yield b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+                yield error_event(exc, after + 1, paths)
                 return
             if page.records:
                 metrics.fetched_records.labels(topic).inc(len(page.records))
@@ -267,7 +264,7 @@ async def stream_key_records(
             try:
                 ready = await log.wait_for_data(after + 1, SSE_KEEPALIVE_S)
             except LogClosedError as exc:
-                yield b"event: error\ndata: " + orjson.dumps(_stream_error(exc, after + 1)) + b"\n\n"
+                yield error_event(exc, after + 1, paths)
                 return
             if not ready:
                 yield b": keepalive\n\n"

@@ -57,8 +57,8 @@ from .records import (
     SSE_KEEPALIVE_S,
     _offsets_body,
     _plain_int,
-    _stream_error,
     check_json_body,
+    error_event,
     produce_service,
     produce_to_partition_body,
     stream_start,
@@ -464,11 +464,7 @@ class HotLane:
                 except (ApiError, OffsetOutOfRangeError, StorageError, LogClosedError) as exc:
                     # retention passed us, bytes the format cannot show, a failed read, the
                     # topic deleted, shutdown: say why, then end the stream
-                    event = _stream_error(exc, position)
-                    paths = ServerPaths.for_state(self.state)
-                    if paths is not None:
-                        event["detail"] = paths.scrub(event["detail"])
-                    await body(b"event: error\ndata: " + orjson.dumps(event) + b"\n\n")
+                    await body(error_event(exc, position, ServerPaths.for_state(self.state)))
                     break
                 fetched.inc(chunk.records)
                 position = chunk.next_offset

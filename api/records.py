@@ -145,6 +145,15 @@ def _stream_error(exc: Exception, position: int) -> dict[str, Any]:
     return {"code": exc.code, "detail": exc.detail, "offset": position}
 
 
+def error_event(exc: Exception, position: int, paths: ServerPaths | None) -> bytes:
+    """The `error` event that ends an event stream (_stream_error's members), with no absolute
+    server paths in its detail."""
+    event = _stream_error(exc, position)
+    if paths is not None:
+        event["detail"] = paths.scrub(event["detail"])
+    return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
 def _records_json(records: list, kf: str, vf: str) -> list[dict[str, Any]]:
     return [
         {
@@ -512,10 +521,7 @@ async def stream(
             except (ApiError, OffsetOutOfRangeError, StorageError, LogClosedError) as exc:
                 # retention passed us, bytes the format cannot show, a failed read, the topic
                 # deleted, shutdown: say why, then end the stream
-                event = _stream_error(exc, position)
-                if paths is not None:  # no absolute server paths in answers
-                    event["detail"] = paths.scrub(event["detail"])
-                yield b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+                yield error_event(exc, position, paths)
                 return
             if chunk:
                 yield chunk

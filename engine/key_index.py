@@ -438,9 +438,6 @@ class KeyIndex:
                 if offset < top:
                     yield offset, position
 
-    def memory_bytes(self) -> int:
-        active = self.active
-        return active.memory_bytes() if active is not None else 0
 
 
 def _scan_into(active: ActiveKeys, segment: LogSegment, end_position: int) -> None:
