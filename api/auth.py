@@ -31,23 +31,38 @@ Every request but GET /healthz needs `Authorization: Bearer <token>` when the fi
 401 `unauthorized` without a valid one (authentication happens in the middleware), 403
 `forbidden` when the role or the prefixes do not cover the request (route dependencies).
 Without an auth file every request acts as an anonymous admin.
+
+The file is reloaded while the server runs (AuthFileWatcher): a valid new version replaces the
+whole token table at once, in the one Authenticator the middleware and the hot lane share; a
+version that cannot be read or is invalid leaves the table as it was (and is logged), so a
+mistake never locks everyone out nor opens the server. Requests already authenticated (an open
+event stream, a long-poll) keep the principal they started with.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable
 
+import aiofiles
+import aiofiles.os
+import anyio
 import orjson
+from anyio.abc import TaskStatus
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from engine.metadata import INTERNAL_TOPICS
 
 from .errors import ApiError
+
+logger = logging.getLogger("eventlog.auth")
 
 ROLES = {
     "admin": frozenset({"admin", "write", "read", "describe", "group", "monitor"}),
@@ -88,46 +103,30 @@ class AuthConfigError(ValueError):
 
 
 class Authenticator:
-    """Token -> principal, by SHA-256 digest (constant-time comparison)."""
+    """Token -> principal, by SHA-256 digest (constant-time comparison). The table is replaced
+    whole (replace()), never changed in place: a request sees the old table or the new one."""
 
-    def __init__(self, principals: dict[bytes, Principal]) -> None:
+    def __init__(self, principals: dict[bytes, Principal], source: bytes | None = None) -> None:
         self._by_digest = principals
+        # the SHA-256 of the file's bytes the table came from (None: not from a file)
+        self.source_sha256 = hashlib.sha256(source).digest() if source is not None else None
 
     @classmethod
     def from_file(cls, path: Path) -> Authenticator:
         try:
-            doc = orjson.loads(path.read_bytes())
-        except (OSError, orjson.JSONDecodeError) as exc:
+            data = path.read_bytes()
+        except OSError as exc:
             raise AuthConfigError(f"auth file {path}: {exc}") from exc
-        entries = doc.get("tokens") if isinstance(doc, dict) else None
-        if not isinstance(entries, list) or not entries:
-            raise AuthConfigError(f"auth file {path}: expected {{\"tokens\": [...]}} with at least one entry")
-        principals: dict[bytes, Principal] = {}
-        for i, entry in enumerate(entries):
-            where = f"auth file {path}, tokens[{i}]"
-            if not isinstance(entry, dict):
-                raise AuthConfigError(f"{where}: expected an object")
-            role = entry.get("role")
-            if role not in ROLES:
-                raise AuthConfigError(f"{where}: role must be one of {', '.join(ROLES)}")
-            if "token" in entry and isinstance(entry["token"], str) and len(entry["token"]) >= 8:
-                digest = hashlib.sha256(entry["token"].encode()).digest()
-            elif isinstance(entry.get("token_sha256"), str):
-                try:
-                    digest = bytes.fromhex(entry["token_sha256"])
-                except ValueError:
-                    raise AuthConfigError(f"{where}: token_sha256 is not hex") from None
-                if len(digest) != 32:
-                    raise AuthConfigError(f"{where}: token_sha256 must be 64 hex digits")
-            else:
-                raise AuthConfigError(f"{where}: needs \"token\" (at least 8 characters) or \"token_sha256\"")
-            topics = _prefixes(entry.get("topics"), where, "topics")
-            groups = _prefixes(entry.get("groups"), where, "groups")
-            if digest in principals:
-                raise AuthConfigError(f"{where}: the same token appears twice")
-            quota = _quota(entry.get("quota"), where)
-            principals[digest] = Principal(str(entry.get("name", f"token-{i}")), role, topics, groups, **quota)
-        return cls(principals)
+        return cls(parse_auth_file(data, path), data)
+
+    @property
+    def token_count(self) -> int:
+        return len(self._by_digest)
+
+    def replace(self, principals: dict[bytes, Principal], source: bytes) -> None:
+        """Use `principals` (parse_auth_file's) from now on; `source`: the bytes they came from."""
+        self._by_digest = principals
+        self.source_sha256 = hashlib.sha256(source).digest()
 
     def authenticate(self, authorization: str | None) -> Principal:
         """The principal for an Authorization header; ApiError 401 if there is none."""
@@ -141,6 +140,132 @@ class Authenticator:
             if hmac.compare_digest(known, digest):
                 return principal
         raise _unauthorized("unknown token")
+
+
+def parse_auth_file(data: bytes, path: Path) -> dict[bytes, Principal]:
+    """The token table of an auth file's bytes (the format above), by token digest. Raises
+    AuthConfigError, naming `path` and the offending entry, for anything invalid: no entry at
+    all, an unknown role, a short token, bad hex, a token twice, a bad prefix list or quota."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise AuthConfigError(f"auth file {path}: {exc}") from exc
+    entries = doc.get("tokens") if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise AuthConfigError(f"auth file {path}: expected {{\"tokens\": [...]}} with at least one entry")
+    principals: dict[bytes, Principal] = {}
+    for i, entry in enumerate(entries):
+        where = f"auth file {path}, tokens[{i}]"
+        if not isinstance(entry, dict):
+            raise AuthConfigError(f"{where}: expected an object")
+        role = entry.get("role")
+        if role not in ROLES:
+            raise AuthConfigError(f"{where}: role must be one of {', '.join(ROLES)}")
+        if "token" in entry and isinstance(entry["token"], str) and len(entry["token"]) >= 8:
+            digest = hashlib.sha256(entry["token"].encode()).digest()
+        elif isinstance(entry.get("token_sha256"), str):
+            try:
+                digest = bytes.fromhex(entry["token_sha256"])
+            except ValueError:
+                raise AuthConfigError(f"{where}: token_sha256 is not hex") from None
+            if len(digest) != 32:
+                raise AuthConfigError(f"{where}: token_sha256 must be 64 hex digits")
+        else:
+            raise AuthConfigError(f"{where}: needs \"token\" (at least 8 characters) or \"token_sha256\"")
+        topics = _prefixes(entry.get("topics"), where, "topics")
+        groups = _prefixes(entry.get("groups"), where, "groups")
+        if digest in principals:
+            raise AuthConfigError(f"{where}: the same token appears twice")
+        quota = _quota(entry.get("quota"), where)
+        principals[digest] = Principal(str(entry.get("name", f"token-{i}")), role, topics, groups, **quota)
+    return principals
+
+
+class AuthFileWatcher:
+    """Reloads the auth file into its Authenticator while the server runs (run(), a lifespan
+    task of each server process, every shard of a family its own).
+
+    A check (check()): stat the file; when its (device, inode, size, mtime, ctime) differ from
+    the last check's, or the last check could not use it, read it; when its bytes differ from
+    those the table came from, parse it and replace the table. Both file operations go through
+    aiofiles (a worker thread), never blocking the event loop. The outcomes:
+
+        unchanged     nothing happens (a touch, or the same bytes written again)
+        valid         the table is replaced whole; logged at info
+        unusable      missing, unreadable, not JSON, or an invalid entry: the table stays as it
+                      was; logged at error once per version of the file (the next checks read
+                      it again, quietly, until it changes)
+
+    run() checks once at once (a change made while the server started is not missed), then
+    every `interval_ms`, and whenever request() asks (SIGHUP); interval_ms 0: only then.
+    An editor that rewrites the file in place may be caught half-written: that version is
+    unusable and the next check finds the whole one. Replacing the file by a rename is atomic.
+    """
+
+    def __init__(self, authenticator: Authenticator, path: Path, interval_ms: int) -> None:
+        self.authenticator = authenticator
+        self.path = path
+        self.interval_ms = interval_ms
+        self._seen: tuple[int, ...] | None = None  # the stat signature of the last usable check
+        self._failed: bytes | None = None  # the digest of the last unusable version logged
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: anyio.Event | None = None
+
+    def request(self) -> None:
+        """Check now (from any thread, or a signal handler); ignored before run() started."""
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            loop.call_soon_threadsafe(wake.set)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = anyio.Event()
+        task_status.started()
+        interval_s = self.interval_ms / 1000 if self.interval_ms else math.inf
+        while True:
+            await self.check()
+            with anyio.move_on_after(interval_s):
+                await self._wake.wait()
+            self._wake = anyio.Event()  # a request() from here on wakes the next wait
+
+    async def check(self) -> bool | None:
+        """One check: True if the table was replaced, False if the file is unusable (the table
+        kept), None if nothing changed."""
+        try:
+            st = await aiofiles.os.stat(self.path)
+        except OSError as exc:
+            return self._unusable(f"auth file {self.path}: {exc}", str(exc).encode())
+        signature = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if signature == self._seen:
+            return None
+        try:
+            # shielded: a cancel (shutdown) while the worker thread opens the file would leave
+            # the file it opens unclosed
+            with anyio.CancelScope(shield=True):
+                async with aiofiles.open(self.path, "rb") as f:
+                    data = await f.read()
+        except OSError as exc:
+            return self._unusable(f"auth file {self.path}: {exc}", str(exc).encode())
+        digest = hashlib.sha256(data).digest()
+        if digest == self.authenticator.source_sha256:
+            self._seen, self._failed = signature, None
+            return None
+        try:
+            principals = parse_auth_file(data, self.path)
+        except AuthConfigError as exc:
+            return self._unusable(str(exc), data)
+        self.authenticator.replace(principals, data)
+        self._seen, self._failed = signature, None
+        logger.info("auth file %s reloaded: %d token(s)", self.path, len(principals))
+        return True
+
+    def _unusable(self, reason: str, version: bytes) -> bool:
+        self._seen = None  # read it again next time, whatever its stat says
+        digest = hashlib.sha256(version).digest()
+        if digest != self._failed:
+            self._failed = digest
+            logger.error("%s; keeping the %d token(s) loaded before", reason, self.authenticator.token_count)
+        return False
 
 
 def _prefixes(value: Any, where: str, what: str) -> tuple[str, ...]:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable
 
+import anyio
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import install_routes
-from api.auth import Authenticator
+from api.auth import Authenticator, AuthFileWatcher
 from api.errors import allowed_methods
 from api.lane import HotLane
 from api.limits import LimitsMiddleware
@@ -84,7 +87,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """The service. Raises api.auth.AuthConfigError for an unreadable or invalid auth file."""
     settings = settings or Settings()
     authenticator = Authenticator.from_file(settings.auth_file) if settings.auth_file else None
+    watcher = None
+    if authenticator is not None and settings.auth_file is not None:
+        watcher = AuthFileWatcher(authenticator, settings.auth_file, settings.auth_reload_ms)
     metrics = Metrics()
+    lifespan = make_lifespan(settings, metrics)
     app = EventlogApp(
         title="eventlog",
         version=__version__,
@@ -94,7 +101,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "`application/problem+json` with a stable `code`. With an auth file configured, every "
             "request but `GET /healthz` needs `Authorization: Bearer <token>`."
         ),
-        lifespan=make_lifespan(settings, metrics),
+        lifespan=lifespan if watcher is None else _watching(lifespan, watcher),
         # served by api/docs.py from the server's own files (FastAPI's load from a CDN)
         docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None,
     )
@@ -106,6 +113,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.shutting_down = False
     app.state.loop = None
     app.state.peer_metrics = None  # a shard of a family: the other shards' /metrics (lifespan)
+    app.state.auth_watcher = watcher
     install_routes(app)
     # the last added runs first: body limit and authentication, then time limits, then quotas
     quotas = QuotaManager(settings.quota_config())
@@ -135,6 +143,29 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_inflated_bytes=settings.max_inflated_bytes_per_request,
     )
     return app
+
+
+def _watching(lifespan: Callable[[FastAPI], Any], watcher: AuthFileWatcher) -> Callable[[FastAPI], Any]:
+    """The lifespan, with the auth file's watcher running while the app serves (it starts once
+    the engine is open, and stops before the engine closes)."""
+
+    @asynccontextmanager
+    async def with_watcher(app: FastAPI) -> AsyncIterator[None]:
+        async with lifespan(app), anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
+
+    return with_watcher
+
+
+def reload_auth(app: FastAPI) -> None:
+    """Called from a signal handler (SIGHUP): check the auth file now. Nothing without one."""
+    watcher: AuthFileWatcher | None = app.state.auth_watcher
+    if watcher is not None:
+        watcher.request()
 
 
 def begin_shutdown(app: FastAPI) -> None:

@@ -26,7 +26,9 @@ The protocol classes made here add both limits, for httptools and h11 alike:
 The body and the answer have their limits in api/limits.py.
 
 serve() runs the app until SIGTERM or SIGINT: on a socket of its own (eventlog serve, one
-process) or on one it inherited (a shard of a family, app/shard.py).
+process) or on one it inherited (a shard of a family, app/shard.py). SIGHUP checks the auth
+file for a new version at once (api/auth.py, AuthFileWatcher); one that comes before the
+server's handlers are in place is ignored (the watcher's first check finds the change anyway).
 """
 
 from __future__ import annotations
@@ -347,10 +349,12 @@ class Server(uvicorn.Server):
     watchdog: a shutdown still running `watchdog_s` later (a writer stuck in a system call on a
     hung disk, which no task can cancel) ends the process with status 1. Acknowledged appends
     were fsynced; the next start recovers as after a crash. `on_started` is called once the
-    lifespan is up and the socket accepts (a shard tells its supervisor it is ready)."""
+    lifespan is up and the socket accepts (a shard tells its supervisor it is ready).
+    SIGHUP calls `on_reload` (the auth file is checked again) and nothing else."""
 
     on_exit: Callable[[], None] | None = None
     on_started: Callable[[], None] | None = None
+    on_reload: Callable[[], None] | None = None  # SIGHUP
     watchdog_s: float | None = None
     # SIGTERM/SIGINT that came before the server ran (a shard noting them while it starts)
     early_signals: Sequence[int] = ()
@@ -391,6 +395,10 @@ class Server(uvicorn.Server):
         if self.on_exit is not None:
             self.on_exit()
 
+    def handle_reload(self, sig: int, frame: FrameType | None) -> None:
+        if self.on_reload is not None:
+            self.on_reload()
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         if threading.current_thread() is not threading.main_thread():
@@ -398,6 +406,7 @@ class Server(uvicorn.Server):
             return
         handled = (signal.SIGINT, signal.SIGTERM)
         previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self.handle_reload)
         for sig in self.early_signals:
             self.handle_exit(sig, None)
         try:
@@ -460,31 +469,47 @@ def serve(
     why) or the server could not listen (message None: uvicorn logged it)."""
     from api.auth import AuthConfigError
 
-    from .main import begin_shutdown, create_app
+    from .main import begin_shutdown, create_app, reload_auth
 
-    try:
-        app = create_app(settings)
-    except AuthConfigError as exc:
-        raise CannotStart(str(exc), 2) from None
-    logging.getLogger("uvicorn.error").addFilter(_HideStartupTraceback(app))
-    shard = settings.shard
-    balancer = None
-    if shard is not None and shard.count > 1 and settings.ssl_certfile is None:
-        balancer = Balancer(shard.run_dir, shard.index, shard.count)
-    server = Server(uvicorn_config(app, settings, balancer))
-    server.balancer = balancer
-    server.on_exit = lambda: begin_shutdown(app)
-    server.on_started = on_started
-    server.early_signals = early_signals if early_signals is not None else ()
-    server.watchdog_s = shutdown_watchdog_s(settings)
-    try:  # on uvloop when installed (uvicorn picks the loop)
-        if sockets is None:
-            server.run()
-        else:
-            server.run(sockets=sockets)
-    except SystemExit:  # uvicorn exits with status 3 when the lifespan fails
-        pass
+    with _sighup_ignored():
+        try:
+            app = create_app(settings)
+        except AuthConfigError as exc:
+            raise CannotStart(str(exc), 2) from None
+        logging.getLogger("uvicorn.error").addFilter(_HideStartupTraceback(app))
+        shard = settings.shard
+        balancer = None
+        if shard is not None and shard.count > 1 and settings.ssl_certfile is None:
+            balancer = Balancer(shard.run_dir, shard.index, shard.count)
+        server = Server(uvicorn_config(app, settings, balancer))
+        server.balancer = balancer
+        server.on_exit = lambda: begin_shutdown(app)
+        server.on_started = on_started
+        server.on_reload = lambda: reload_auth(app)
+        server.early_signals = early_signals if early_signals is not None else ()
+        server.watchdog_s = shutdown_watchdog_s(settings)
+        try:  # on uvloop when installed (uvicorn picks the loop)
+            if sockets is None:
+                server.run()
+            else:
+                server.run(sockets=sockets)
+        except SystemExit:  # uvicorn exits with status 3 when the lifespan fails
+            pass
     if app.state.startup_error is not None:
         raise CannotStart(str(app.state.startup_error), 1)
     if not server.started:
         raise CannotStart(None, 1)
+
+
+@contextlib.contextmanager
+def _sighup_ignored() -> Iterator[None]:
+    """SIGHUP ignored (in the main thread) until the server's own handler takes it: its default
+    action would end the process."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)

@@ -69,6 +69,10 @@ class Settings(BaseSettings):
         1.0, gt=0, le=1, description="fraction of successful requests (status below 400) in the access log; errors always"
     )
     auth_file: Path | None = Field(None, description="JSON file of bearer tokens, roles and topic prefixes; unset: no auth")
+    auth_reload_ms: int = Field(
+        1000, ge=0, description="how often each server process checks the auth file for changes (and reloads a valid "
+        "new version; SIGHUP checks at once); 0: only on SIGHUP",
+    )
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest request body accepted")
     max_inflated_bytes_per_request: int = Field(
         64 * 1024 * 1024, ge=1024 * 1024,
@@ -181,6 +185,13 @@ class Settings(BaseSettings):
                 f"({config.max_message_bytes}); batches between the two sizes could never be stored"
             )
         return self
+
+    @field_validator("auth_reload_ms")
+    @classmethod
+    def _check_auth_reload(cls, value: int) -> int:
+        if 0 < value < 100:
+            raise ValueError(f"{value}: 0 (only on SIGHUP) or at least 100 ms")
+        return value
 
     @model_validator(mode="after")
     def _check_tls(self) -> Settings:

@@ -11,8 +11,9 @@ It dies with its supervisor (PR_SET_PDEATHSIG, set before anything else; a super
 before that is noticed through the parent pid), builds the same Settings, with engine_config()
 carrying ShardSpec(index, count, run_dir, lock_fds), and serves as `eventlog serve` does, on
 the inherited listening socket. Once it serves it writes one byte to ready_fd. It starts
-with SIGTERM and SIGINT blocked (its supervisor's doing); those that come while it starts are
-kept and honoured once the server runs. Exit status as
+with SIGTERM, SIGINT and SIGHUP blocked (its supervisor's doing); the stops that come while it
+starts are kept and honoured once the server runs, a SIGHUP then is ignored (the server's
+first check of the auth file finds what it would have). Exit status as
 eventlog serve: 0 after a clean shutdown, 1 when it could not start (its error on stderr).
 """
 
@@ -24,6 +25,10 @@ import os
 import signal
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import socket
 
 PR_SET_PDEATHSIG = 1
 
@@ -46,7 +51,8 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, keep)
     signal.signal(signal.SIGINT, keep)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})  # blocked by the supervisor
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the server takes it (an auth file check)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})  # blocked by the supervisor
 
     import logging
     import socket
@@ -84,7 +90,7 @@ def main() -> int:
     return 0
 
 
-def _own_listener(shared: "socket.socket", backlog: int) -> "socket.socket":
+def _own_listener(shared: socket.socket, backlog: int) -> socket.socket:
     """This shard's own listening socket in the family's SO_REUSEPORT group (see
     supervisor.listen): the kernel gives each shard its share of new connections."""
     import socket

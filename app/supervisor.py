@@ -37,6 +37,8 @@ Life of a family:
     SIGINT    (a second SIGINT makes the shards drop open connections). The supervisor waits
               for all: exit 0 when every shard exited 0, else 1. Shards still running
               KILL_SLACK_S after their own watchdog (server.shutdown_watchdog_s) are killed.
+    SIGHUP    forwarded to every running shard: each checks the auth file at once (shards also
+              check it on their own every EVENTLOG_AUTH_RELOAD_MS); never a stop
     SIGKILL   of the supervisor: every shard has PR_SET_PDEATHSIG = SIGKILL and dies with it,
               so no orphan keeps the port or the locks.
 
@@ -74,6 +76,8 @@ SHARD_SETTINGS_ENV = "EVENTLOG_SHARD_SETTINGS"
 RUN_DIR_PREFIX = "eventlog-shards-"
 RUN_DIR_LOCK = ".supervisor.lock"
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+# blocked in a new shard until its handlers are in place (app/shard.py)
+SPAWN_BLOCKED = STOP_SIGNALS | {signal.SIGHUP}
 # a family that served this long before a shard died restarts at once
 FAMILY_STABLE_S = 10.0
 BACKOFF_FIRST_S = 0.5
@@ -233,6 +237,7 @@ class Supervisor:
         self.url = f"{scheme}://{_host_port(host, port)}"
         self.restarts = 0
         self._signals: list[int] = []
+        self._reload = False  # SIGHUP came: to forward to the shards
         self._wake_r = -1
         self._wake_w = -1
         self._selector: selectors.BaseSelector | None = None
@@ -245,7 +250,7 @@ class Supervisor:
         os.set_blocking(self._wake_w, False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ)
-        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
+        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
         previous_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         try:
@@ -259,7 +264,9 @@ class Supervisor:
             os.close(self._wake_w)
 
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
-        if sig != signal.SIGCHLD:
+        if sig == signal.SIGHUP:
+            self._reload = True
+        elif sig != signal.SIGCHLD:
             self._signals.append(sig)
 
     def _run(self) -> int:
@@ -352,10 +359,11 @@ class Supervisor:
             "supervisor_pid": os.getpid(),
         }
         env = {**os.environ, SHARD_ENV: json.dumps(identity), SHARD_SETTINGS_ENV: self.settings.to_json()}
-        # The shard starts with SIGTERM and SIGINT blocked (a signal mask survives fork and
-        # exec) and unblocks them once its handler notes them: a stop sent while it starts is
-        # kept for its server, not the death of a process that never got to close anything.
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        # The shard starts with SIGTERM, SIGINT (and SIGHUP) blocked (a signal mask survives
+        # fork and exec) and unblocks them once its handler notes them: a stop sent while it
+        # starts is kept for its server, not the death of a process that never got to close
+        # anything.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SPAWN_BLOCKED)
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "app.shard"],
@@ -426,6 +434,13 @@ class Supervisor:
                     )
                     end = _FamilyEnd("died", False, served)
                 stop_deadline, stop_grace_s = self._terminate(shards, signal.SIGTERM, grace_s), grace_s
+            if self._reload:
+                self._reload = False
+                if end is None:  # a family stopping has no use for it
+                    running = [s for s in shards if s.running]
+                    logger.info("SIGHUP: forwarded to %d shard(s) (they check the auth file)", len(running))
+                    for s in running:
+                        s.proc.send_signal(signal.SIGHUP)
             while self._signals:
                 sig = self._signals.pop(0)
                 name = signal.Signals(sig).name

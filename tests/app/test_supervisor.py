@@ -276,7 +276,7 @@ def test_settings_cross_to_a_shard_unchanged(tmp_path: Path) -> None:
         cors_origins=("https://console.example", "http://localhost:3000"),
         node_id=7, default_partitions=3, max_partitions=99, topic_defaults={"segment.bytes": 2_000_000, "cleanup.policy": "compact"},
         recovery_threads=5, shared_sync=False, producer_id_expiration_ms=5000, checkpoint_interval_ms=1234, log_level="debug",
-        access_log=False, access_log_sample=0.5, auth_file=tmp_path / "auth.json", max_request_bytes=4096, max_inflated_bytes_per_request=2 << 20,
+        access_log=False, access_log_sample=0.5, auth_file=tmp_path / "auth.json", auth_reload_ms=250, max_request_bytes=4096, max_inflated_bytes_per_request=2 << 20,
         request_timeout_ms=1001, header_timeout_ms=1002, shutdown_timeout_ms=1003, max_header_bytes=2048,
         limit_concurrency=17, timeout_keep_alive_ms=1004, backlog=5, ssl_certfile=cert, ssl_keyfile=cert,
         ssl_keyfile_password="pw", quota_produce_bytes_per_sec=100, quota_fetch_bytes_per_sec=200, quota_window_num=3,
