@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= ./data
 
-.PHONY: install run test test-fast bench clean
+.PHONY: install run test test-fast test-peers console-screenshots bench clean
 
 install: $(STAMP)
 
@@ -22,11 +22,19 @@ run: install
 	EVENTLOG_DATA_DIR="$${EVENTLOG_DATA_DIR:-$(DATA_DIR)}" EVENTLOG_HOST="$${EVENTLOG_HOST:-127.0.0.1}" \
 	EVENTLOG_PORT="$${EVENTLOG_PORT:-8080}" $(BIN)/eventlog serve
 
-test: install
+test: install test-peers
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test-fast: install
+test-fast: install test-peers
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Debian's chromium for the console's browser tests (skipped with the reason where it cannot be)
+test-peers:
+	@sh tests/install-test-peers.sh
+
+# docs/console/*.png, the screenshots docs/CONSOLE.md shows, from the browser tests
+console-screenshots: install test-peers
+	EVENTLOG_CONSOLE_SCREENSHOTS=docs/console $(BIN)/python -m pytest -q tests/console
 
 bench: install
 	sh bench/install-peers.sh

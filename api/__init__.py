@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from . import admin, docs, groups, health, keys, offsets, records, snapshots, topics
+from . import admin, console, docs, groups, health, keys, offsets, records, snapshots, topics
 from .errors import PROBLEM_JSON, install_error_handlers
 from .schemas import KeyProduceRequest, ProduceRequest
 
@@ -33,7 +33,9 @@ def install_routes(app: FastAPI) -> None:
     app.include_router(groups.router)
     app.include_router(admin.router)
     app.include_router(snapshots.router)
+    app.include_router(health.server_router)
     app.include_router(docs.router)  # /docs and /redoc without a CDN
+    app.include_router(console.router)  # the web console at / and /console
     # produce and fetch without FastAPI's per-request machinery, ahead of their documented routes
     app.router.routes[0:0] = records.fast_routes()
 

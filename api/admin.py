@@ -10,6 +10,7 @@ from engine.errors import LogClosedError
 
 from .auth import Admin
 from .deps import Engine
+from .errors import ApiError
 from .schemas import (
     CompactionPartition,
     CompactionRun,
@@ -25,7 +26,7 @@ _problems: dict[int | str, dict[str, Any]] = {
     400: {"model": Problem, "description": "invalid_json"},
     401: {"model": Problem, "description": "unauthorized"},
     403: {"model": Problem, "description": "forbidden: admin only"},
-    404: {"model": Problem, "description": "topic_not_found"},
+    404: {"model": Problem, "description": "topic_not_found, partition_not_found"},
     422: {"model": Problem, "description": "validation_error"},
 }
 
@@ -37,16 +38,24 @@ def _workers(request: Request) -> Any:
     return workers
 
 
-async def _on_every_shard(request: Request, what: str, topic: str | None) -> list[Any]:
+async def _on_every_shard(request: Request, what: str, body: MaintenanceRequest | None) -> list[Any]:
     """The workers' pass on this process's partitions, and in a shard family on every other
     shard's too (each shard cleans the partitions it owns)."""
-    results = list(await getattr(_workers(request), what)(topic))
+    topic = body.topic if body else None
+    partition = body.partition if body else None
     engine = request.app.state.engine
+    if partition is not None:
+        if topic is None:
+            raise ApiError(422, "validation_error", "`partition` needs `topic`")
+        engine.partition(topic, partition)  # 404 for an unknown partition
+    elif topic is not None:
+        engine.topic(topic)  # 404 for an unknown topic
+    results = list(await getattr(_workers(request), what)(topic, partition))
     channel = getattr(engine, "channel", None)
     if channel is not None:
         for shard in range(engine.shard_count):
             if shard != engine.shard_index:
-                results += await channel.call(shard, what, topic)
+                results += await channel.call(shard, what, topic, partition)
     return sorted(results, key=lambda r: (r.topic, r.partition))
 
 
@@ -68,10 +77,7 @@ async def run_retention(
     _principal: Admin,
     body: MaintenanceRequest | None = Body(None),
 ) -> RetentionRun:
-    topic = body.topic if body else None
-    if topic is not None:
-        engine.topic(topic)  # 404 for an unknown topic
-    results = await _on_every_shard(request, "run_retention", topic)
+    results = await _on_every_shard(request, "run_retention", body)
     partitions = [
         RetentionPartition(
             topic=r.topic, partition=r.partition, segments_deleted=r.segments_deleted,
@@ -106,10 +112,7 @@ async def run_compaction(
     _principal: Admin,
     body: MaintenanceRequest | None = Body(None),
 ) -> CompactionRun:
-    topic = body.topic if body else None
-    if topic is not None:
-        engine.topic(topic)
-    results = await _on_every_shard(request, "run_compaction", topic)
+    results = await _on_every_shard(request, "run_compaction", body)
     partitions = [
         CompactionPartition(
             topic=r.topic, partition=r.partition, cleaned=r.cleaned, first_dirty_offset=r.first_dirty_offset,

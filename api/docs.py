@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import aiofiles
+import anyio
 from fastapi import APIRouter, HTTPException
 from fastapi.openapi.docs import get_swagger_ui_oauth2_redirect_html
 from starlette.responses import HTMLResponse, Response
@@ -114,6 +115,7 @@ async def asset(name: str) -> Response:
         raise HTTPException(404, "Not Found")
     data = _loaded.get(name)
     if data is None:  # read once, without holding the event loop (aiofiles: a worker thread)
-        async with aiofiles.open(_assets_dir() / name, "rb") as f:
-            data = _loaded[name] = await f.read()
+        with anyio.CancelScope(shield=True):  # a cancel mid-open would leave the file unclosed
+            async with aiofiles.open(_assets_dir() / name, "rb") as f:
+                data = _loaded[name] = await f.read()
     return Response(data, media_type=kind, headers={"Cache-Control": "public, max-age=86400"})

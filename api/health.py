@@ -8,12 +8,13 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
-from .auth import Monitor, Principal
+from .auth import ROLES, Monitor, Principal
 from .errors import problem
 from .metrics_merge import merge_expositions
-from .schemas import Problem, Status
+from .schemas import Problem, ServerInfo, Status, WhoAmI
 
 router = APIRouter(tags=["health"])
+server_router = APIRouter(tags=["server"])
 
 
 @router.get("/healthz", operation_id="getHealth", response_model=Status, summary="The process is serving")
@@ -55,6 +56,26 @@ async def metrics(request: Request, principal: Monitor) -> Response:
     if principal.role != "admin":
         text = _only_covered_topics(text, principal)
     return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+
+@server_router.get(
+    "/v1/whoami",
+    operation_id="getPrincipal",
+    response_model=WhoAmI,
+    responses={401: {"model": Problem, "description": "unauthorized"}},
+    summary="The caller's token: its role, prefixes and what it may do; the server's version and shards",
+)
+async def whoami(request: Request, principal: Monitor) -> WhoAmI:
+    engine = request.app.state.engine
+    return WhoAmI(
+        name=principal.name, role=principal.role, actions=sorted(ROLES[principal.role]),
+        topics=list(principal.topics), groups=list(principal.groups),
+        server=ServerInfo(
+            version=request.app.version, shards=engine.shard_count if engine is not None else 1,
+            shard=engine.shard_index if engine is not None else 0,
+            auth=request.app.state.settings.auth_file is not None,
+        ),
+    )
 
 
 _TOPIC_LABEL = re.compile(rb'[{,]topic="([^"]*)"')

@@ -45,7 +45,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from engine.commits import CommitBatcher, batcher_for
 from engine.groups import GroupOffsets
 
-from . import docs
+from . import console, docs
 from .auth import Authenticator
 from .errors import ApiError, problem
 from .limits import RequestRefused
@@ -253,9 +253,13 @@ def _group_lag(engine: Any, lag: GaugeMetricFamily) -> None:
 
 
 def _public(path: str) -> bool:
-    """Paths open even with an auth file: the health check, and the documents' pages and
-    assets (api/docs.py; the OpenAPI document itself needs a token)."""
-    return path == "/healthz" or path in docs.PUBLIC_PATHS or path.startswith(docs.ASSETS_PREFIX + "/")
+    """Paths open even with an auth file: the health check, the documents' and the console's
+    pages and assets (api/docs.py, api/console.py; they hold no data: the OpenAPI document and
+    everything the console shows need a token)."""
+    return (
+        path == "/healthz" or path in docs.PUBLIC_PATHS or path.startswith(docs.ASSETS_PREFIX + "/")
+        or path in console.PUBLIC_PATHS or path.startswith(console.ASSETS_PREFIX + "/")
+    )
 
 
 def _version() -> str:

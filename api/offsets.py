@@ -6,14 +6,25 @@ from dataclasses import asdict
 from typing import Any
 
 import anyio
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
 from engine import reader
+from engine.errors import LogClosedError
+from engine.shards import owner_of
 
-from .auth import Admin, Reader
+from .auth import Admin, Describer, Reader
 from .deps import Engine, refuse_internal
 from .errors import ApiError
-from .schemas import DeleteRecordsRequest, DeleteRecordsResponse, OffsetSpec, PartitionOffsets, Problem, SegmentInfo, SegmentList
+from .schemas import (
+    DeleteRecordsRequest,
+    DeleteRecordsResponse,
+    OffsetSpec,
+    PartitionMaintenance,
+    PartitionOffsets,
+    Problem,
+    SegmentInfo,
+    SegmentList,
+)
 
 router = APIRouter(prefix="/v1/topics/{topic}/partitions/{partition}", tags=["offsets"])
 
@@ -101,3 +112,31 @@ async def list_segments(topic: str, partition: int, engine: Engine, _principal: 
     log = engine.partition(topic, partition)
     infos = await anyio.to_thread.run_sync(reader.segment_infos, log.view)
     return SegmentList(segments=[SegmentInfo(**asdict(info)) for info in infos])
+
+
+@router.get(
+    "/maintenance",
+    operation_id="describeMaintenance",
+    response_model=PartitionMaintenance,
+    responses=_problems,
+    summary="The partition's cleanup state: the compactor's checkpoint and the latest retention and compaction passes",
+    description=(
+        "Passes are remembered from the server's start (by the shard that owns the partition); "
+        "`POST /v1/admin/retention/run` and `/compaction/run` with `topic` and `partition` run one now."
+    ),
+)
+async def describe_maintenance(
+    topic: str, partition: int, request: Request, engine: Engine, _principal: Describer
+) -> PartitionMaintenance:
+    log = engine.partition(topic, partition)
+    owner = owner_of(topic, partition, engine.shard_count)
+    if owner == engine.shard_index:
+        workers = request.app.state.workers
+        if workers is None:
+            raise LogClosedError("workers")
+        state = workers.maintenance(topic, partition)
+    else:
+        state = await engine.channel.call(owner, "maintenance", topic, partition)
+    return PartitionMaintenance(
+        topic=topic, partition=partition, cleanup_policy=log.config.cleanup_policy, owner_shard=owner, **state
+    )

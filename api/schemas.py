@@ -272,6 +272,7 @@ class GroupList(BaseModel):
 
 class MaintenanceRequest(BaseModel):
     topic: str | None = Field(None, description="only this topic; default: every topic")
+    partition: StrictInt | None = Field(None, ge=0, description="only this partition of `topic` (needs `topic`)")
     model_config = ConfigDict(extra="forbid")
 
 
@@ -312,10 +313,52 @@ class CompactionPartition(BaseModel):
     note: str = ""
 
 
+class MaintenancePass(BaseModel):
+    """A worker's latest pass over one partition since the server started."""
+
+    at_ms: int = Field(description="when the pass ended, ms since the epoch")
+    outcome: str = Field(description="ok; abandoned (the log changed under it, retried later); error")
+    note: str = ""
+    result: dict[str, Any] | None = Field(
+        None, description="what the pass did (the fields of RetentionPartition or CompactionPartition); null unless ok"
+    )
+
+
+class PartitionMaintenance(BaseModel):
+    topic: str
+    partition: int
+    cleanup_policy: str
+    owner_shard: int = Field(description="the shard process that writes and cleans the partition (0 with one process)")
+    cleaner_offset: int | None = Field(
+        None, description="the compactor's checkpoint: offsets below it are clean (null: never cleaned)"
+    )
+    dirty_ratio: float | None = Field(None, description="dirty bytes / cleanable bytes when last measured (compacted topics)")
+    last_retention: MaintenancePass | None = None
+    last_compaction: MaintenancePass | None = None
+
+
 class CompactionRun(BaseModel):
     bytes_reclaimed: int
     records_removed: int
     partitions: list[CompactionPartition] = Field(description="every compacted partition looked at")
+
+
+class ServerInfo(BaseModel):
+    version: str
+    shards: int = Field(description="shard processes serving (EVENTLOG_PROCESSES)")
+    shard: int = Field(description="the shard that answered")
+    auth: bool = Field(description="true when the server has an auth file: every request needs a token")
+
+
+class WhoAmI(BaseModel):
+    """The caller as the server sees it: what the console shows, hides or disables."""
+
+    name: str = Field(description="the token's name; `anonymous` without an auth file")
+    role: str = Field(description="admin, producer or consumer")
+    actions: list[str] = Field(description="what the role may do: admin, write, read, describe, group, monitor")
+    topics: list[str] = Field(description="topic name prefixes it covers (\"\" is every user topic)")
+    groups: list[str] = Field(description="consumer group prefixes it covers")
+    server: ServerInfo
 
 
 class SnapshotRequest(BaseModel):

@@ -71,11 +71,14 @@ def _serve_family(app: FastAPI, engine: LogManager, workers: Workers, metrics: M
     channel = engine.channel
     assert channel is not None
 
-    async def run_retention(topic: str | None) -> list:
-        return list(await workers.run_retention(topic)) if topic is None or topic in engine.topics else []
+    async def run_retention(topic: str | None, partition: int | None = None) -> list:
+        return list(await workers.run_retention(topic, partition)) if topic is None or topic in engine.topics else []
 
-    async def run_compaction(topic: str | None) -> list:
-        return list(await workers.run_compaction(topic)) if topic is None or topic in engine.topics else []
+    async def run_compaction(topic: str | None, partition: int | None = None) -> list:
+        return list(await workers.run_compaction(topic, partition)) if topic is None or topic in engine.topics else []
+
+    async def maintenance(topic: str, partition: int) -> dict:
+        return workers.maintenance(topic, partition)
 
     async def own_metrics() -> bytes:
         return generate_latest(metrics.registry)
@@ -108,6 +111,6 @@ def _serve_family(app: FastAPI, engine: LogManager, workers: Workers, metrics: M
 
     quotas.on_record = pass_on
     channel.handlers.update({
-        "run_retention": run_retention, "run_compaction": run_compaction, "metrics": own_metrics, "quota": quota_note,
+        "run_retention": run_retention, "run_compaction": run_compaction, "maintenance": maintenance, "metrics": own_metrics, "quota": quota_note,
     })
     app.state.peer_metrics = peer_metrics

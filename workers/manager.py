@@ -68,6 +68,16 @@ class WorkerFigures:
         self.bytes_reclaimed[worker] = self.bytes_reclaimed.get(worker, 0) + size
 
 
+@dataclass(frozen=True, slots=True)
+class LastPass:
+    """A partition's latest pass of one worker (the console's partition page shows it)."""
+
+    at_ms: int  # when it ended, ms since the epoch
+    outcome: str  # "ok", "abandoned" (the log changed under it) or "error"
+    result: RetentionResult | CompactionResult | None  # None unless ok
+    note: str = ""
+
+
 class Workers:
     def __init__(self, engine: Any, settings: WorkerSettings | None = None) -> None:
         self.engine = engine
@@ -77,15 +87,50 @@ class Workers:
         self._horizons: dict[tuple[str, int], int] = {}  # earliest delete horizon of kept tombstones
         self._cleaned: set[tuple[str, int]] = set()  # partitions cleaned since start-up
         self._wake_cleaner = anyio.Event()
+        # (topic, partition) -> the latest pass of each worker there, since start-up
+        self.last_retention: dict[tuple[str, int], LastPass] = {}
+        self.last_compaction: dict[tuple[str, int], LastPass] = {}
+
+    def last_passes(self, topic: str, partition: int) -> tuple[LastPass | None, LastPass | None]:
+        """The latest retention and compaction passes over a partition this process owns."""
+        return self.last_retention.get((topic, partition)), self.last_compaction.get((topic, partition))
+
+    def maintenance(self, topic: str, partition: int) -> dict[str, Any]:
+        """What the workers know of a partition this process owns, as plain data (it crosses
+        the shard channel): the compactor's checkpoint and dirty ratio, and the latest passes."""
+        log = self.engine.partition(topic, partition)
+
+        def plain(last: LastPass | None) -> dict[str, Any] | None:
+            if last is None:
+                return None
+            result = None
+            if last.result is not None:
+                result = {f: getattr(last.result, f) for f in last.result.__dataclass_fields__ if f != "outcome"}
+                result["bytes_reclaimed"] = last.result.bytes_reclaimed
+            return {"at_ms": last.at_ms, "outcome": last.outcome, "note": last.note, "result": result}
+
+        retention, compaction = self.last_passes(topic, partition)
+        return {
+            "cleaner_offset": self.engine.cleaner_offset(log),
+            "dirty_ratio": self.figures.dirty_ratio.get((topic, partition)),
+            "last_retention": plain(retention),
+            "last_compaction": plain(compaction),
+        }
+
+    @staticmethod
+    def _ended(log: PartitionLog, outcome: str, result: Any = None, note: str = "") -> tuple[tuple[str, int], LastPass]:
+        return (log.topic, log.partition), LastPass(int(time.time() * 1000), outcome, result, note)
 
     # -- partitions ----------------------------------------------------------------------------
 
     def _lock(self, log: PartitionLog) -> anyio.Lock:
         return self._locks.setdefault((log.topic, log.partition), anyio.Lock())
 
-    def _partitions(self, topic: str | None) -> list[PartitionLog]:
+    def _partitions(self, topic: str | None, partition: int | None = None) -> list[PartitionLog]:
         if topic is not None:
-            return self.engine.topic(topic).owned_partitions  # an offline partition, or another shard's, is skipped
+            # an offline partition, or another shard's, is skipped
+            owned = self.engine.topic(topic).owned_partitions
+            return owned if partition is None else [log for log in owned if log.partition == partition]
         return [log for log in self.engine.all_partitions() if not log.closed]
 
     # -- the loops -----------------------------------------------------------------------------
@@ -129,11 +174,12 @@ class Workers:
 
     # -- retention -----------------------------------------------------------------------------
 
-    async def run_retention(self, topic: str | None = None) -> list[RetentionResult]:
-        """One retention pass over every partition (of `topic`); what each deleted."""
+    async def run_retention(self, topic: str | None = None, partition: int | None = None) -> list[RetentionResult]:
+        """One retention pass over every partition (of `topic`, or only its `partition`);
+        what each deleted."""
         started = time.perf_counter()
         results = []
-        for log in self._partitions(topic):
+        for log in self._partitions(topic, partition):
             async with self._lock(log):
                 if log.closed:
                     continue
@@ -142,7 +188,11 @@ class Workers:
                 except EngineError as exc:
                     logger.warning("%s: retention pass failed: %s", log.name, exc)
                     self.figures.count("retention", "error")
+                    tp, ended = self._ended(log, "error", note=str(exc))
+                    self.last_retention[tp] = ended
                     continue
+            tp, ended = self._ended(log, "ok", result)
+            self.last_retention[tp] = ended
             results.append(result)
             if result.segments_deleted:
                 self.figures.reclaimed("retention", result.bytes_reclaimed)
@@ -202,10 +252,16 @@ class Workers:
             except SegmentsChanged as exc:
                 logger.info("%s: compaction pass abandoned, the log changed under it: %s", log.name, exc)
                 self.figures.count("compaction", "abandoned")
+                tp, ended = self._ended(log, "abandoned", note=str(exc))
+                self.last_compaction[tp] = ended
                 return None
-            except Exception:
+            except Exception as exc:
                 self.figures.count("compaction", "error")
+                tp, ended = self._ended(log, "error", note=str(exc))
+                self.last_compaction[tp] = ended
                 raise
+            tp, ended = self._ended(log, "ok", result)
+            self.last_compaction[tp] = ended
             if result.cleaned:
                 await self.engine.set_cleaner_offset(log, result.end_offset)
                 tp = (log.topic, log.partition)
@@ -222,11 +278,12 @@ class Workers:
                 await self._stats(log)
             return result
 
-    async def run_compaction(self, topic: str | None = None) -> list[CompactionResult]:
-        """Clean every compacted partition (of `topic`) that has dirty data or kept tombstones,
-        whatever its dirty ratio; passes repeat while the offset map filled up."""
+    async def run_compaction(self, topic: str | None = None, partition: int | None = None) -> list[CompactionResult]:
+        """Clean every compacted partition (of `topic`, or only its `partition`) that has dirty
+        data or kept tombstones, whatever its dirty ratio; passes repeat while the offset map
+        filled up."""
         results = []
-        for log in self._partitions(topic):
+        for log in self._partitions(topic, partition):
             if not log.config.compact:
                 continue
             # on demand, also drop tombstones whose horizon passed: known for partitions cleaned

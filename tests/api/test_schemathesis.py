@@ -39,10 +39,10 @@ LONG_RUN_EXAMPLES = int(os.environ.get("EVENTLOG_SCHEMATHESIS_EXAMPLES", "0") or
 MAX_EXAMPLES = LONG_RUN_EXAMPLES or 25
 
 OPERATIONS = [
-    "getHealth", "getReadiness", "getMetrics",
+    "getHealth", "getReadiness", "getMetrics", "getPrincipal",
     "createTopic", "listTopics", "describeTopic", "alterTopicConfigs", "addPartitions",
     "produceRecords", "produceToPartition", "fetchRecords", "appendKeyRecords", "readKeyRecords",
-    "listOffsets", "deleteRecords", "listSegments",
+    "listOffsets", "deleteRecords", "listSegments", "describeMaintenance",
     "commitGroupOffsets", "fetchGroupOffsets", "deleteGroupOffsets", "listGroups",
     "runRetention", "runCompaction",
     "createSnapshot", "listSnapshots", "describeSnapshot", "deleteSnapshot",

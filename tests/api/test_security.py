@@ -55,6 +55,7 @@ ROUTES: dict[str, tuple[str, bool, Req]] = {
     "getHealth": ("open", False, ("GET", "/healthz", None)),
     "getReadiness": ("monitor", False, ("GET", "/readyz", None)),
     "getMetrics": ("monitor", False, ("GET", "/metrics", None)),
+    "getPrincipal": ("monitor", False, ("GET", "/v1/whoami", None)),
     "createTopic": ("admin", True, ("POST", "/v1/topics", {"name": "billing.new"})),
     "listTopics": ("monitor", False, ("GET", "/v1/topics", None)),  # filtered: test_listings_show_only_covered_names
     "describeTopic": ("producer+consumer", True, ("GET", f"/v1/topics/{TOPIC}", None)),
@@ -71,6 +72,7 @@ ROUTES: dict[str, tuple[str, bool, Req]] = {
     "listOffsets": ("consumer", True, ("GET", f"/v1/topics/{TOPIC}/partitions/0/offsets", None)),
     "deleteRecords": ("admin", True, ("POST", f"/v1/topics/{TOPIC}/partitions/0/delete-records", {"before_offset": 0})),
     "listSegments": ("consumer", True, ("GET", f"/v1/topics/{TOPIC}/partitions/0/segments", None)),
+    "describeMaintenance": ("producer+consumer", True, ("GET", f"/v1/topics/{TOPIC}/partitions/0/maintenance", None)),
     "commitGroupOffsets": ("consumer", True, (
         "POST", f"/v1/groups/{GROUP}/offsets", {"offsets": [{"topic": TOPIC, "partition": 0, "offset": 0}]},
     )),
@@ -84,8 +86,11 @@ ROUTES: dict[str, tuple[str, bool, Req]] = {
     "describeSnapshot": ("admin", False, ("GET", "/v1/snapshots/none", None)),
     "deleteSnapshot": ("admin", False, ("DELETE", "/v1/snapshots/none", None)),
 }
-# routes outside the OpenAPI document: the document itself and its viewers, which need a token
-NOT_IN_OPENAPI = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/static/docs/{name}"}
+# routes outside the OpenAPI document: the document itself, its viewers, and the web console
+NOT_IN_OPENAPI = {
+    "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/static/docs/{name}",
+    "/", "/console", "/console/", "/console/assets/{name}",
+}
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +154,10 @@ def test_the_table_lists_every_route(acl_server) -> None:
         # the document needs a token; its pages and their assets hold no data and are open
         # (their token field sends the token when they fetch it: api/docs.py)
         assert_problem(anonymous.get("/openapi.json"), 401, "unauthorized")
-        for path in ("/docs", "/redoc", "/docs/oauth2-redirect", "/static/docs/swagger-ui.css"):
+        for path in ("/docs", "/redoc", "/docs/oauth2-redirect", "/static/docs/swagger-ui.css", "/console",
+                     "/console/", "/console/assets/console.js"):
             assert anonymous.get(path).status_code == 200, path
+        assert anonymous.get("/", follow_redirects=False).status_code == 302  # to /console
         with as_("consumer_out", acl_server) as c:
             assert c.get("/openapi.json").status_code == 200
 

@@ -1,0 +1,943 @@
+// eventlog console: one ES module, no library. Every view is drawn from the public HTTP API
+// (the same requests as curl or an SDK); nothing here is loaded from elsewhere.
+//
+// Record values are shown with textContent only (never parsed as HTML): whatever a producer
+// wrote cannot run in an operator's browser. The page's Content-Security-Policy (api/console.py)
+// allows only this file and this server.
+
+const TOKEN_KEY = "eventlog-token"; // shared with /docs and /redoc: one token per browser tab
+const main = document.getElementById("view");
+const banner = document.getElementById("banner");
+let me = null; // GET /v1/whoami: the token's role and what it may do
+let cleanups = []; // what the current view must stop when the page moves on (streams, timers)
+
+// Each route draws into an element of its own, so a slow view the user already left (its
+// requests still running) draws nowhere, and stops its streams and timers as it starts them.
+function onLeave(target, stop) {
+  if (target.isConnected) cleanups.push(stop);
+  else stop();
+}
+
+// -- DOM ---------------------------------------------------------------------------------------
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name.startsWith("on")) el.addEventListener(name.slice(2), value);
+    else if (name === "class") el.className = value;
+    else if (name === "dataset") Object.assign(el.dataset, value);
+    else if (name === "value" || name === "checked" || name === "disabled" || name === "hidden") el[name] = value;
+    else el.setAttribute(name, value === true ? "" : String(value));
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : String(child));
+  }
+  return el;
+}
+
+// an element's children replaced; null, undefined and false are skipped (as in h)
+function put(el, ...children) {
+  el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
+}
+
+function table(headers, rows, attrs) {
+  return h("table", attrs,
+    h("thead", null, h("tr", null, headers.map((c) => (c.startsWith("#") ? h("th", { class: "num" }, c.slice(1)) : h("th", null, c))))),
+    h("tbody", null, rows.length ? rows : h("tr", null, h("td", { colspan: headers.length, class: "muted" }, "none"))));
+}
+
+const num = (value) => h("td", { class: "num" }, value === null || value === undefined ? "–" : fmtInt(value));
+const fmtInt = (n) => (typeof n === "number" ? n.toLocaleString("en-US") : String(n));
+const topicHref = (topic) => `#/topics/${encodeURIComponent(topic)}`;
+
+function fmtBytes(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return `${i ? n.toFixed(1) : n} ${units[i]}`;
+}
+
+function fmtTime(ms) {
+  if (ms === null || ms === undefined || ms < 0) return "–";
+  return new Date(ms).toISOString().replace("T", " ").replace("Z", " UTC");
+}
+
+function fmtMs(ms) {
+  if (ms === null || ms === undefined || ms === "") return "–";
+  ms = Number(ms);
+  if (ms < 0) return "forever";
+  const units = [["d", 86400000], ["h", 3600000], ["min", 60000], ["s", 1000]];
+  for (const [unit, size] of units) if (ms >= size && ms % size === 0) return `${ms / size} ${unit}`;
+  return `${ms} ms`;
+}
+
+function result(el, text, ok = true) {
+  el.className = `result ${ok ? "ok" : "error"}`;
+  el.textContent = text;
+}
+
+// an error stays until the next view loads; a note ("topic deleted") is shown on the next one too
+function showBanner(text, kind = "error") {
+  banner.textContent = text;
+  banner.className = kind === "info" ? "info" : "";
+  banner.dataset.keep = kind === "info" ? "1" : "";
+  banner.hidden = !text;
+}
+
+// a <dialog> asking to type `word` before something that cannot be undone
+function confirmTyped(question, word) {
+  return new Promise((resolve) => {
+    const input = h("input", { "aria-label": `type ${word} to confirm`, name: "confirm-word" });
+    const go = h("button", { class: "danger", type: "submit", disabled: true }, "Delete");
+    const dialog = h("dialog", null,
+      h("form", { method: "dialog" },
+        h("p", null, question),
+        h("p", null, "Type ", h("b", null, word), " to confirm."),
+        input,
+        h("div", { class: "toolbar spaced" }, go, h("button", { type: "button", onclick: () => dialog.close("") }, "Cancel"))));
+    input.addEventListener("input", () => { go.disabled = input.value !== word; });
+    go.addEventListener("click", () => { dialog.returnValue = "yes"; });
+    dialog.addEventListener("close", () => { dialog.remove(); resolve(dialog.returnValue === "yes"); });
+    document.body.append(dialog);
+    dialog.showModal();
+    input.focus();
+  });
+}
+
+// -- the API -----------------------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, problem) {
+    super(problem.detail || problem.title || `HTTP ${status}`);
+    this.status = status;
+    this.problem = problem;
+  }
+  get text() {
+    const p = this.problem;
+    return `${this.status} ${p.code || p.title || ""}: ${p.detail || p.title || "request failed"}`;
+  }
+}
+
+function authHeaders(headers = {}) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  return token ? { ...headers, Authorization: `Bearer ${token}` } : { ...headers };
+}
+
+async function api(method, path, body, options = {}) {
+  const headers = authHeaders(options.headers);
+  let payload;
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    payload = JSON.stringify(body);
+  }
+  const response = await fetch(path, { method, headers, body: payload, signal: options.signal });
+  if (options.raw) return response;
+  if (!response.ok) {
+    let problem = {};
+    try { problem = await response.json(); } catch { problem = { title: response.statusText }; }
+    throw new ApiError(response.status, problem);
+  }
+  if (response.status === 204) return null;
+  const type = response.headers.get("content-type") || "";
+  return type.includes("json") ? response.json() : response.text();
+}
+
+const get = (path, options) => api("GET", path, undefined, options);
+const can = (action) => !!me && me.actions.includes(action);
+const q = (params) => new URLSearchParams(Object.entries(params).filter(([, v]) => v !== null && v !== undefined && v !== "")).toString();
+
+// server-sent events over fetch (EventSource cannot send an Authorization header)
+async function* events(path, signal) {
+  const response = await api("GET", path, undefined, { raw: true, signal, headers: { Accept: "text/event-stream" } });
+  if (!response.ok) {
+    let problem = {};
+    try { problem = await response.json(); } catch { problem = { title: response.statusText }; }
+    throw new ApiError(response.status, problem);
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const event = { event: "message", data: "", id: null };
+      for (const line of block.split("\n")) {
+        if (!line || line.startsWith(":")) continue;
+        const colon = line.indexOf(":");
+        const field = colon < 0 ? line : line.slice(0, colon);
+        let text = colon < 0 ? "" : line.slice(colon + 1);
+        if (text.startsWith(" ")) text = text.slice(1);
+        if (field === "data") event.data += (event.data ? "\n" : "") + text;
+        else if (field === "event") event.event = text;
+        else if (field === "id") event.id = text;
+      }
+      if (event.data) yield event;
+    }
+  }
+}
+
+// -- values: the API sends bytes as base64; shown as text, JSON or hex -------------------------
+
+function bytesOf(b64) {
+  if (b64 === null || b64 === undefined) return null;
+  const raw = atob(b64);
+  const out = new Uint8Array(raw.length);
+  for (let i = 0; i < raw.length; i++) out[i] = raw.charCodeAt(i);
+  return out;
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
+function base64Of(text) {
+  let raw = "";
+  for (const byte of new TextEncoder().encode(text)) raw += String.fromCharCode(byte);
+  return btoa(raw);
+}
+
+function textOf(bytes) {
+  try { return utf8.decode(bytes); } catch { return null; }
+}
+
+function hexOf(bytes) {
+  const parts = [];
+  for (let i = 0; i < bytes.length; i += 16) {
+    const row = Array.from(bytes.slice(i, i + 16), (b) => b.toString(16).padStart(2, "0"));
+    parts.push(`${i.toString(16).padStart(6, "0")}  ${row.join(" ")}`);
+  }
+  return parts.join("\n");
+}
+
+// as: auto | text | json | hex
+function renderBytes(b64, as) {
+  const bytes = bytesOf(b64);
+  if (bytes === null) return h("span", { class: "tombstone" }, "null");
+  const text = textOf(bytes);
+  if (as === "hex" || (text === null && as !== "text")) return h("pre", { class: "hex" }, hexOf(bytes) || "(empty)");
+  if (as === "text") return h("pre", null, text === null ? new TextDecoder().decode(bytes) : text);
+  const trimmed = text.trim();
+  if (as === "json" || trimmed.startsWith("{") || trimmed.startsWith("[")) {
+    try { return h("pre", { class: "json" }, JSON.stringify(JSON.parse(text), null, 2)); } catch { /* not JSON */ }
+  }
+  return h("pre", null, text === "" ? "(empty)" : text);
+}
+
+function renderHeaders(headers, as) {
+  if (!headers || !headers.length) return h("span", { class: "muted" }, "–");
+  return h("div", null, headers.map((header) => {
+    const bytes = bytesOf(header.value);
+    const text = bytes === null ? null : textOf(bytes);
+    const shown = bytes === null ? h("span", { class: "tombstone" }, "null")
+      : (as === "hex" || text === null) ? h("code", null, hexOf(bytes)) : h("code", null, text);
+    return h("div", null, h("b", null, header.key), ": ", shown);
+  }));
+}
+
+function recordRows(records, as, withPartition) {
+  return records.map((r) => h("tr", { dataset: { offset: r.offset } },
+    h("td", { class: "num mono" }, String(r.offset)),
+    withPartition !== undefined ? h("td", { class: "num" }, String(withPartition)) : null,
+    h("td", { class: "mono" }, fmtTime(r.timestamp)),
+    h("td", { class: "key" }, renderBytes(r.key, as === "hex" ? "hex" : "auto")),
+    h("td", { class: "value" }, renderBytes(r.value, as)),
+    h("td", { class: "headers mono" }, renderHeaders(r.headers, as))));
+}
+
+// -- topics ------------------------------------------------------------------------------------
+
+const POLICIES = ["delete", "compact", "compact,delete"];
+
+async function viewTopics(target, _match, params) {
+  const internal = params.get("internal") === "true";
+  const listing = await get(`/v1/topics?${q({ internal: internal ? "true" : null })}`);
+  const details = await Promise.all(listing.topics.map((t) =>
+    get(`/v1/topics/${encodeURIComponent(t.name)}`).catch((error) => ({ name: t.name, error }))));
+  const rows = details.map((t) => {
+    if (t.error) return h("tr", null, h("td", null, t.name), h("td", { colspan: 6, class: "muted" }, t.error.text || String(t.error)));
+    const parts = t.partitions;
+    const size = parts.reduce((s, p) => s + (p.size_bytes || 0), 0);
+    const messages = parts.reduce((s, p) => s + Math.max(0, (p.high_watermark || 0) - (p.log_start_offset || 0)), 0);
+    const policy = t.configs["cleanup.policy"];
+    return h("tr", { dataset: { topic: t.name } },
+      h("td", null, h("a", { href: topicHref(t.name) }, t.name), t.internal ? h("span", { class: "tag" }, "internal") : null),
+      num(parts.length), h("td", { class: "num" }, fmtBytes(size)), num(messages),
+      h("td", null, policy.split(",").map((p) => h("span", { class: `tag ${p === "compact" ? "compact" : ""}` }, p))),
+      h("td", null, fmtMs(t.configs["retention.ms"])),
+      h("td", null, can("read") ? [h("a", { href: `${topicHref(t.name)}/records` }, "records"), " · ", h("a", { href: `${topicHref(t.name)}/tail` }, "tail")] : null));
+  });
+  const toggle = h("label", { class: "check" },
+    h("input", { type: "checkbox", checked: internal, onchange: (e) => go(`#/topics${e.target.checked ? "?internal=true" : ""}`) }), "internal topics");
+  put(target, 
+    h("h1", null, "Topics", h("span", { class: "sub" }, `${listing.topics.length} topic${listing.topics.length === 1 ? "" : "s"}`)),
+    can("admin") ? createTopicPanel() : null,
+    h("section", { class: "panel" },
+      h("div", { class: "toolbar" }, can("admin") ? toggle : null, h("span", { class: "muted" }, "Messages: high watermark − log start, per partition (compaction leaves gaps).")),
+      table(["Name", "#Partitions", "#Size", "#Messages", "Cleanup policy", "Retention", ""], rows, { id: "topics" })));
+}
+
+function createTopicPanel() {
+  const out = h("div");
+  const form = h("form", { class: "inline", id: "create-topic" },
+    h("label", null, "Name", h("input", { name: "name", required: true, pattern: "[a-zA-Z0-9._\\-]{1,249}", placeholder: "orders" })),
+    h("label", null, "Partitions", h("input", { name: "partitions", type: "number", min: 1, value: "1", class: "narrow" })),
+    h("label", null, "Cleanup policy", h("select", { name: "policy" }, POLICIES.map((p) => h("option", { value: p }, p)))),
+    h("label", null, "retention.ms (blank: default 7 days, -1: forever)", h("input", { name: "retention", type: "number", min: -1, class: "medium" })),
+    h("label", null, "Other configs (name=value per line)", h("textarea", { name: "configs", rows: 1, class: "short wide", placeholder: "segment.bytes=1048576" })),
+    h("button", { class: "primary", type: "submit" }, "Create topic"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const data = new FormData(form);
+    let configs;
+    try { configs = parseConfigs(data.get("configs")); } catch (error) { result(out, error.message, false); return; }
+    configs["cleanup.policy"] = data.get("policy");
+    if (data.get("retention") !== "") configs["retention.ms"] = data.get("retention");
+    try {
+      const topic = await api("POST", "/v1/topics", { name: data.get("name").trim(), partitions: Number(data.get("partitions")), configs });
+      go(topicHref(topic.name));
+    } catch (error) { result(out, error.text || String(error), false); }
+  });
+  return h("section", { class: "panel" }, h("h2", null, "Create a topic"), form, out);
+}
+
+function parseConfigs(text) {
+  const configs = {};
+  for (const line of (text || "").split("\n")) {
+    if (!line.trim()) continue;
+    const eq = line.indexOf("=");
+    if (eq < 1) throw new Error(`"${line.trim()}": expected name=value`);
+    configs[line.slice(0, eq).trim()] = line.slice(eq + 1).trim();
+  }
+  return configs;
+}
+
+async function viewTopic(target, [, name]) {
+  const topic = await get(`/v1/topics/${encodeURIComponent(name)}`);
+  const partitions = topic.partitions.map((p) => (p.offline
+    ? h("tr", null, num(p.partition), h("td", { colspan: 5 }, h("span", { class: "tag error" }, "offline"), " ", p.error || ""))
+    : h("tr", { dataset: { partition: p.partition } },
+      h("td", { class: "num" }, h("a", { href: `${topicHref(name)}/partitions/${p.partition}` }, String(p.partition))),
+      num(p.log_start_offset), num(p.high_watermark), num(p.high_watermark - p.log_start_offset), num(p.segments),
+      h("td", { class: "num" }, fmtBytes(p.size_bytes)))));
+  const configRows = Object.entries(topic.configs).sort().map(([key, value]) => h("tr", null,
+    h("td", { class: "mono" }, key), h("td", { class: "mono" }, value),
+    h("td", null, key in topic.overrides ? h("span", { class: "tag" }, "set on topic") : h("span", { class: "muted" }, "default"))));
+  const actions = h("div", { class: "toolbar" },
+    can("read") ? h("a", { href: `${topicHref(name)}/records` }, h("button", { type: "button" }, "Browse records")) : null,
+    can("read") ? h("a", { href: `${topicHref(name)}/tail` }, h("button", { type: "button" }, "Live tail")) : null,
+    can("admin") ? h("button", { class: "danger", type: "button", id: "delete-topic", onclick: () => deleteTopic(name) }, "Delete topic") : null);
+  put(target, 
+    h("div", { class: "crumbs" }, h("a", { href: "#/topics" }, "Topics"), " / "),
+    h("h1", null, name, h("span", { class: "sub mono" }, topic.topic_id), topic.internal ? h("span", { class: "tag" }, "internal") : null),
+    actions,
+    h("div", { class: "grid" },
+      h("section", { class: "panel" }, h("h2", null, "Partitions"),
+        table(["#Partition", "#Log start", "#High watermark", "#Messages", "#Segments", "#Size"], partitions, { id: "partitions" }),
+        can("admin") ? addPartitionsForm(name, topic.partitions.length) : null),
+      can("write") ? producePanel(name, topic.partitions.length) : null,
+      can("read") ? keyLookupPanel(name) : null,
+      h("section", { class: "panel" }, h("h2", null, "Configs"),
+        table(["Name", "Value", ""], configRows, { id: "configs" }),
+        can("admin") ? alterConfigForm(name) : null)));
+}
+
+async function deleteTopic(name) {
+  if (!(await confirmTyped(`Delete topic ${name} and all its records? This cannot be undone.`, name))) return;
+  try {
+    await api("DELETE", `/v1/topics/${encodeURIComponent(name)}`);
+    showBanner(`Topic ${name} deleted.`, "info");
+    go("#/topics");
+  } catch (error) { showBanner(error.text || String(error)); }
+}
+
+function addPartitionsForm(name, count) {
+  const out = h("div");
+  const form = h("form", { class: "inline spaced", id: "add-partitions" },
+    h("label", null, "Partitions in all (only grows)", h("input", { name: "count", type: "number", min: count + 1, value: String(count + 1), class: "narrow" })),
+    h("button", { type: "submit" }, "Add partitions"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    try {
+      await api("POST", `/v1/topics/${encodeURIComponent(name)}/partitions`, { count: Number(new FormData(form).get("count")) });
+      route();
+    } catch (error) { result(out, error.text || String(error), false); }
+  });
+  return h("div", null, form, out);
+}
+
+const KNOWN_CONFIGS = ["cleanup.policy", "retention.ms", "retention.bytes", "segment.bytes", "segment.ms", "max.message.bytes",
+  "min.compaction.lag.ms", "max.compaction.lag.ms", "delete.retention.ms", "min.cleanable.dirty.ratio", "message.timestamp.type",
+  "flush.messages", "flush.ms", "segment.index.bytes", "index.interval.bytes", "file.delete.delay.ms", "eventlog.key.index"];
+
+function alterConfigForm(name) {
+  const out = h("div");
+  const form = h("form", { class: "inline spaced", id: "alter-configs" },
+    h("label", null, "Config", h("input", { name: "key", list: "known-configs", required: true, placeholder: "retention.ms" })),
+    h("datalist", { id: "known-configs" }, KNOWN_CONFIGS.map((c) => h("option", { value: c }))),
+    h("label", null, "Value", h("input", { name: "value", required: true })),
+    h("button", { type: "submit" }, "Set config"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const data = new FormData(form);
+    try {
+      await api("PATCH", `/v1/topics/${encodeURIComponent(name)}/configs`, { configs: { [data.get("key").trim()]: data.get("value").trim() } });
+      route();
+    } catch (error) { result(out, error.text || String(error), false); }
+  });
+  return h("div", null, form, out);
+}
+
+function producePanel(name, partitions) {
+  const out = h("div", { id: "produce-result" });
+  const headerRows = h("div", { class: "headers-editor" });
+  const addHeader = () => headerRows.append(h("div", { class: "row" },
+    h("input", { name: "header-key", placeholder: "header name" }), h("input", { name: "header-value", placeholder: "value" }),
+    h("button", { type: "button", onclick: (e) => e.target.parentElement.remove() }, "×")));
+  const form = h("form", { id: "produce" },
+    h("div", { class: "toolbar" },
+      h("label", null, "Key (blank: none)", h("input", { name: "key", placeholder: "order-17" })),
+      h("label", null, "Partition", h("select", { name: "partition" },
+        h("option", { value: "" }, "by key (murmur2)"),
+        Array.from({ length: partitions }, (_, i) => h("option", { value: String(i) }, String(i))))),
+      h("label", null, "Value is", h("select", { name: "format" }, h("option", { value: "string" }, "text"), h("option", { value: "json" }, "JSON"))),
+      h("label", { class: "check" }, h("input", { type: "checkbox", name: "tombstone" }), "null value (tombstone)")),
+    h("label", null, "Value", h("textarea", { name: "value", placeholder: '{"status": "paid"}' })),
+    h("div", { class: "spaced" }, headerRows, h("button", { type: "button", onclick: addHeader }, "Add header")),
+    h("button", { class: "primary", type: "submit" }, "Produce"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const data = new FormData(form);
+    // every value and header value is sent as base64 of its UTF-8 bytes: JSON is checked here and
+    // stored as the text typed, and header values stay plain text whatever the value is
+    const record = { key: data.get("key") === "" ? null : data.get("key") };
+    if (data.get("tombstone")) record.value = null;
+    else {
+      if (data.get("format") === "json") {
+        try { JSON.parse(data.get("value")); } catch (error) { result(out, `The value is not JSON: ${error.message}`, false); return; }
+      }
+      record.value = base64Of(data.get("value"));
+    }
+    const keys = data.getAll("header-key"), values = data.getAll("header-value");
+    record.headers = keys.map((key, i) => ({ key, value: base64Of(values[i]) })).filter((header) => header.key !== "");
+    if (data.get("partition") !== "") record.partition = Number(data.get("partition"));
+    try {
+      const answer = await api("POST", `/v1/topics/${encodeURIComponent(name)}/records`, { records: [record], key_format: "string", value_format: "base64" });
+      const o = answer.offsets[0];
+      put(out, h("span", { class: "result ok" }, `Written: partition ${o.partition}, offset ${o.offset}, `, fmtTime(o.timestamp), " · "),
+        h("a", { href: `${topicHref(name)}/records?${q({ partition: o.partition, offset: o.offset })}` }, "show it"));
+    } catch (error) { result(out, error.text || String(error), false); }
+  });
+  return h("section", { class: "panel" }, h("h2", null, "Produce a record"), form, out);
+}
+
+function keyLookupPanel(name) {
+  const form = h("form", { class: "inline", id: "key-lookup" },
+    h("label", null, "Key", h("input", { name: "key", required: true, placeholder: "order-17" })),
+    h("button", { type: "submit" }, "Show the key's records"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    go(`${topicHref(name)}/records?${q({ mode: "key", key: new FormData(form).get("key") })}`);
+  });
+  return h("section", { class: "panel" }, h("h2", null, "A key's stream"),
+    h("p", { class: "muted" }, "Every record of one key (an aggregate's events), in offset order, from the key index."), form);
+}
+
+// -- a partition: offsets, segments, cleanup ---------------------------------------------------
+
+async function viewPartition(target, [, name, partition]) {
+  const base = `/v1/topics/${encodeURIComponent(name)}/partitions/${partition}`;
+  const [topic, segments, maintenance] = await Promise.all([
+    get(`/v1/topics/${encodeURIComponent(name)}`), can("read") ? get(`${base}/segments`) : null, get(`${base}/maintenance`)]);
+  const offsets = topic.partitions.find((p) => p.partition === Number(partition));
+  if (!offsets) throw new Error(`${name} has no partition ${partition}`);
+  const facts = h("dl", { class: "facts" },
+    h("dt", null, "Log start offset"), h("dd", null, fmtInt(offsets.log_start_offset)),
+    h("dt", null, "High watermark"), h("dd", null, fmtInt(offsets.high_watermark)),
+    h("dt", null, "Log end offset"), h("dd", null, fmtInt(offsets.log_end_offset)),
+    h("dt", null, "Cleanup policy"), h("dd", null, maintenance.cleanup_policy),
+    h("dt", null, "Owner shard"), h("dd", null, String(maintenance.owner_shard)),
+    h("dt", null, "Compactor checkpoint"), h("dd", null, maintenance.cleaner_offset === null ? "never cleaned" : fmtInt(maintenance.cleaner_offset)),
+    h("dt", null, "Dirty ratio"), h("dd", null, maintenance.dirty_ratio === null ? "–" : maintenance.dirty_ratio.toFixed(3)));
+  const segmentRows = segments ? segments.segments.map((s) => h("tr", null,
+    num(s.base_offset), num(s.last_offset), num(Math.max(0, s.last_offset - s.base_offset + 1)), h("td", { class: "num" }, fmtBytes(s.size_bytes)),
+    h("td", { class: "mono" }, fmtTime(s.first_timestamp)), h("td", { class: "mono" }, fmtTime(s.max_timestamp)),
+    num(s.index_entries), num(s.time_index_entries),
+    h("td", null, s.active ? h("span", { class: "tag active" }, "active") : h("span", { class: "tag" }, "closed")))) : [];
+  const out = h("div", { id: "maintenance-result" });
+  const run = (what) => async () => {
+    try {
+      const answer = await api("POST", `/v1/admin/${what}/run`, { topic: name, partition: Number(partition) });
+      sessionStorage.setItem("eventlog-last-run", JSON.stringify({ what, answer }));
+      route();
+    } catch (error) { result(out, error.text || String(error), false); }
+  };
+  const compact = maintenance.cleanup_policy.includes("compact");
+  put(target, 
+    h("div", { class: "crumbs" }, h("a", { href: "#/topics" }, "Topics"), " / ", h("a", { href: topicHref(name) }, name), " / "),
+    h("h1", null, `${name} · partition ${partition}`),
+    h("div", { class: "toolbar" },
+      can("read") ? h("a", { href: `${topicHref(name)}/records?${q({ partition })}` }, h("button", { type: "button" }, "Browse records")) : null,
+      can("read") ? h("a", { href: `${topicHref(name)}/tail?${q({ partition })}` }, h("button", { type: "button" }, "Live tail")) : null),
+    h("div", { class: "grid" },
+      h("section", { class: "panel" }, h("h2", null, "Offsets"), facts),
+      h("section", { class: "panel", id: "passes" }, h("h2", null, "Cleanup passes (since the server started)"),
+        passBlock("Retention", maintenance.last_retention),
+        passBlock("Compaction", maintenance.last_compaction, compact ? null : "not a compacted topic"),
+        can("admin") ? h("div", { class: "toolbar spaced" },
+          h("button", { type: "button", id: "run-retention", onclick: run("retention") }, "Run retention now"),
+          h("button", { type: "button", id: "run-compaction", disabled: !compact, onclick: run("compaction") }, "Run compaction now")) : null,
+        out, lastRunNote())),
+    h("section", { class: "panel" }, h("h2", null, "Segments"),
+      segments ? table(["#Base offset", "#Last offset", "#Offsets", "#Size", "First timestamp", "Max timestamp", "#Index entries", "#Time index entries", "State"], segmentRows, { id: "segments" })
+        : h("p", { class: "muted" }, "This token may not read the partition.")));
+}
+
+function lastRunNote() {
+  const last = sessionStorage.getItem("eventlog-last-run");
+  if (!last) return null;
+  sessionStorage.removeItem("eventlog-last-run");
+  const { what, answer } = JSON.parse(last);
+  const text = what === "retention"
+    ? `Retention pass: ${answer.segments_deleted} segment(s) deleted, ${fmtBytes(answer.bytes_reclaimed)} reclaimed.`
+    : `Compaction pass: ${answer.records_removed} record(s) removed, ${fmtBytes(answer.bytes_reclaimed)} reclaimed.`;
+  return h("div", { class: "result ok", id: "last-run" }, text);
+}
+
+function passBlock(title, pass, absent) {
+  if (!pass) return h("p", null, h("b", null, `${title}: `), h("span", { class: "muted" }, absent || "no pass yet"));
+  const r = pass.result || {};
+  let what = pass.note || "";
+  if (pass.outcome === "ok" && title === "Retention") {
+    what = `${r.segments_deleted} segment(s) deleted, ${fmtBytes(r.bytes_reclaimed)} reclaimed, log start ${fmtInt(r.log_start_offset)}`;
+  } else if (pass.outcome === "ok") {
+    what = r.cleaned
+      ? `offsets ${fmtInt(r.first_dirty_offset)}–${fmtInt(r.end_offset - 1)} cleaned: ${fmtInt(r.records_kept)} kept, ${fmtInt(r.records_removed)} removed, ${fmtBytes(r.bytes_reclaimed)} reclaimed`
+      : "nothing to clean";
+  }
+  return h("p", null, h("b", null, `${title}: `), fmtTime(pass.at_ms), " ",
+    h("span", { class: `tag ${pass.outcome === "ok" ? "active" : "error"}` }, pass.outcome), " ", what);
+}
+
+// -- records: by offset, by time, by key -------------------------------------------------------
+
+async function viewRecords(target, [, name], params) {
+  const topic = await get(`/v1/topics/${encodeURIComponent(name)}`);
+  const mode = params.get("mode") || "offset";
+  const partition = Number(params.get("partition") || 0);
+  const size = Number(params.get("size") || 50);
+  const as = params.get("as") || "auto";
+  const here = (changes) => `${topicHref(name)}/records?${q({ mode, partition, size, as, ...Object.fromEntries(params), ...changes })}`;
+  const tabs = h("div", { class: "tabs" }, ["offset", "time", "key"].map((m) =>
+    h("a", { href: `${topicHref(name)}/records?${q({ mode: m, partition, size, as })}`, class: m === mode ? "active" : "", dataset: { mode: m } },
+      { offset: "By offset", time: "By time", key: "By key" }[m])));
+  const form = h("form", { class: "toolbar", id: "records-form" },
+    mode !== "key" ? h("label", null, "Partition", h("select", { name: "partition" },
+      topic.partitions.map((p) => h("option", { value: String(p.partition), selected: p.partition === partition }, String(p.partition))))) : null,
+    mode === "offset" ? h("label", null, "From offset", h("input", { name: "offset", type: "number", min: 0, value: params.get("offset") || "", placeholder: "log start", class: "narrow" })) : null,
+    mode === "time" ? h("label", null, "From (your time zone)", h("input", { name: "time", type: "datetime-local", step: 1, value: params.get("time") || "" })) : null,
+    mode === "key" ? h("label", null, "Key", h("input", { name: "key", value: params.get("key") || "", required: true, placeholder: "order-17" })) : null,
+    h("label", null, "Page", h("select", { name: "size" }, [20, 50, 100, 500].map((n) => h("option", { value: String(n), selected: n === size }, String(n))))),
+    h("label", null, "Show values as", h("select", { name: "as" }, ["auto", "text", "json", "hex"].map((v) => h("option", { value: v, selected: v === as }, v)))),
+    h("button", { class: "primary", type: "submit" }, "Show"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const data = Object.fromEntries(new FormData(form));
+    go(`${topicHref(name)}/records?${q({ mode, ...data })}`);
+  });
+  form.querySelector("select[name=as]").addEventListener("change", () => form.requestSubmit());
+  const body = h("div", { id: "records-body" }, h("p", { class: "muted" }, "Loading…"));
+  put(target, 
+    h("div", { class: "crumbs" }, h("a", { href: "#/topics" }, "Topics"), " / ", h("a", { href: topicHref(name) }, name), " / "),
+    h("h1", null, `${name} · records`), tabs, h("section", { class: "panel" }, form, body));
+  try {
+    if (mode === "key") await showKeyPage(name, params, size, as, body, here);
+    else await showOffsetPage(name, partition, mode, params, size, as, body, here);
+  } catch (error) {
+    put(body, h("p", { class: "result error" }, error.text || String(error)));
+  }
+}
+
+async function showOffsetPage(name, partition, mode, params, size, as, body, here) {
+  const base = `/v1/topics/${encodeURIComponent(name)}/partitions/${partition}`;
+  let offset = params.get("offset");
+  let note = null;
+  if (mode === "time") {
+    const time = params.get("time");
+    if (!time) { put(body, h("p", { class: "muted" }, "Pick a date and time: the page starts at the first record at or after it.")); return; }
+    const ms = new Date(time).getTime();
+    const found = await get(`${base}/offsets?${q({ timestamp: ms })}`);
+    if (found.offset === null) {
+      put(body, h("p", { class: "muted", id: "no-records" }, `No record at or after ${fmtTime(ms)} in partition ${partition}.`));
+      return;
+    }
+    offset = found.offset;
+    note = `First record at or after ${fmtTime(ms)}: offset ${found.offset} (${fmtTime(found.timestamp)}).`;
+  }
+  const offsets = await get(`${base}/offsets`);
+  if (offset === null || offset === "" || offset === undefined) offset = offsets.log_start_offset;
+  offset = Number(offset);
+  if (offset < offsets.log_start_offset || offset > offsets.high_watermark) {
+    put(body, h("p", { class: "result error" }, `Offset ${offset} is outside partition ${partition}: it holds ${offsets.log_start_offset} to ${offsets.high_watermark - 1}. `),
+      h("a", { href: here({ mode: "offset", offset: offsets.log_start_offset }) }, "Go to the oldest record"));
+    return;
+  }
+  const page = await get(`${base}/records?${q({ offset, max_records: size, key_format: "base64", value_format: "base64" })}`);
+  // previous page: the records before this page's first offset (compaction leaves gaps)
+  const previous = Math.max(offsets.log_start_offset, offset - size);
+  const pager = h("div", { class: "pager" },
+    h("a", { href: here({ mode: "offset", offset: offsets.log_start_offset }) }, h("button", { type: "button", disabled: offset <= offsets.log_start_offset }, "⇤ Oldest")),
+    h("a", { href: here({ mode: "offset", offset: previous }), id: "previous" }, h("button", { type: "button", disabled: offset <= offsets.log_start_offset }, "◀ Previous")),
+    h("a", { href: here({ mode: "offset", offset: page.next_offset }), id: "next" }, h("button", { type: "button", disabled: page.next_offset >= page.high_watermark }, "Next ▶")),
+    h("a", { href: here({ mode: "offset", offset: Math.max(offsets.log_start_offset, page.high_watermark - size) }) }, h("button", { type: "button" }, "Newest ⇥")),
+    h("span", { class: "muted" }, page.records.length
+      ? `offsets ${page.records[0].offset}–${page.records[page.records.length - 1].offset} of ${page.log_start_offset}–${page.high_watermark - 1}`
+      : `no records from offset ${offset} (high watermark ${page.high_watermark})`));
+  put(body, note ? h("p", { class: "muted", id: "time-note" }, note) : null, pager,
+    table(["#Offset", "Timestamp", "Key", "Value", "Headers"], recordRows(page.records, as), { id: "records" }));
+}
+
+async function showKeyPage(name, params, size, as, body, here) {
+  const key = params.get("key");
+  if (!key) { put(body, h("p", { class: "muted" }, "Type a key: its records come from its partition's key index, in offset order.")); return; }
+  const from = params.get("offset");
+  const page = await get(`/v1/topics/${encodeURIComponent(name)}/keys/${encodeURIComponent(key)}/records?${q({ offset: from, max_records: size, value_format: "base64", key_format: "string" })}`);
+  // the API gave the key back as a string (key_format=string): show it as the others are
+  const records = page.records.map((r) => ({ ...r, key: base64Of(r.key) }));
+  const pager = h("div", { class: "pager" },
+    h("a", { href: here({ offset: "" }) }, h("button", { type: "button", disabled: !from }, "⇤ First")),
+    h("a", { href: here({ offset: page.next_offset }), id: "next" }, h("button", { type: "button", disabled: !page.more }, "Next ▶")),
+    h("span", { class: "muted", id: "key-summary" },
+      `key ${JSON.stringify(key)} · partition ${page.partition} · latest offset ${page.latest_offset < 0 ? "none" : page.latest_offset} · ${records.length} record(s) on this page`));
+  put(body, pager, table(["#Offset", "#Partition", "Timestamp", "Key", "Value", "Headers"], recordRows(records, as, page.partition), { id: "records" }));
+}
+
+// -- live tail over server-sent events ----------------------------------------------------------
+
+async function viewTail(target, [, name], params) {
+  const topic = await get(`/v1/topics/${encodeURIComponent(name)}`);
+  const partition = Number(params.get("partition") || 0);
+  const as = params.get("as") || "auto";
+  const keep = 500;
+  let next = params.get("offset") ? Number(params.get("offset")) : null; // null: from the end
+  let controller = null;
+  let received = 0, lastCount = 0, lastTime = performance.now();
+  const rows = h("tbody");
+  const status = h("span", { id: "tail-status", class: "muted" }, "starting");
+  const rate = h("span", { class: "rate", id: "tail-rate" }, "0");
+  const count = h("span", { id: "tail-count" }, "0");
+  const toggle = h("button", { type: "button", id: "tail-toggle", class: "primary" }, "Pause");
+
+  async function run() {
+    controller = new AbortController();
+    toggle.textContent = "Pause";
+    status.textContent = next === null ? "live: new records as they arrive" : `live from offset ${next}`;
+    const path = `/v1/topics/${encodeURIComponent(name)}/partitions/${partition}/records/stream?${q({ offset: next, key_format: "base64", value_format: "base64" })}`;
+    try {
+      for await (const event of events(path, controller.signal)) {
+        if (event.event === "record") {
+          const record = JSON.parse(event.data);
+          next = record.offset + 1;
+          received++;
+          rows.prepend(...recordRows([record], as));
+          while (rows.children.length > keep) rows.lastElementChild.remove();
+        } else if (event.event === "error" || event.event === "end") {
+          status.textContent = `stream ended: ${event.data}`;
+          controller = null;
+          toggle.textContent = "Resume";
+          return;
+        }
+      }
+      status.textContent = "the server closed the stream";
+    } catch (error) {
+      if (error.name === "AbortError") return;
+      status.textContent = error.text || String(error);
+    }
+    controller = null;
+    toggle.textContent = "Resume";
+  }
+
+  toggle.addEventListener("click", () => {
+    if (controller) {
+      controller.abort();
+      controller = null;
+      toggle.textContent = "Resume";
+      status.textContent = `paused at offset ${next === null ? "(end)" : next}`;
+    } else run();
+  });
+  const timer = setInterval(() => {
+    const now = performance.now();
+    rate.textContent = ((received - lastCount) / ((now - lastTime) / 1000)).toFixed(1);
+    count.textContent = fmtInt(received);
+    lastCount = received;
+    lastTime = now;
+  }, 1000);
+  onLeave(target, () => { clearInterval(timer); if (controller) controller.abort(); });
+
+  const picker = h("select", { name: "partition", onchange: (e) => go(`${topicHref(name)}/tail?${q({ partition: e.target.value, as })}`) },
+    topic.partitions.map((p) => h("option", { value: String(p.partition), selected: p.partition === partition }, String(p.partition))));
+  put(target, 
+    h("div", { class: "crumbs" }, h("a", { href: "#/topics" }, "Topics"), " / ", h("a", { href: topicHref(name) }, name), " / "),
+    h("h1", null, `${name} · live tail`),
+    h("section", { class: "panel" },
+      h("div", { class: "toolbar" }, h("label", null, "Partition", picker), toggle,
+        h("span", null, rate, " records/s · ", count, " received · ", status)),
+      h("p", { class: "muted" }, `Newest first; the last ${keep} are kept. Pause ends the stream; Resume goes on from the next offset.`),
+      h("table", { id: "tail" },
+        h("thead", null, h("tr", null, ["Offset", "Timestamp", "Key", "Value", "Headers"].map((c) => h("th", null, c)))), rows)));
+  run();
+}
+
+// -- consumer groups -----------------------------------------------------------------------------
+
+async function withLag(offsets) {
+  const topics = [...new Set(offsets.map((o) => o.topic))];
+  const marks = {};
+  await Promise.all(topics.map(async (t) => {
+    try {
+      const topic = await get(`/v1/topics/${encodeURIComponent(t)}`);
+      for (const p of topic.partitions) marks[`${t}/${p.partition}`] = p.high_watermark;
+    } catch { /* a deleted topic, or one the token may not describe: no lag */ }
+  }));
+  return offsets.map((o) => {
+    const hw = marks[`${o.topic}/${o.partition}`];
+    return { ...o, high_watermark: hw, lag: hw === undefined ? null : Math.max(0, hw - o.offset) };
+  });
+}
+
+async function viewGroups(target) {
+  const { groups } = await get("/v1/groups");
+  const details = await Promise.all(groups.map(async (g) => ({ group: g, offsets: await withLag((await get(`/v1/groups/${encodeURIComponent(g)}/offsets`)).offsets) })));
+  const rows = details.map(({ group, offsets }) => h("tr", { dataset: { group } },
+    h("td", null, h("a", { href: `#/groups/${encodeURIComponent(group)}` }, group)),
+    h("td", null, [...new Set(offsets.map((o) => o.topic))].join(", ")), num(offsets.length),
+    num(offsets.reduce((s, o) => s + (o.lag || 0), 0))));
+  put(target, h("h1", null, "Consumer groups"),
+    h("section", { class: "panel" },
+      h("p", { class: "muted" }, "Groups with committed offsets (POST /v1/groups/{group}/offsets). Lag: high watermark − committed offset."),
+      table(["Group", "Topics", "#Partitions", "#Total lag"], rows, { id: "groups" })));
+}
+
+async function viewGroup(target, [, group]) {
+  const { offsets } = await get(`/v1/groups/${encodeURIComponent(group)}/offsets`);
+  const lagged = await withLag(offsets);
+  const rows = lagged.map((o) => h("tr", null,
+    h("td", null, h("a", { href: topicHref(o.topic) }, o.topic)), num(o.partition), num(o.offset), num(o.high_watermark), num(o.lag),
+    h("td", { class: "mono" }, o.metadata || "")));
+  const remove = async () => {
+    if (!(await confirmTyped(`Delete every committed offset of group ${group}?`, group))) return;
+    try { await api("DELETE", `/v1/groups/${encodeURIComponent(group)}/offsets`); go("#/groups"); } catch (error) { showBanner(error.text || String(error)); }
+  };
+  put(target, 
+    h("div", { class: "crumbs" }, h("a", { href: "#/groups" }, "Consumer groups"), " / "),
+    h("h1", null, group),
+    h("section", { class: "panel" },
+      table(["Topic", "#Partition", "#Committed", "#High watermark", "#Lag", "Metadata"], rows, { id: "group-offsets" }),
+      can("group") ? h("div", { class: "toolbar spaced" }, h("button", { class: "danger", type: "button", onclick: remove }, "Delete the group's offsets")) : null));
+}
+
+// -- snapshots -----------------------------------------------------------------------------------
+
+async function viewSnapshots(target) {
+  if (!can("admin")) {
+    put(target, h("h1", null, "Snapshots"), h("section", { class: "panel" }, h("p", { class: "muted" }, "Snapshots are for admin tokens.")));
+    return;
+  }
+  const { snapshots } = await get("/v1/snapshots");
+  const rows = snapshots.map((s) => h("tr", { dataset: { snapshot: s.id } },
+    h("td", { class: "mono" }, s.id), h("td", null, s.created_at), h("td", null, s.topics.join(", ")),
+    num(s.partitions.length), num(s.partitions.reduce((n, p) => n + p.high_watermark - p.log_start_offset, 0)),
+    h("td", { class: "num" }, fmtBytes(s.partitions.reduce((n, p) => n + p.size_bytes, 0))), h("td", { class: "mono" }, s.path),
+    h("td", null, h("button", { class: "danger", type: "button", onclick: () => removeSnapshot(s.id) }, "Delete"))));
+  const out = h("div");
+  const form = h("form", { class: "inline", id: "create-snapshot" },
+    h("label", null, "Topics (comma-separated; blank: every user topic)", h("input", { name: "topics", class: "wide" })),
+    h("button", { class: "primary", type: "submit" }, "Take a snapshot"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const names = new FormData(form).get("topics").split(",").map((t) => t.trim()).filter(Boolean);
+    try {
+      await api("POST", "/v1/snapshots", names.length ? { topics: names } : {});
+      route();
+    } catch (error) { result(out, error.text || String(error), false); }
+  });
+  put(target, h("h1", null, "Snapshots"),
+    h("section", { class: "panel" }, h("p", { class: "muted" }, "A snapshot is a consistent copy of the topics' closed segments (hard links), read by Spark (docs/ANALYTICS.md)."), form, out),
+    h("section", { class: "panel" }, table(["Id", "Created", "Topics", "#Partitions", "#Offsets", "#Size", "Path", ""], rows, { id: "snapshots" })));
+}
+
+async function removeSnapshot(id) {
+  if (!(await confirmTyped(`Delete snapshot ${id}?`, id))) return;
+  try { await api("DELETE", `/v1/snapshots/${encodeURIComponent(id)}`); route(); } catch (error) { showBanner(error.text || String(error)); }
+}
+
+// -- charts from /metrics --------------------------------------------------------------------------
+
+const SERIES = [
+  ["Produced records/s", "eventlog_produce_records_total"],
+  ["Produced bytes/s", "eventlog_produce_bytes_total", true],
+  ["Fetched records/s", "eventlog_fetch_records_total"],
+  ["Fetched bytes/s", "eventlog_fetch_bytes_total", true],
+];
+const history = { samples: [] }; // kept across visits to the charts, for this tab
+
+function sums(text) {
+  const totals = {}, byTopic = {};
+  for (const line of text.split("\n")) {
+    if (!line || line.startsWith("#")) continue;
+    const brace = line.indexOf("{");
+    const space = line.lastIndexOf(" ");
+    const name = brace >= 0 ? line.slice(0, brace) : line.slice(0, space);
+    if (!SERIES.some(([, metric]) => metric === name)) continue;
+    const value = Number(line.slice(space + 1));
+    totals[name] = (totals[name] || 0) + value;
+    const topic = /topic="([^"]*)"/.exec(line);
+    if (topic) byTopic[`${name}|${topic[1]}`] = (byTopic[`${name}|${topic[1]}`] || 0) + value;
+  }
+  return { at: performance.now(), totals, byTopic };
+}
+
+function chart(title, rates, isBytes) {
+  const values = rates.length === 1 ? [rates[0], rates[0]] : rates; // one rate: a level line
+  const width = 600, height = 140, max = Math.max(1, ...values);
+  const points = values.map((v, i) => `${(i / Math.max(1, values.length - 1)) * width},${height - (v / max) * (height - 12)}`).join(" ");
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("preserveAspectRatio", "none");
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", title);
+  const el = (tag, attrs) => {
+    const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+    for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+    svg.append(node);
+    return node;
+  };
+  el("line", { x1: 0, y1: 12, x2: width, y2: 12 });
+  el("line", { x1: 0, y1: height - 0.5, x2: width, y2: height - 0.5 });
+  if (values.length > 1) {
+    el("polygon", { class: "area", points: `0,${height} ${points} ${width},${height}` });
+    el("polyline", { points });
+  }
+  const label = el("text", { x: 4, y: 10 });
+  label.textContent = `max ${isBytes ? fmtBytes(max) : max.toFixed(1)}`;
+  const now = values.length ? values[values.length - 1] : 0;
+  return h("section", { class: "panel chart", dataset: { series: title } },
+    h("h2", null, title), h("div", { class: "now" }, isBytes ? `${fmtBytes(now)}/s` : now.toFixed(1)), svg);
+}
+
+async function viewCharts(target) {
+  const grid = h("div", { class: "grid", id: "charts" });
+  const topics = h("div");
+  const info = h("dl", { class: "facts" });
+  put(target, h("h1", null, "Charts", h("span", { class: "sub" }, "rates from /metrics, every 2 s, the last 3 minutes (this tab)")),
+    h("section", { class: "panel" }, h("h2", null, "Server"), info), grid, h("section", { class: "panel" }, h("h2", null, "By topic (now)"), topics));
+  const ready = await api("GET", "/readyz", undefined, { raw: true });
+  put(info, 
+    h("dt", null, "Version"), h("dd", null, me.server.version),
+    h("dt", null, "Shard processes"), h("dd", null, String(me.server.shards)),
+    h("dt", null, "Ready"), h("dd", null, ready.ok ? "yes" : `no (${ready.status})`),
+    h("dt", null, "Auth"), h("dd", null, me.server.auth ? `on: ${me.name} (${me.role})` : "off (every request acts as admin)"));
+  async function tick() {
+    let sample;
+    try { sample = sums(await get("/metrics")); } catch (error) { showBanner(error.text || String(error)); return; }
+    history.samples.push(sample);
+    if (history.samples.length > 91) history.samples.shift();
+    const s = history.samples;
+    const rates = (metric) => s.slice(1).map((b, i) => Math.max(0, ((b.totals[metric] || 0) - (s[i].totals[metric] || 0)) / ((b.at - s[i].at) / 1000)));
+    put(grid, ...SERIES.map(([title, metric, isBytes]) => chart(title, rates(metric), isBytes)));
+    if (s.length > 1) {
+      const [a, b] = s.slice(-2);
+      const seconds = (b.at - a.at) / 1000;
+      const names = [...new Set(Object.keys(b.byTopic).map((k) => k.split("|")[1]))].sort();
+      const rate = (metric, t) => Math.max(0, ((b.byTopic[`${metric}|${t}`] || 0) - (a.byTopic[`${metric}|${t}`] || 0)) / seconds);
+      put(topics, table(["Topic", "#Produced records/s", "#Produced bytes/s", "#Fetched records/s", "#Fetched bytes/s"],
+        names.map((t) => h("tr", null, h("td", null, h("a", { href: topicHref(t) }, t)),
+          h("td", { class: "num" }, rate(SERIES[0][1], t).toFixed(1)), h("td", { class: "num" }, `${fmtBytes(rate(SERIES[1][1], t))}/s`),
+          h("td", { class: "num" }, rate(SERIES[2][1], t).toFixed(1)), h("td", { class: "num" }, `${fmtBytes(rate(SERIES[3][1], t))}/s`))), { id: "topic-rates" }));
+    }
+  }
+  await tick();
+  const timer = setInterval(tick, 2000);
+  onLeave(target, () => clearInterval(timer));
+}
+
+// -- the router, the token -----------------------------------------------------------------------
+
+const ROUTES = [
+  [/^\/topics$/, viewTopics, "topics"],
+  [/^\/topics\/([^/]+)$/, viewTopic, "topics"],
+  [/^\/topics\/([^/]+)\/partitions\/(\d+)$/, viewPartition, "topics"],
+  [/^\/topics\/([^/]+)\/records$/, viewRecords, "topics"],
+  [/^\/topics\/([^/]+)\/tail$/, viewTail, "topics"],
+  [/^\/groups$/, viewGroups, "groups"],
+  [/^\/groups\/([^/]+)$/, viewGroup, "groups"],
+  [/^\/snapshots$/, viewSnapshots, "snapshots"],
+  [/^\/charts$/, viewCharts, "charts"],
+];
+
+function go(hash) {
+  if (location.hash === hash) route();
+  else location.hash = hash;
+}
+
+async function route() {
+  for (const stop of cleanups) stop();
+  cleanups = [];
+  const target = h("div");
+  main.replaceChildren(target);
+  const [path, query] = (location.hash.slice(1) || "/topics").split("?");
+  const params = new URLSearchParams(query || "");
+  const found = ROUTES.find(([pattern]) => pattern.test(path));
+  for (const link of document.querySelectorAll("nav a")) link.classList.toggle("active", !!found && link.dataset.nav === found[2]);
+  if (!found) { put(target, h("h1", null, "Not found"), h("p", null, h("a", { href: "#/topics" }, "Topics"))); return; }
+  if (!me) { put(target, h("p", { class: "muted" }, "Enter a token above to see this server.")); return; }
+  const match = found[0].exec(path).map((part, i) => (i ? decodeURIComponent(part) : part));
+  document.title = `${path.split("/").filter(Boolean).map(decodeURIComponent).join(" · ")} – eventlog console`;
+  put(target, h("p", { class: "muted" }, "Loading…"));
+  try {
+    await found[1](target, match, params);
+    if (!target.isConnected) return;
+    if (banner.dataset.keep) banner.dataset.keep = ""; else showBanner("");
+  } catch (error) {
+    if (!target.isConnected) return;
+    if (error.status === 401) { await identify(); return; }
+    put(target, h("h1", null, "Could not load this view"), h("p", { class: "result error" }, error.text || String(error)));
+  }
+}
+
+async function identify() {
+  const identity = document.getElementById("identity");
+  try {
+    me = await get("/v1/whoami");
+    identity.textContent = me.server.auth ? `${me.name} · ${me.role}` : "no auth · admin";
+    document.getElementById("server-info").textContent = `eventlog ${me.server.version} · ${me.server.shards} shard process${me.server.shards === 1 ? "" : "es"}`;
+    showBanner("");
+  } catch (error) {
+    me = null;
+    identity.textContent = "no token";
+    if (error.status === 401) showBanner(sessionStorage.getItem(TOKEN_KEY) ? "The server refused this token (401). Enter another one above." : "This server needs a token: enter it above (it is kept for this tab only).");
+    else showBanner(error.text || String(error));
+  }
+}
+
+document.getElementById("token").value = sessionStorage.getItem(TOKEN_KEY) || "";
+document.getElementById("token-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const token = document.getElementById("token").value.trim();
+  if (token) sessionStorage.setItem(TOKEN_KEY, token); else sessionStorage.removeItem(TOKEN_KEY);
+  await identify();
+  route();
+});
+document.getElementById("token-clear").addEventListener("click", async () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  document.getElementById("token").value = "";
+  await identify();
+  route();
+});
+window.addEventListener("hashchange", route);
+await identify();
+route();

@@ -1,0 +1,482 @@
+"""The web console in a real headless Chromium (Debian's, driven by Playwright), against
+`eventlog serve` on a free port: what an operator does with a browser and no command line.
+
+Chromium comes from the project's own set-up (`make test` runs tests/install-test-peers.sh);
+where it cannot be installed these tests skip and say why. Every check that the page did
+something is also checked through the API (httpx), so a page that only looks right fails.
+
+With EVENTLOG_CONSOLE_SCREENSHOTS=<dir>, the tests save the screenshots docs/CONSOLE.md shows
+(`make console-screenshots`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ..conftest import ServerProcess, wait_until
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = os.environ.get("EVENTLOG_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+SHOTS = os.environ.get("EVENTLOG_CONSOLE_SCREENSHOTS")
+ADMIN, READER = "console-admin-token", "console-reader-token"
+T0 = 1_767_225_600_000  # 2026-01-01 00:00:00 UTC
+
+
+def _why_no_browser() -> str | None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (the dev extra installs it: make install)"
+    if CHROMIUM is None:
+        return "no chromium: `make test` installs Debian's (tests/install-test-peers.sh) where it may use apt-get"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    reason = _why_no_browser()
+    if reason is not None:
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            # this machine's network is closed: no background fetches, no first-run work
+            args=["--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run", "--disable-quic"],
+        )
+        yield chromium
+        chromium.close()
+
+
+class Console:
+    """A browser tab on the console of `server`, failing the test on any script error."""
+
+    def __init__(self, browser, server: ServerProcess) -> None:
+        self.server = server
+        self.context = browser.new_context(viewport={"width": 1280, "height": 860}, timezone_id="UTC")
+        self.context.set_default_timeout(15_000)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.page.on("pageerror", lambda error: self.errors.append(f"page error: {error}"))
+        self.page.on("console", lambda m: self.errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+        self.page.on("dialog", lambda d: self.errors.append(f"unexpected {d.type} dialog: {d.message}"))
+
+    def open(self, hash_: str = "") -> None:
+        self.page.goto(f"{self.server.url}/console{hash_}")
+
+    def shot(self, name: str) -> None:
+        if SHOTS:
+            Path(SHOTS).mkdir(parents=True, exist_ok=True)
+            self.page.wait_for_timeout(300)  # fonts and the last frame
+            self.page.screenshot(path=str(Path(SHOTS) / f"{name}.png"), full_page=True)
+
+    def rows(self, table: str) -> list[str]:
+        return self.page.locator(f"#{table} tbody tr").all_inner_texts()
+
+    def offsets(self) -> list[int]:
+        return [int(o) for o in self.page.locator("#records tbody tr").evaluate_all("rows => rows.map(r => r.dataset.offset)")]
+
+    def close(self) -> None:
+        self.context.close()
+        # the console's own requests end in 4xx on purpose in some tests (shown in the page);
+        # Chromium logs those as console errors: only script errors fail the test
+        real = [e for e in self.errors if "Failed to load resource" not in e]
+        assert not real, real
+
+
+@pytest.fixture
+def console_factory(browser) -> Iterator:
+    opened: list[Console] = []
+
+    def make(server: ServerProcess) -> Console:
+        console = Console(browser, server)
+        opened.append(console)
+        return console
+
+    yield make
+    for console in opened:
+        console.close()
+
+
+@pytest.fixture
+def start(server_factory, request: pytest.FixtureRequest):
+    """start(processes, token=None, **env) -> (server, an httpx client of it, closed at the end)."""
+
+    def make(processes: int, token: str | None = None, **env: str) -> tuple[ServerProcess, httpx.Client]:
+        server = server_factory(**env)
+        server.processes = processes
+        server.start(token=token)
+        client = server.client(token)
+        request.addfinalizer(client.close)
+        return server, client
+
+    return make
+
+
+def _fetch(client: httpx.Client, topic: str, partition: int, **params: str) -> list[dict]:
+    answer = client.get(f"/v1/topics/{topic}/partitions/{partition}/records", params={"offset": 0, "max_records": 1000, **params})
+    answer.raise_for_status()
+    return answer.json()["records"]
+
+
+def test_a_topic_from_creation_to_deletion_on_two_shards(start, console_factory) -> None:
+    """Create a topic, produce from the form, browse by offset (paging both ways), by time and
+    by key, tail it live with pause and resume, and delete it: a shard family of 2, so half the
+    partitions are owned by the shard that did not answer the page."""
+    server, client = start(2)
+    console = console_factory(server)
+    page = console.page
+
+    page.goto(server.url + "/")  # `/` is the console
+    assert page.url == f"{server.url}/console"
+    page.locator("#identity").filter(has_text="no auth").wait_for()
+
+    form = page.locator("#create-topic")
+    form.locator("input[name=name]").fill("orders")
+    form.locator("input[name=partitions]").fill("4")
+    form.locator("select[name=policy]").select_option("compact,delete")
+    form.locator("textarea[name=configs]").fill("segment.bytes=2048")
+    console.shot("create-topic")
+    form.locator("button[type=submit]").click()
+    page.locator("h1", has_text="orders").wait_for()
+    assert page.url.endswith("#/topics/orders")
+    topic = client.get("/v1/topics/orders").json()
+    assert len(topic["partitions"]) == 4
+    assert topic["overrides"] == {"cleanup.policy": "compact,delete", "segment.bytes": "2048"}
+    assert page.locator("#partitions tbody tr").count() == 4
+
+    # the produce form: a key, a JSON value, a header
+    produce = page.locator("#produce")
+    produce.locator("input[name=key]").fill("order-17")
+    produce.locator("select[name=format]").select_option("json")
+    produce.locator("textarea[name=value]").fill('{"status": "new", "total": 12.5}')
+    produce.get_by_role("button", name="Add header").click()
+    produce.locator("input[name=header-key]").fill("source")
+    produce.locator("input[name=header-value]").fill("web")
+    produce.get_by_role("button", name="Produce").click()
+    written = page.locator("#produce-result").filter(has_text="Written")
+    written.wait_for()
+    partition = int(written.inner_text().split("partition ")[1].split(",")[0])
+    [record] = _fetch(client, "orders", partition)
+    assert (record["key"], json.loads(record["value"])) == ("order-17", {"status": "new", "total": 12.5})
+    assert record["headers"] == [{"key": "source", "value": "web"}]
+    # a value that is not JSON is refused in the page, nothing is written
+    produce.locator("textarea[name=value]").fill("{not json")
+    produce.get_by_role("button", name="Produce").click()
+    page.locator("#produce-result").filter(has_text="not JSON").wait_for()
+    assert len(_fetch(client, "orders", partition)) == 1
+
+    # a value written by a hostile producer is shown as text, never run
+    hostile = '<img src=x onerror="document.body.dataset.owned=1"><script>document.body.dataset.owned=1</script>'
+    client.post("/v1/topics/orders/records", json={"records": [
+        {"key": "<b>k</b>", "value": hostile, "partition": partition, "headers": [{"key": "h", "value": hostile}]},
+    ]}).raise_for_status()
+    for i in range(3):
+        client.post("/v1/topics/orders/records", json={"records": [{"key": "order-17", "value": json.dumps({"status": f"step-{i}"})}]}).raise_for_status()
+    # 45 records into partition 0, for paging; bytes that are not UTF-8 show as hex
+    client.post("/v1/topics/orders/records", json={"records": [
+        {"key": "cGFnZQ==", "value": "cg==", "partition": 0} for i in range(45)] + [{"key": "aGV4", "value": "AP8=", "partition": 0}],
+        "key_format": "base64", "value_format": "base64",
+    }).raise_for_status()
+
+    # by offset: the page with the produced record, then paging in partition 0
+    page.locator("a", has_text="Browse records").first.click()
+    page.locator("#records-form select[name=partition]").select_option(str(partition))
+    page.locator("#records-form button[type=submit]").click()
+    page.locator("#records", has_text="order-17").wait_for()
+    text = page.locator("#records").inner_text()
+    assert '"status": "new"' in text and "source: web" in text and hostile in text
+    assert page.evaluate("document.body.dataset.owned") is None
+    assert page.locator("#records img, #records script").count() == 0
+    console.shot("records-by-offset")
+
+    offsets_0 = [r["offset"] for r in _fetch(client, "orders", 0, key_format="base64", value_format="base64")]
+    console.open(f"#/topics/orders/records?{'partition=0&size=20'}")
+    page.locator("#records tbody tr").first.wait_for()
+    assert console.offsets() == offsets_0[:20]
+    page.locator("#next").click()
+    page.wait_for_function("() => document.querySelector('#records tbody tr')?.dataset.offset === String(%d)" % offsets_0[20])
+    assert console.offsets() == offsets_0[20:40]
+    page.locator("#next").click()
+    page.wait_for_function("() => document.querySelector('#records tbody tr')?.dataset.offset === String(%d)" % offsets_0[40])
+    assert console.offsets() == offsets_0[40:]
+    assert page.locator("#next button").is_disabled()
+    assert "00 ff" in page.locator("#records tbody tr").last.inner_text()  # AP8= is 0x00 0xff
+    page.locator("#previous").click()
+    page.wait_for_function("() => document.querySelector('#records tbody tr')?.dataset.offset === String(%d)" % offsets_0[20])
+    assert console.offsets() == offsets_0[20:40]
+    # an offset past the end says what the partition holds
+    console.open("#/topics/orders/records?partition=0&offset=999")
+    page.locator("#records-body", has_text="outside partition 0").wait_for()
+
+    # by time: records at T0, T0+1h, T0+2h in an empty partition (ListOffsets answers the first
+    # offset whose timestamp is at least T: records written now would come first); the picker
+    # is in the browser's zone (UTC here)
+    empty = next(p for p in (1, 3) if p != partition)
+    client.post("/v1/topics/orders/records", json={"records": [
+        {"key": f"t{h}", "value": f"at-{h}h", "partition": empty, "timestamp": T0 + h * 3_600_000} for h in range(3)]}).raise_for_status()
+    at_1h = next(r for r in _fetch(client, "orders", empty) if r["value"] == "at-1h")
+    page.locator("a[data-mode=time]").click()
+    page.locator("#records-form input[name=time]").wait_for()
+    page.locator("#records-form select[name=partition]").select_option(str(empty))
+    page.locator("#records-form input[name=time]").fill("2026-01-01T00:30:00")
+    page.locator("#records-form button[type=submit]").click()
+    page.locator("#time-note").wait_for()
+    assert console.offsets() == [at_1h["offset"], at_1h["offset"] + 1]
+    assert "2026-01-01 01:00:00.000 UTC" in page.locator("#records tbody tr").first.inner_text()
+    console.shot("records-by-time")
+    page.locator("#records-form input[name=time]").fill("2026-01-01T03:00:00")
+    page.locator("#records-form button[type=submit]").click()
+    page.locator("#no-records").wait_for()
+
+    # by key: the per-key stream, from the topic page's lookup
+    console.open("#/topics/orders")
+    page.locator("#key-lookup input[name=key]").fill("order-17")
+    page.locator("#key-lookup button").click()
+    page.locator("#key-summary").wait_for()
+    key_records = client.get("/v1/topics/orders/keys/order-17/records").json()["records"]
+    assert console.offsets() == [r["offset"] for r in key_records] and len(key_records) == 4
+    assert [v.strip() for v in page.locator("#records td.value").all_inner_texts()] == [
+        json.dumps(json.loads(r["value"]), indent=2) for r in key_records]
+    console.shot("records-by-key")
+
+    # live tail of partition 2: new records appear, newest first, exactly once across a pause
+    console.open("#/topics/orders/tail?partition=2")
+    page.locator("#tail-status", has_text="live").wait_for()
+
+    def tail_offsets() -> list[int]:
+        return [int(row.split("\t")[0]) for row in console.rows("tail")]
+
+    def send(values: list[str]) -> None:
+        client.post("/v1/topics/orders/records", json={"records": [{"key": v, "value": v, "partition": 2} for v in values]}).raise_for_status()
+
+    send([f"live-{i}" for i in range(5)])
+    wait_until(lambda: len(tail_offsets()) == 5, what="5 records in the tail")
+    wait_until(lambda: float(page.locator("#tail-rate").inner_text()) > 0 or len(tail_offsets()) == 5 and page.locator("#tail-count").inner_text() == "5",
+               what="the rate readout counting")
+    console.shot("live-tail")
+    page.locator("#tail-toggle").click()
+    page.locator("#tail-status", has_text="paused").wait_for()
+    send(["while-paused-0", "while-paused-1"])
+    time.sleep(0.5)
+    assert len(tail_offsets()) == 5
+    page.locator("#tail-toggle").click()
+    send(["after-resume"])
+    wait_until(lambda: len(tail_offsets()) == 8, what="the paused records and the new one")
+    expected = [r["offset"] for r in _fetch(client, "orders", 2)]
+    assert tail_offsets() == sorted(expected, reverse=True)[:8] == sorted(set(tail_offsets()), reverse=True)
+
+    # delete, confirmed by typing the name
+    console.open("#/topics/orders")
+    page.locator("#delete-topic").click()
+    dialog = page.locator("dialog")
+    dialog.locator("input").fill("order")
+    assert dialog.get_by_role("button", name="Delete").is_disabled()
+    dialog.locator("input").fill("orders")
+    dialog.get_by_role("button", name="Delete").click()
+    page.locator("#banner", has_text="Topic orders deleted").wait_for()
+    assert client.get("/v1/topics/orders").status_code == 404
+    assert "orders" not in page.locator("#topics").inner_text()
+
+
+def test_partitions_cleanup_groups_snapshots_and_charts(start, console_factory) -> None:
+    """The partition page (segments, passes, running them), configs and partitions from the
+    topic page, consumer groups with lag, snapshots, and the charts."""
+    server, client = start(1)
+    client.post("/v1/topics", json={"name": "prices", "partitions": 1, "configs": {
+        "cleanup.policy": "compact", "segment.bytes": "1024", "min.cleanable.dirty.ratio": "0.01"}}).raise_for_status()
+    for round_ in range(4):
+        client.post("/v1/topics/prices/records", json={"records": [
+            {"key": f"sku-{i}", "value": f"{round_}-{'x' * 60}"} for i in range(10)]}).raise_for_status()
+    console = console_factory(server)
+    page = console.page
+
+    console.open("#/topics/prices/partitions/0")
+    page.locator("#segments tbody tr").first.wait_for()
+    segments = client.get("/v1/topics/prices/partitions/0/segments").json()["segments"]
+    assert page.locator("#segments tbody tr").count() == len(segments) > 1
+    assert "active" in console.rows("segments")[-1]
+    page.locator("#run-compaction").click()
+    page.locator("#last-run", has_text="Compaction pass").wait_for()
+    passes = page.locator("#passes").inner_text()
+    state = client.get("/v1/topics/prices/partitions/0/maintenance").json()
+    assert state["last_compaction"]["outcome"] == "ok" and state["last_compaction"]["result"]["records_removed"] > 0
+    assert f"{state['last_compaction']['result']['records_removed']} removed" in passes
+    page.locator("#run-retention").click()
+    page.locator("#last-run", has_text="Retention pass").wait_for()
+    assert "Retention:" in page.locator("#passes").inner_text() and "no pass yet" not in page.locator("#passes").inner_text()
+    console.shot("partition")
+
+    # configs and partitions from the topic page
+    console.open("#/topics/prices")
+    form = page.locator("#alter-configs")
+    form.locator("input[name=key]").fill("retention.ms")
+    form.locator("input[name=value]").fill("86400000")
+    form.locator("button").click()
+    page.locator("#configs tr", has_text="retention.ms").filter(has_text="set on topic").wait_for()
+    assert client.get("/v1/topics/prices").json()["configs"]["retention.ms"] == "86400000"
+    form.locator("input[name=key]").fill("retention.ms")
+    form.locator("input[name=value]").fill("soon")
+    form.locator("button").click()
+    page.locator("#alter-configs + .result.error, div .result.error", has_text="invalid_config").wait_for()
+    page.locator("#add-partitions input[name=count]").fill("3")
+    page.locator("#add-partitions button").click()
+    wait_until(lambda: page.locator("#partitions tbody tr").count() == 3, what="3 partitions shown")
+    assert len(client.get("/v1/topics/prices").json()["partitions"]) == 3
+    console.shot("topic")
+
+    # consumer groups and lag
+    high = client.get("/v1/topics/prices/partitions/0/offsets").json()["high_watermark"]
+    client.post("/v1/groups/pricing-job/offsets", json={"offsets": [{"topic": "prices", "partition": 0, "offset": 10}]}).raise_for_status()
+    console.open("#/groups")
+    page.locator("#groups tbody tr[data-group=pricing-job]").wait_for()
+    assert page.locator("#groups tbody tr").inner_text().split("\t")[-1].strip() == str(high - 10)
+    page.locator("#groups a", has_text="pricing-job").click()
+    page.locator("#group-offsets tbody tr").first.wait_for()
+    cells = [c.strip() for c in console.rows("group-offsets")[0].split("\t")]
+    assert cells[:5] == ["prices", "0", "10", str(high), str(high - 10)]
+    console.shot("groups")
+
+    # snapshots: take one from the form, see it listed, delete it
+    console.open("#/snapshots")
+    page.locator("#create-snapshot input[name=topics]").fill("prices")
+    page.locator("#create-snapshot button").click()
+    page.locator("#snapshots tbody tr[data-snapshot]").wait_for()
+    [snapshot] = client.get("/v1/snapshots").json()["snapshots"]
+    assert snapshot["topics"] == ["prices"] and snapshot["id"] in console.rows("snapshots")[0]
+    console.shot("snapshots")
+    page.locator("#snapshots button", has_text="Delete").click()
+    page.locator("dialog input").fill(snapshot["id"])
+    page.locator("dialog").get_by_role("button", name="Delete").click()
+    wait_until(lambda: client.get("/v1/snapshots").json()["snapshots"] == [], what="the snapshot deleted")
+    page.locator("#snapshots td.muted", has_text="none").wait_for()
+
+    # charts: rates from /metrics while records go in
+    console.open("#/charts")
+    page.locator("#charts .chart").first.wait_for()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        client.post("/v1/topics/prices/records", json={"records": [{"key": "sku-1", "value": "y" * 100}] * 50}).raise_for_status()
+        produced = page.locator(".chart[data-series='Produced records/s'] .now").inner_text()
+        if float(produced) > 0 and page.locator("#topic-rates tr", has_text="prices").count():
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError(f"the produce chart stayed at {produced}")
+    assert page.locator(".chart[data-series='Produced records/s'] polyline").count() == 1
+    console.shot("charts")
+
+
+def test_behind_auth_a_token_shows_only_what_it_may_do(tmp_path: Path, start, console_factory) -> None:
+    auth = tmp_path / "auth.json"
+    auth.write_text(json.dumps({"tokens": [
+        {"name": "ops", "token": ADMIN, "role": "admin"},
+        {"name": "billing-reader", "token": READER, "role": "consumer", "topics": ["billing."], "groups": ["reports-"]},
+    ]}))
+    server, admin = start(1, token=ADMIN, EVENTLOG_AUTH_FILE=str(auth))
+    for name in ("billing.invoices", "hr.salaries"):
+        admin.post("/v1/topics", json={"name": name}).raise_for_status()
+    admin.post("/v1/topics/billing.invoices/records", json={"records": [{"key": "inv-1", "value": "due"}]}).raise_for_status()
+    console = console_factory(server)
+    page = console.page
+
+    console.open()
+    page.locator("#banner", has_text="needs a token").wait_for()
+    assert page.locator("#topics").count() == 0
+    page.locator("#token").fill("not-a-token")
+    page.locator("#token-form button[type=submit]").click()
+    page.locator("#banner", has_text="refused this token").wait_for()
+
+    page.locator("#token").fill(READER)
+    page.locator("#token-form button[type=submit]").click()
+    page.locator("#identity", has_text="billing-reader · consumer").wait_for()
+    page.locator("#topics tbody tr").first.wait_for()
+    assert [r.split("\t")[0].strip() for r in console.rows("topics")] == ["billing.invoices"]
+    assert page.locator("#create-topic").count() == 0
+    console.open("#/topics/billing.invoices")
+    page.locator("#partitions tbody tr").first.wait_for()
+    assert page.locator("#delete-topic, #produce, #alter-configs, #add-partitions").count() == 0
+    console.shot("auth-consumer")
+    page.locator("a", has_text="Browse records").click()
+    page.locator("#records tbody tr").first.wait_for()
+    assert "inv-1" in console.rows("records")[0]
+    console.open("#/topics/billing.invoices/partitions/0")
+    page.locator("#segments tbody tr").first.wait_for()
+    assert page.locator("#run-retention, #run-compaction").count() == 0
+    console.open("#/snapshots")
+    page.locator("main", has_text="for admin tokens").wait_for()
+    # a topic outside its prefixes answers 403, said in the page
+    console.open("#/topics/hr.salaries")
+    page.locator("main", has_text="403").wait_for()
+
+    # the token stays with the tab (session storage): a reload keeps it, a new tab asks again
+    page.reload()
+    page.locator("#identity", has_text="billing-reader").wait_for()
+    other = console_factory(server)
+    other.open()
+    other.page.locator("#banner", has_text="needs a token").wait_for()
+
+    # an admin token sees and does everything
+    page.locator("#token").fill(ADMIN)
+    page.locator("#token-form button[type=submit]").click()
+    page.locator("#identity", has_text="ops · admin").wait_for()
+    console.open("#/topics")
+    page.locator("#create-topic").wait_for()
+    assert sorted(r.split("\t")[0].strip() for r in console.rows("topics")) == ["billing.invoices", "hr.salaries"]
+    page.locator("#token-clear").click()
+    page.locator("#banner", has_text="needs a token").wait_for()
+
+
+def test_the_page_runs_only_its_own_code_and_works_offline(server: ServerProcess) -> None:
+    """No CDN: every asset the page names is served by the service, under a policy that allows
+    nothing else; the page and assets need no token, the data does."""
+    with server.client() as client:
+        page = client.get("/console")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        policy = page.headers["content-security-policy"]
+        assert "script-src 'self'" in policy and "connect-src 'self'" in policy and "frame-ancestors 'none'" in policy
+        assets = [part.split('"')[0] for part in page.text.split('="')[1:] if part.startswith("/console/assets/")]
+        assert sorted(assets) == ["/console/assets/console.css", "/console/assets/console.js", "/console/assets/favicon.svg"]
+        for asset in assets:
+            answer = client.get(asset)
+            assert answer.status_code == 200 and answer.content
+            own = answer.content.replace(b"http://www.w3.org/2000/svg", b"")  # SVG's namespace, never fetched
+            assert b"http://" not in own and b"https://" not in own
+        assert client.get("/console/assets/../main.py").status_code == 404
+        assert client.get("/console/assets/nothing.js").status_code == 404
+        assert client.head("/console").status_code == 200
+        root = client.get("/", follow_redirects=False)
+        assert (root.status_code, root.headers["location"]) == (302, "/console")
+
+
+def test_whoami_and_maintenance_in_the_api(server: ServerProcess) -> None:
+    with server.client() as client:
+        me = client.get("/v1/whoami").json()
+        assert (me["name"], me["role"], me["server"]["auth"]) == ("anonymous", "admin", False)
+        assert set(me["actions"]) == {"admin", "write", "read", "describe", "group", "monitor"}
+        client.post("/v1/topics", json={"name": "t", "partitions": 2}).raise_for_status()
+        state = client.get("/v1/topics/t/partitions/1/maintenance").json()
+        assert state["last_retention"] is None and state["cleanup_policy"] == "delete"
+        run = client.post("/v1/admin/retention/run", json={"topic": "t", "partition": 1})
+        assert run.status_code == 200
+        after = client.get("/v1/topics/t/partitions/1/maintenance").json()["last_retention"]
+        assert after["outcome"] == "ok" and after["result"]["segments_deleted"] == 0
+        assert client.get("/v1/topics/t/partitions/0/maintenance").json()["last_retention"] is None
+        assert after["at_ms"] <= int(datetime.now(timezone.utc).timestamp() * 1000)
+        bad = client.post("/v1/admin/retention/run", json={"partition": 1})
+        assert (bad.status_code, bad.json()["code"]) == (422, "validation_error")
+        missing = client.post("/v1/admin/compaction/run", json={"topic": "t", "partition": 7})
+        assert (missing.status_code, missing.json()["code"]) == (404, "partition_not_found")
+        assert client.get("/v1/topics/t/partitions/9/maintenance").status_code == 404
