@@ -1,10 +1,19 @@
 """A generated SDK: openapi-python-client run on the live /openapi.json, used the way a team would.
 
-The app runs with an auth file (the document declares bearer security, so the SDK's
-operations take an AuthenticatedClient), in this process: the SDK's clients get its transport.
-The SDK is generated once for the module; each test has an app of its own. The client raises on
-any status the document does not list, so every response here is also checked against the
-documented status codes.
+The document declares the bearer token optional (top-level `security: [{HTTPBearer: []}, {}]`),
+so every operation takes a plain Client as well as an AuthenticatedClient. The app here runs with
+an auth file, so the tests call it with an AuthenticatedClient (a plain Client where no token is
+needed, or where its absence is the point), in this process: the SDK's clients get its
+transport. The SDK is generated once for the module; each test has an app of its own. The client
+raises on any status the document does not list, so every response here is also checked against
+the documented status codes.
+
+USES holds one use of each operation, its results checked, in the order one scenario runs them:
+adding an operation to the API means adding its use there, and nothing else. The SDK clients'
+transport names the operation of every request they send (by the document's method and path
+template); test_every_operation_in_the_document_is_used_through_the_sdk runs USES on an app of
+its own and asserts that the operations it sent are exactly the document's, so an operation
+without a use fails it.
 """
 
 from __future__ import annotations
@@ -17,8 +26,13 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
+import threading
+import typing
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
 from http import HTTPStatus
 from pathlib import Path
 from types import ModuleType
@@ -36,56 +50,7 @@ from ..kafka_oracle import build_batch
 PACKAGE = "eventlog_client"
 ADMIN_TOKEN = "admin-token-0123456789"
 CONSUMER_TOKEN = "consumer-token-0123456789"
-
-# operationId -> the module openapi-python-client makes of it, under api/<tag>/: renaming an
-# operation id (or a tag) renames a module that teams import, so this test fails first
-OPERATIONS = {
-    "topics": {
-        "createTopic": "create_topic",
-        "listTopics": "list_topics",
-        "describeTopic": "describe_topic",
-        "alterTopicConfigs": "alter_topic_configs",
-        "addPartitions": "add_partitions",
-        "deleteTopic": "delete_topic",
-    },
-    "records": {
-        "produceRecords": "produce_records",
-        "produceToPartition": "produce_to_partition",
-        "fetchRecords": "fetch_records",
-        "streamRecords": "stream_records",
-    },
-    "keys": {
-        "readKeyRecords": "read_key_records",
-        "appendKeyRecords": "append_key_records",
-        "streamKeyRecords": "stream_key_records",
-    },
-    "offsets": {
-        "listOffsets": "list_offsets",
-        "deleteRecords": "delete_records",
-        "listSegments": "list_segments",
-    },
-    "snapshots": {
-        "createSnapshot": "create_snapshot",
-        "listSnapshots": "list_snapshots",
-        "describeSnapshot": "describe_snapshot",
-        "deleteSnapshot": "delete_snapshot",
-    },
-    "admin": {
-        "runRetention": "run_retention",
-        "runCompaction": "run_compaction",
-    },
-    "groups": {
-        "commitGroupOffsets": "commit_group_offsets",
-        "fetchGroupOffsets": "fetch_group_offsets",
-        "deleteGroupOffsets": "delete_group_offsets",
-        "listGroups": "list_groups",
-    },
-    "health": {
-        "getHealth": "get_health",
-        "getReadiness": "get_readiness",
-        "getMetrics": "get_metrics",
-    },
-}
+STREAM_TIMEOUT_S = 30.0  # an event stream the test waits on ends well within this
 
 # No post-hooks (they would run ruff, which need not be installed, and format nothing we test).
 # No content-type overrides: openapi-python-client knows JSON, +json, text/*, octet-stream and
@@ -102,6 +67,9 @@ class SDK:
     server: InProcessServer
     root: Path
     document: dict[str, Any]
+    used: list[str] = field(default_factory=list)  # the operation of each request the clients sent
+    received: dict[str, bytes] = field(default_factory=dict)  # operation -> its latest response's body so far
+    arrived: threading.Condition = field(default_factory=threading.Condition)
 
     def op(self, tag: str, name: str) -> ModuleType:
         return importlib.import_module(f"{PACKAGE}.api.{tag}.{name}")
@@ -121,11 +89,98 @@ class SDK:
             httpx_args=self.httpx_args(),
         )
 
+    def anonymous(self) -> Any:
+        """A plain Client: no token."""
+        package = importlib.import_module(PACKAGE)
+        return package.Client(base_url=self.server.url, raise_on_unexpected_status=True, httpx_args=self.httpx_args())
+
     def httpx_args(self) -> dict[str, Any]:
         runner = getattr(self.server, "runner", None)
-        if runner is None:  # a real server (EVENTLOG_TEST_PROCESSES: a shard family)
-            return {}
-        return {"transport": ASGITransport(runner)}
+        # None: a real server (EVENTLOG_TEST_PROCESSES: a shard family)
+        inner = httpx.HTTPTransport() if runner is None else ASGITransport(runner)
+        return {"transport": _Recording(inner, self)}
+
+    @cached_property
+    def _routes(self) -> list[tuple[str, re.Pattern[str], str]]:
+        routes = []
+        for template, operations in self.document["paths"].items():
+            pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))  # a parameter: one percent-encoded segment
+            for method, operation in operations.items():
+                routes.append((method.upper(), re.compile(pattern), operation["operationId"]))
+        return routes
+
+    def operation(self, request: httpx.Request) -> str:
+        """The operationId the request is, by its method and path; 'METHOD /path' if none."""
+        path = request.url.raw_path.split(b"?", 1)[0].decode("ascii")
+        found = [op_id for method, pattern, op_id in self._routes if method == request.method and pattern.fullmatch(path)]
+        return found[0] if len(found) == 1 else f"{request.method} {path}"
+
+    def arrive(self, operation: str, chunk: bytes | None) -> None:
+        with self.arrived:
+            self.received[operation] = b"" if chunk is None else self.received.get(operation, b"") + chunk
+            self.arrived.notify_all()
+
+    def wait_for(self, operation: str, data: bytes) -> None:
+        """Until `data` is in the body of `operation`'s latest response, as far as it has arrived."""
+        with self.arrived:
+            seen = self.arrived.wait_for(lambda: data in self.received.get(operation, b""), STREAM_TIMEOUT_S)
+            assert seen, (operation, data, self.received.get(operation))
+
+
+class _Recording(httpx.BaseTransport):
+    """The SDK clients' transport: notes the operation of each request, and each response's
+    body as it arrives (an event stream's sync_detailed returns only when the stream ends)."""
+
+    def __init__(self, inner: httpx.BaseTransport, sdk: SDK) -> None:
+        self.inner = inner
+        self.sdk = sdk
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        operation = self.sdk.operation(request)
+        self.sdk.used.append(operation)
+        self.sdk.arrive(operation, None)
+        response = self.inner.handle_request(request)
+        assert isinstance(response.stream, httpx.SyncByteStream)
+        response.stream = _Watched(response.stream, lambda chunk: self.sdk.arrive(operation, chunk))
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _Watched(httpx.SyncByteStream):
+    def __init__(self, stream: httpx.SyncByteStream, arrive: Callable[[bytes], None]) -> None:
+        self.stream = stream
+        self.arrive = arrive
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.stream:
+            self.arrive(chunk)
+            yield chunk
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+@contextmanager
+def _on_a_thread(call: Callable[[], Any]) -> Iterator[Future]:
+    """`call` on a thread of its own: an event stream's sync_detailed returns when the stream
+    ends. Take its result with a timeout; a stream the test gave up on ends with the app."""
+    pool = ThreadPoolExecutor(1)
+    try:
+        yield pool.submit(call)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _events(body: str) -> list[tuple[str, str | None, Any]]:
+    """An event stream's events as (event, id, data as JSON); comments left out."""
+    events = []
+    for block in body.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":"))
+        if fields:
+            events.append((fields.get("event", "message"), fields.get("id"), json.loads(fields["data"])))
+    return events
 
 
 def _import_unset(package: Path) -> list[str]:
@@ -199,27 +254,500 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
 
 @pytest.fixture
 def sdk(generated: tuple[Path, dict[str, Any]], app_factory, tmp_path: Path) -> Iterator[SDK]:
-    """The generated SDK and a fresh app (with the same auth file) to use it on."""
+    """The generated SDK and a fresh app (with the same auth file) to use it on; the
+    compactor's loop is off, so the compaction passes the tests see are the ones they run."""
     root, document = generated
-    server = app_factory(EVENTLOG_AUTH_FILE=str(_write_auth_file(tmp_path / "auth.json"))).start(token=ADMIN_TOKEN)
+    server = app_factory(
+        EVENTLOG_AUTH_FILE=str(_write_auth_file(tmp_path / "auth.json")), EVENTLOG_CLEANER_ENABLED="false",
+    ).start(token=ADMIN_TOKEN)
     try:
         yield SDK(server, root, document)
     finally:
         server.stop()
 
 
+# -- one use of every operation --------------------------------------------------------------------
+
+
+@dataclass
+class Scene:
+    """What the uses share: the SDK, an admin's client, and what the uses before made."""
+
+    sdk: SDK
+    client: Any
+    sent: list[Any] = field(default_factory=list)  # the ProduceRecords produceRecords sent to `orders`
+    produced: Any = None  # and its ProduceResponse
+    compaction: Any = None  # runCompaction's CompactionRun
+    snapshot: Any = None  # createSnapshot's Snapshot
+
+    @property
+    def m(self) -> ModuleType:
+        return self.sdk.models
+
+    def op(self, tag: str, name: str) -> ModuleType:
+        return self.sdk.op(tag, name)
+
+
+@dataclass(frozen=True)
+class Use:
+    tag: str  # the operation's module is api/<tag>/<module>.py in the SDK: renaming an operation
+    module: str  # id (or a tag) renames a module that teams import, so a test fails first
+    run: Callable[[Scene], None]
+
+
+USES: dict[str, Use] = {}  # operationId -> its use; run in this order, each after the ones before
+
+
+def _uses(operation_id: str, tag: str, module: str) -> Callable[[Callable[[Scene], None]], Callable[[Scene], None]]:
+    def register(run: Callable[[Scene], None]) -> Callable[[Scene], None]:
+        assert operation_id not in USES, operation_id
+        USES[operation_id] = Use(tag, module, run)
+        return run
+    return register
+
+
+@_uses("getHealth", "health", "get_health")
+def _get_health(s: Scene) -> None:
+    with s.sdk.anonymous() as anonymous:  # open without a token
+        assert s.op("health", "get_health").sync(client=anonymous).status == "ok"
+
+
+@_uses("getReadiness", "health", "get_readiness")
+def _get_readiness(s: Scene) -> None:
+    assert s.op("health", "get_readiness").sync(client=s.client).status == "ready"
+    with s.sdk.anonymous() as anonymous:  # the server has an auth file: the token is needed
+        refused = s.op("health", "get_readiness").sync(client=anonymous)
+        assert isinstance(refused, s.m.Problem) and (refused.code, refused.status) == ("unauthorized", 401)
+
+
+@_uses("getPrincipal", "server", "get_principal")
+def _get_principal(s: Scene) -> None:
+    me = s.op("server", "get_principal").sync(client=s.client)
+    assert isinstance(me, s.m.WhoAmI), me
+    assert (me.name, me.role, me.topics, me.groups) == ("ops", "admin", [""], [""])
+    assert sorted(me.actions) == ["admin", "describe", "group", "monitor", "read", "write"]
+    assert me.server.auth is True and 0 <= me.server.shard < me.server.shards and me.server.version
+    with s.sdk.client(CONSUMER_TOKEN) as consumer:
+        them = s.op("server", "get_principal").sync(client=consumer)
+        assert (them.name, them.role, them.topics) == ("analytics", "consumer", ["orders"])
+        assert sorted(them.actions) == ["describe", "group", "monitor", "read"]
+
+
+@_uses("createTopic", "topics", "create_topic")
+def _create_topic(s: Scene) -> None:
+    m = s.m
+    created = s.op("topics", "create_topic").sync(
+        client=s.client,
+        body=m.TopicCreate(name="orders", partitions=3, configs=m.TopicCreateConfigs.from_dict({"retention.ms": 86_400_000})),
+    )
+    assert isinstance(created, m.Topic), created
+    assert (created.name, created.partitions, created.configs["retention.ms"]) == ("orders", 3, "86400000")
+    assert isinstance(s.op("topics", "create_topic").sync(client=s.client, body=m.TopicCreate(name="events", partitions=1)), m.Topic)
+
+
+@_uses("listTopics", "topics", "list_topics")
+def _list_topics(s: Scene) -> None:
+    listed = s.op("topics", "list_topics").sync(client=s.client)
+    assert [(t.name, t.partitions) for t in listed.topics] == [("events", 1), ("orders", 3)]
+
+
+@_uses("produceRecords", "records", "produce_records")
+def _produce_records(s: Scene) -> None:
+    m = s.m
+    # keys, values and headers; murmur2 chooses the partition
+    s.sent = [
+        m.ProduceRecord(
+            key=f"user-{i}", value=f"value-{i}", timestamp=1_000 + i,
+            headers=[m.RecordHeader(key="source", value="sdk"), m.RecordHeader(key="seq", value=str(i)), m.RecordHeader(key="none", value=None)],
+        )
+        for i in range(12)
+    ]
+    s.produced = s.op("records", "produce_records").sync(topic="orders", client=s.client, body=m.ProduceRequest(records=s.sent))
+    assert isinstance(s.produced, m.ProduceResponse), s.produced
+    assert [o.partition for o in s.produced.offsets] == [partition_for_key(f"user-{i}".encode(), 3) for i in range(12)]
+    assert [o.timestamp for o in s.produced.offsets] == [1_000 + i for i in range(12)]
+    # other formats: base64 keys, JSON values and header values
+    produced = s.op("records", "produce_records").sync(
+        topic="events", client=s.client,
+        body=m.ProduceRequest(
+            records=[
+                m.ProduceRecord(key="AAEC/w==", value={"n": i, "tags": ["a", None]}, timestamp=2_000 + i,
+                                headers=[m.RecordHeader(key="h", value=[i])])
+                for i in range(10)
+            ],
+            key_format=m.Format.BASE64, value_format=m.Format.JSON,
+        ),
+    )
+    assert [(o.partition, o.offset) for o in produced.offsets] == [(0, i) for i in range(10)]
+
+
+@_uses("fetchRecords", "records", "fetch_records")
+def _fetch_records(s: Scene) -> None:
+    m = s.m
+    # every partition of `orders` back, record by record
+    fetched = {}
+    for p in range(3):
+        page = s.op("records", "fetch_records").sync(topic="orders", partition=p, client=s.client, offset=0)
+        assert isinstance(page, m.FetchResponse), page
+        assert page.next_offset == page.high_watermark == len(page.records) and page.log_start_offset == 0
+        for r in page.records:
+            fetched[(p, r.offset)] = (r.key, r.value, r.timestamp, [(h.key, h.value) for h in r.headers])
+    assert fetched == {
+        (o.partition, o.offset): (r.key, r.value, r.timestamp, [(h.key, h.value) for h in r.headers])
+        for o, r in zip(s.produced.offsets, s.sent)
+    }
+    page = s.op("records", "fetch_records").sync(
+        topic="events", partition=0, client=s.client, offset=3, max_records=2,
+        key_format=m.Format.BASE64, value_format=m.Format.JSON,
+    )
+    assert [(r.offset, r.key, r.value, r.timestamp, [(h.key, h.value) for h in r.headers]) for r in page.records] == [
+        (3, "AAEC/w==", {"n": 3, "tags": ["a", None]}, 2_003, [("h", [3])]),
+        (4, "AAEC/w==", {"n": 4, "tags": ["a", None]}, 2_004, [("h", [4])]),
+    ]
+    assert page.next_offset == 5
+
+
+@_uses("produceToPartition", "records", "produce_to_partition")
+def _produce_to_partition(s: Scene) -> None:
+    m = s.m
+    to_partition = s.op("records", "produce_to_partition")
+    one = to_partition.sync(
+        topic="events", partition=0, client=s.client,
+        body=m.ProduceRequest(records=[m.ProduceRecord(key=None, value="x", timestamp=3_000), m.ProduceRecord(value=None, timestamp=3_001)]),
+    )
+    assert isinstance(one, m.PartitionProduceResponse), one
+    assert (one.partition, one.base_offset, one.last_offset, one.timestamp) == (0, 10, 11, 3_001)
+    # a raw Kafka v2 batch, sent as application/octet-stream
+    batch = build_batch([(b"k", b"raw", 4_000, [("h", b"v")]), (None, b"raw2", 4_001, [])])
+    raw = to_partition.sync(topic="events", partition=0, client=s.client, body=s.sdk.types.File(payload=io.BytesIO(batch)))
+    assert isinstance(raw, m.PartitionProduceResponse), raw
+    assert (raw.base_offset, raw.last_offset, raw.timestamp) == (12, 13, 4_001)
+    page = s.op("records", "fetch_records").sync(topic="events", partition=0, client=s.client, offset=10)
+    assert [(r.offset, r.key, r.value, [(h.key, h.value) for h in r.headers]) for r in page.records] == [
+        (10, None, "x", []), (11, None, None, []), (12, "k", "raw", [("h", "v")]), (13, None, "raw2", []),
+    ]
+
+
+@_uses("streamRecords", "records", "stream_records")
+def _stream_records(s: Scene) -> None:
+    """The records there, then one produced while it listens; deleting the topic ends the
+    stream (an `error` event), and only then does sync_detailed return."""
+    m = s.m
+    produce = s.op("records", "produce_records")
+    s.op("topics", "create_topic").sync(client=s.client, body=m.TopicCreate(name="tail", partitions=1))
+    produce.sync(topic="tail", client=s.client, body=m.ProduceRequest(records=[
+        m.ProduceRecord(key="a", value="1", timestamp=5_000), m.ProduceRecord(key="b", value="2", timestamp=5_001),
+    ]))
+    stream = s.op("records", "stream_records")
+    with s.sdk.client() as listener, _on_a_thread(
+        lambda: stream.sync_detailed(topic="tail", partition=0, client=listener, offset=0),
+    ) as listening:
+        s.sdk.wait_for("streamRecords", b"\nid: 1\n")
+        produce.sync(topic="tail", client=s.client, body=m.ProduceRequest(records=[m.ProduceRecord(value="3", timestamp=5_002)]))
+        s.sdk.wait_for("streamRecords", b"\nid: 2\n")
+        assert s.op("topics", "delete_topic").sync_detailed(topic="tail", client=s.client).status_code == HTTPStatus.NO_CONTENT
+        response = listening.result(timeout=STREAM_TIMEOUT_S)
+    assert response.status_code == HTTPStatus.OK and response.headers["content-type"].startswith("text/event-stream")
+    assert response.parsed == response.content.decode()
+    events = _events(response.parsed)
+    assert [(e, i, d["offset"], d["key"], d["value"], d["timestamp"]) for e, i, d in events[:-1]] == [
+        ("record", "0", 0, "a", "1", 5_000), ("record", "1", 1, "b", "2", 5_001), ("record", "2", 2, None, "3", 5_002),
+    ]
+    event, _, error = events[-1]
+    assert (event, error["code"], error["offset"]) == ("error", "topic_deleted", 3), events[-1]
+
+
+@_uses("listOffsets", "offsets", "list_offsets")
+def _list_offsets(s: Scene) -> None:
+    m = s.m
+    list_offsets = s.op("offsets", "list_offsets")
+    by_time = list_offsets.sync(topic="events", partition=0, client=s.client, timestamp=2_005)
+    assert isinstance(by_time, m.PartitionOffsets), by_time
+    assert (by_time.offset, by_time.timestamp) == (5, 2_005)
+    assert (by_time.log_start_offset, by_time.high_watermark, by_time.log_end_offset) == (0, 14, 14)
+    later = list_offsets.sync(topic="events", partition=0, client=s.client, timestamp=10**12)
+    assert (later.offset, later.timestamp) == (None, None)
+    assert list_offsets.sync(topic="events", partition=0, client=s.client, spec=m.OffsetSpec.LATEST).offset == 14
+    newest = list_offsets.sync(topic="events", partition=0, client=s.client, spec=m.OffsetSpec.MAX_TIMESTAMP)
+    assert (newest.offset, newest.timestamp) == (13, 4_001)
+
+
+@_uses("commitGroupOffsets", "groups", "commit_group_offsets")
+def _commit_group_offsets(s: Scene) -> None:
+    m = s.m
+    committed = s.op("groups", "commit_group_offsets").sync(
+        group="billing", client=s.client,
+        body=m.GroupOffsetsCommit(offsets=[
+            m.GroupOffset(topic="events", partition=0, offset=5, metadata="checkpoint"),
+            m.GroupOffset(topic="orders", partition=2, offset=1),
+        ]),
+    )
+    assert isinstance(committed, m.GroupOffsets), committed
+    assert (committed.group, sorted((o.topic, o.partition, o.offset) for o in committed.offsets)) == (
+        "billing", [("events", 0, 5), ("orders", 2, 1)],
+    )
+
+
+@_uses("fetchGroupOffsets", "groups", "fetch_group_offsets")
+def _fetch_group_offsets(s: Scene) -> None:
+    fetch = s.op("groups", "fetch_group_offsets")
+    got = fetch.sync(group="billing", client=s.client)
+    assert sorted((o.topic, o.partition, o.offset, o.metadata) for o in got.offsets) == [
+        ("events", 0, 5, "checkpoint"), ("orders", 2, 1, ""),
+    ]
+    assert [(o.topic, o.offset) for o in fetch.sync(group="billing", client=s.client, topic="orders").offsets] == [("orders", 1)]
+
+
+@_uses("listGroups", "groups", "list_groups")
+def _list_groups(s: Scene) -> None:
+    assert s.op("groups", "list_groups").sync(client=s.client).groups == ["billing"]
+
+
+@_uses("deleteGroupOffsets", "groups", "delete_group_offsets")
+def _delete_group_offsets(s: Scene) -> None:
+    deleted = s.op("groups", "delete_group_offsets").sync_detailed(group="billing", client=s.client, topic="orders")
+    assert deleted.status_code == HTTPStatus.NO_CONTENT
+    assert [o.topic for o in s.op("groups", "fetch_group_offsets").sync(group="billing", client=s.client).offsets] == ["events"]
+
+
+@_uses("deleteRecords", "offsets", "delete_records")
+def _delete_records(s: Scene) -> None:
+    start = s.op("offsets", "delete_records").sync(
+        topic="events", partition=0, client=s.client, body=s.m.DeleteRecordsRequest(before_offset=4),
+    )
+    assert isinstance(start, s.m.DeleteRecordsResponse), start
+    assert start.log_start_offset == 4
+    assert s.op("records", "fetch_records").sync(topic="events", partition=0, client=s.client, offset=0).code == "offset_out_of_range"
+
+
+@_uses("listSegments", "offsets", "list_segments")
+def _list_segments(s: Scene) -> None:
+    segments = s.op("offsets", "list_segments").sync(topic="events", partition=0, client=s.client).segments
+    assert [(seg.base_offset, seg.last_offset, seg.active) for seg in segments] == [(0, 13, True)]
+
+
+@_uses("appendKeyRecords", "keys", "append_key_records")
+def _append_key_records(s: Scene) -> None:
+    """On a compacted topic whose segments hold about two batches each."""
+    m = s.m
+    append = s.op("keys", "append_key_records")
+    s.op("topics", "create_topic").sync(client=s.client, body=m.TopicCreate(
+        name="carts", partitions=1, configs=m.TopicCreateConfigs.from_dict({"cleanup.policy": "compact", "segment.bytes": 200}),
+    ))
+    created = append.sync_detailed(
+        topic="carts", key="cart/7", client=s.client, if_none_match="*",
+        body=m.KeyProduceRequest(records=[m.KeyRecord(value={"type": "created"}, timestamp=6_000)], value_format=m.Format.JSON),
+    )
+    assert isinstance(created.parsed, m.KeyProduceResponse), created.content
+    assert (created.parsed.partition, created.parsed.offsets, created.headers["etag"]) == (0, [0], '"0"')
+    paid = append.sync(
+        topic="carts", key="cart/7", client=s.client, if_match='"0"',
+        body=m.KeyProduceRequest(records=[m.KeyRecord(value={"type": "paid"}, timestamp=6_001)], value_format=m.Format.JSON),
+    )
+    assert (paid.base_offset, paid.last_offset) == (1, 1)
+
+
+@_uses("readKeyRecords", "keys", "read_key_records")
+def _read_key_records(s: Scene) -> None:
+    page = s.op("keys", "read_key_records").sync_detailed(topic="carts", key="cart/7", client=s.client, value_format=s.m.Format.JSON)
+    assert isinstance(page.parsed, s.m.KeyRecordsResponse), page.content
+    assert [(r.offset, r.value, r.timestamp) for r in page.parsed.records] == [(0, {"type": "created"}, 6_000), (1, {"type": "paid"}, 6_001)]
+    assert (page.parsed.latest_offset, page.parsed.more, page.headers["etag"]) == (1, False, '"1"')
+
+
+@_uses("streamKeyRecords", "keys", "stream_key_records")
+def _stream_key_records(s: Scene) -> None:
+    """A tombstone ends a key's stream on a compacted topic (an `end` event): sync_detailed returns."""
+    m = s.m
+    tombstone = s.op("keys", "append_key_records").sync(
+        topic="carts", key="cart/7", client=s.client, body=m.KeyProduceRequest(records=[m.KeyRecord(value=None, timestamp=6_002)]),
+    )
+    assert tombstone.last_offset == 2
+    stream = s.op("keys", "stream_key_records")
+    with _on_a_thread(lambda: stream.sync_detailed(topic="carts", key="cart/7", client=s.client, offset=0, value_format=m.Format.JSON)) as listening:
+        response = listening.result(timeout=STREAM_TIMEOUT_S)
+    assert response.status_code == HTTPStatus.OK and response.headers["content-type"].startswith("text/event-stream")
+    assert [(e, i, d.get("key"), d.get("value")) for e, i, d in _events(response.parsed)] == [
+        ("record", "0", "cart/7", {"type": "created"}), ("record", "1", "cart/7", {"type": "paid"}),
+        ("record", "2", "cart/7", None), ("end", None, None, None),
+    ]
+    assert _events(response.parsed)[-1][2] == {"offset": 2, "reason": "tombstone"}
+
+
+@_uses("runCompaction", "admin", "run_compaction")
+def _run_compaction(s: Scene) -> None:
+    """cart/8 three times more: in the closed segments only each key's latest record stays
+    (the tombstone too: its delete horizon has not passed); the active segment is untouched."""
+    m = s.m
+    for i in range(3):
+        s.op("keys", "append_key_records").sync(
+            topic="carts", key="cart/8", client=s.client, body=m.KeyProduceRequest(records=[m.KeyRecord(value=f"v{i}", timestamp=6_010 + i)]),
+        )
+    before = s.op("records", "fetch_records").sync(topic="carts", partition=0, client=s.client, offset=0).records
+    closed = [seg for seg in s.op("offsets", "list_segments").sync(topic="carts", partition=0, client=s.client).segments if not seg.active]
+    assert closed, "the segments of carts did not roll"
+    s.compaction = s.op("admin", "run_compaction").sync(client=s.client, body=m.MaintenanceRequest(topic="carts", partition=0))
+    assert isinstance(s.compaction, m.CompactionRun), s.compaction
+    (ran,) = s.compaction.partitions
+    assert (ran.topic, ran.partition, ran.cleaned, ran.end_offset) == ("carts", 0, True, closed[-1].last_offset + 1)
+    assert ran.records_read == ran.records_kept + ran.records_removed and ran.records_removed == s.compaction.records_removed > 0
+    after = s.op("records", "fetch_records").sync(topic="carts", partition=0, client=s.client, offset=0).records
+    # as Kafka's cleaner: the latest offset of each key below end_offset (the active segment is not read)
+    latest = {r.key: r.offset for r in before if r.offset < ran.end_offset}
+    assert [r.offset for r in after] == [
+        r.offset for r in before if r.offset >= ran.end_offset or latest[r.key] == r.offset
+    ]
+    assert len(before) - len(after) == ran.records_removed
+
+
+@_uses("runRetention", "admin", "run_retention")
+def _run_retention(s: Scene) -> None:
+    """A segment per batch; the closed segments below the log start offset are deleted."""
+    m = s.m
+    s.op("topics", "create_topic").sync(client=s.client, body=m.TopicCreate(
+        name="logs", partitions=1, configs=m.TopicCreateConfigs.from_dict({"segment.bytes": 100}),
+    ))
+    for i in range(3):
+        s.op("records", "produce_to_partition").sync(
+            topic="logs", partition=0, client=s.client, body=m.ProduceRequest(records=[m.ProduceRecord(value=f"line {i}", timestamp=7_000 + i)]),
+        )
+    segments = s.op("offsets", "list_segments").sync(topic="logs", partition=0, client=s.client).segments
+    assert [(seg.base_offset, seg.active) for seg in segments] == [(0, False), (1, False), (2, True)]
+    s.op("offsets", "delete_records").sync(topic="logs", partition=0, client=s.client, body=m.DeleteRecordsRequest(before_offset=2))
+    ran = s.op("admin", "run_retention").sync(client=s.client, body=m.MaintenanceRequest(topic="logs", partition=0))
+    assert isinstance(ran, m.RetentionRun), ran
+    assert (ran.segments_deleted, ran.bytes_reclaimed) == (2, sum(seg.size_bytes for seg in segments[:2]))
+    assert [(p.topic, p.partition, p.segments_deleted, p.reasons.to_dict(), p.log_start_offset) for p in ran.partitions] == [
+        ("logs", 0, 2, {"log_start_offset": 2, "retention_bytes": 0, "retention_ms": 0}, 2),
+    ]
+    segments = s.op("offsets", "list_segments").sync(topic="logs", partition=0, client=s.client).segments
+    assert [(seg.base_offset, seg.active) for seg in segments] == [(2, True)]
+
+
+@_uses("describeMaintenance", "offsets", "describe_maintenance")
+def _describe_maintenance(s: Scene) -> None:
+    describe = s.op("offsets", "describe_maintenance")
+    carts = describe.sync(topic="carts", partition=0, client=s.client)
+    assert isinstance(carts, s.m.PartitionMaintenance), carts
+    (ran,) = s.compaction.partitions
+    assert (carts.topic, carts.partition, carts.cleanup_policy, carts.cleaner_offset) == ("carts", 0, "compact", ran.end_offset)
+    assert (carts.last_compaction.outcome, carts.last_retention) == ("ok", None)
+    assert carts.last_compaction.result["records_removed"] == ran.records_removed
+    logs = describe.sync(topic="logs", partition=0, client=s.client)
+    assert (logs.cleanup_policy, logs.cleaner_offset, logs.last_compaction) == ("delete", None, None)
+    assert (logs.last_retention.outcome, logs.last_retention.result["segments_deleted"]) == ("ok", 2)
+    assert 0 <= carts.owner_shard and 0 <= logs.owner_shard
+    missing = describe.sync(topic="carts", partition=5, client=s.client)
+    assert isinstance(missing, s.m.Problem) and (missing.code, missing.status) == ("partition_not_found", 404)
+
+
+@_uses("createSnapshot", "snapshots", "create_snapshot")
+def _create_snapshot(s: Scene) -> None:
+    s.snapshot = s.op("snapshots", "create_snapshot").sync(client=s.client, body=s.m.SnapshotRequest(topics=["events"]))
+    assert isinstance(s.snapshot, s.m.Snapshot), s.snapshot
+    assert (s.snapshot.topics, s.snapshot.path) == (["events"], f"snapshots/{s.snapshot.id}")
+    (p,) = s.snapshot.partitions
+    assert (p.topic, p.partition, p.log_start_offset, p.high_watermark, p.segments) == ("events", 0, 4, 14, 1)
+    assert p.size_bytes > 0
+
+
+@_uses("listSnapshots", "snapshots", "list_snapshots")
+def _list_snapshots(s: Scene) -> None:
+    assert [x.id for x in s.op("snapshots", "list_snapshots").sync(client=s.client).snapshots] == [s.snapshot.id]
+
+
+@_uses("describeSnapshot", "snapshots", "describe_snapshot")
+def _describe_snapshot(s: Scene) -> None:
+    described = s.op("snapshots", "describe_snapshot").sync(snapshot_id=s.snapshot.id, client=s.client)
+    assert isinstance(described, s.m.Snapshot) and described.to_dict() == s.snapshot.to_dict()
+
+
+@_uses("deleteSnapshot", "snapshots", "delete_snapshot")
+def _delete_snapshot(s: Scene) -> None:
+    deleted = s.op("snapshots", "delete_snapshot").sync_detailed(snapshot_id=s.snapshot.id, client=s.client)
+    assert deleted.status_code == HTTPStatus.NO_CONTENT
+    gone = s.op("snapshots", "describe_snapshot").sync(snapshot_id=s.snapshot.id, client=s.client)
+    assert (gone.code, gone.status) == ("snapshot_not_found", 404)
+    assert s.op("snapshots", "list_snapshots").sync(client=s.client).snapshots == []
+
+
+@_uses("getMetrics", "health", "get_metrics")
+def _get_metrics(s: Scene) -> None:
+    text = s.op("health", "get_metrics").sync(client=s.client)
+    assert isinstance(text, str), text
+    assert re.search(r'^eventlog_produce_records_total\{topic="orders"\} 12\.0$', text, re.MULTILINE), text
+    assert re.search(r'^eventlog_http_requests_total\{.*route="/v1/snapshots".*\} [1-9]', text, re.MULTILINE), text
+
+
+@_uses("describeTopic", "topics", "describe_topic")
+def _describe_topic(s: Scene) -> None:
+    detail = s.op("topics", "describe_topic").sync(topic="events", client=s.client)
+    assert isinstance(detail, s.m.TopicDetail), detail
+    assert [(p.partition, p.log_start_offset, p.high_watermark) for p in detail.partitions] == [(0, 4, 14)]
+
+
+@_uses("alterTopicConfigs", "topics", "alter_topic_configs")
+def _alter_topic_configs(s: Scene) -> None:
+    m = s.m
+    altered = s.op("topics", "alter_topic_configs").sync(
+        topic="orders", client=s.client,
+        body=m.ConfigsPatch(configs=m.ConfigsPatchConfigs.from_dict({"retention.ms": None, "segment.ms": 60_000})),
+    )
+    assert (altered.configs["retention.ms"], altered.configs["segment.ms"]) == ("604800000", "60000")
+
+
+@_uses("addPartitions", "topics", "add_partitions")
+def _add_partitions(s: Scene) -> None:
+    grown = s.op("topics", "add_partitions").sync(topic="orders", client=s.client, body=s.m.PartitionsIncrease(count=4))
+    assert grown.partitions == 4
+    assert s.op("records", "fetch_records").sync(topic="orders", partition=3, client=s.client).records == []
+
+
+@_uses("deleteTopic", "topics", "delete_topic")
+def _delete_topic(s: Scene) -> None:
+    assert s.op("topics", "delete_topic").sync_detailed(topic="orders", client=s.client).status_code == HTTPStatus.NO_CONTENT
+    assert [t.name for t in s.op("topics", "list_topics").sync(client=s.client).topics] == ["carts", "events", "logs"]
+
+
+def _document_operations(document: dict[str, Any]) -> dict[str, list[str]]:
+    """operationId -> its tags."""
+    return {op["operationId"]: op["tags"] for ops in document["paths"].values() for op in ops.values()}
+
+
+# -- the tests -----------------------------------------------------------------------------------
+
+
+def test_every_operation_in_the_document_is_used_through_the_sdk(sdk: SDK) -> None:
+    """Every use in USES, in order, on one app: each sends its own operation, and together they
+    send every operation of the document and nothing else."""
+    with sdk.client() as client:
+        scene = Scene(sdk, client)
+        for operation_id, use in USES.items():
+            first = len(sdk.used)
+            use.run(scene)
+            assert operation_id in sdk.used[first:], f"the use of {operation_id} never sent it: {sdk.used[first:]}"
+    documented, used = set(_document_operations(sdk.document)), set(sdk.used)
+    assert used == documented, f"never used (add a use to USES): {sorted(documented - used)}; not in the document: {sorted(used - documented)}"
+
+
 def test_one_module_per_operation_named_after_its_operation_id(sdk: SDK) -> None:
-    ids = {op["operationId"]: op["tags"] for ops in sdk.document["paths"].values() for op in ops.values()}
-    assert ids == {op_id: [tag] for tag, ops in OPERATIONS.items() for op_id in ops}
+    assert _document_operations(sdk.document) == {op_id: [use.tag] for op_id, use in USES.items()}
+    tags: dict[str, set[str]] = {}
+    for use in USES.values():
+        tags.setdefault(use.tag, set()).add(use.module)
     api_dir = sdk.root / PACKAGE / "api"
-    assert {p.name for p in api_dir.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(OPERATIONS)
-    for tag, ops in OPERATIONS.items():
-        modules = {p.stem for p in (api_dir / tag).glob("*.py") if p.stem != "__init__"}
-        assert modules == set(ops.values()), tag
-        for module_name in ops.values():
-            module = sdk.op(tag, module_name)
-            for fn in ("sync", "sync_detailed", "asyncio", "asyncio_detailed"):
-                assert callable(getattr(module, fn)), f"{module_name}.{fn}"
+    assert {p.name for p in api_dir.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(tags)
+    for tag, modules in tags.items():
+        assert {p.stem for p in (api_dir / tag).glob("*.py") if p.stem != "__init__"} == modules, tag
+    package = importlib.import_module(PACKAGE)
+    for operation_id, use in USES.items():
+        module = sdk.op(use.tag, use.module)
+        for fn in ("sync", "sync_detailed", "asyncio", "asyncio_detailed"):
+            assert callable(getattr(module, fn)), f"{use.module}.{fn}"
+            # the token is optional (a server without an auth file needs none): every operation
+            # takes a plain Client as well as an AuthenticatedClient
+            client = typing.get_type_hints(getattr(module, fn))["client"]
+            assert set(typing.get_args(client)) == {package.AuthenticatedClient, package.Client}, (operation_id, fn, client)
     # the hand-parsed produce bodies are still typed by the ProduceRequest model
     for module_name in ("produce_records", "produce_to_partition"):
         body = inspect.signature(sdk.op("records", module_name).sync).parameters["body"].annotation
@@ -260,148 +788,6 @@ def test_an_aggregate_through_the_sdk_per_key_streams(sdk: SDK) -> None:
         assert stale.status_code == 412 and stale.parsed.code == "key_version_mismatch"
         values = [r.value for r in read.sync(topic="carts", key="cart/7", client=client).records]
         assert values == ['{"type":"created"}', "paid"]
-
-
-def test_topics_produce_fetch_offsets_and_groups_through_the_sdk(sdk: SDK) -> None:
-    m = sdk.models
-    with sdk.client() as client:
-        # topics
-        created = sdk.op("topics", "create_topic").sync(
-            client=client,
-            body=m.TopicCreate(name="orders", partitions=3, configs=m.TopicCreateConfigs.from_dict({"retention.ms": 86_400_000})),
-        )
-        assert isinstance(created, m.Topic), created
-        assert (created.name, created.partitions, created.configs["retention.ms"]) == ("orders", 3, "86400000")
-        assert isinstance(sdk.op("topics", "create_topic").sync(client=client, body=m.TopicCreate(name="events", partitions=1)), m.Topic)
-        listed = sdk.op("topics", "list_topics").sync(client=client)
-        assert [(t.name, t.partitions) for t in listed.topics] == [("events", 1), ("orders", 3)]
-
-        # produce with keys, values and headers; murmur2 chooses the partition
-        sent = [
-            m.ProduceRecord(
-                key=f"user-{i}", value=f"value-{i}", timestamp=1_000 + i,
-                headers=[m.RecordHeader(key="source", value="sdk"), m.RecordHeader(key="seq", value=str(i)), m.RecordHeader(key="none", value=None)],
-            )
-            for i in range(12)
-        ]
-        produced = sdk.op("records", "produce_records").sync(topic="orders", client=client, body=m.ProduceRequest(records=sent))
-        assert isinstance(produced, m.ProduceResponse), produced
-        assert [o.partition for o in produced.offsets] == [partition_for_key(f"user-{i}".encode(), 3) for i in range(12)]
-        assert [o.timestamp for o in produced.offsets] == [1_000 + i for i in range(12)]
-
-        # fetch every partition back and compare record by record
-        fetched = {}
-        for p in range(3):
-            page = sdk.op("records", "fetch_records").sync(topic="orders", partition=p, client=client, offset=0)
-            assert isinstance(page, m.FetchResponse), page
-            assert page.next_offset == page.high_watermark == len(page.records) and page.log_start_offset == 0
-            for r in page.records:
-                fetched[(p, r.offset)] = (r.key, r.value, r.timestamp, [(h.key, h.value) for h in r.headers])
-        assert fetched == {
-            (o.partition, o.offset): (s.key, s.value, s.timestamp, [(h.key, h.value) for h in s.headers])
-            for o, s in zip(produced.offsets, sent)
-        }
-
-        # other formats: base64 keys, JSON values and header values
-        produced = sdk.op("records", "produce_records").sync(
-            topic="events", client=client,
-            body=m.ProduceRequest(
-                records=[
-                    m.ProduceRecord(key="AAEC/w==", value={"n": i, "tags": ["a", None]}, timestamp=2_000 + i,
-                                    headers=[m.RecordHeader(key="h", value=[i])])
-                    for i in range(10)
-                ],
-                key_format=m.Format.BASE64, value_format=m.Format.JSON,
-            ),
-        )
-        assert [(o.partition, o.offset) for o in produced.offsets] == [(0, i) for i in range(10)]
-        page = sdk.op("records", "fetch_records").sync(
-            topic="events", partition=0, client=client, offset=3, max_records=2,
-            key_format=m.Format.BASE64, value_format=m.Format.JSON,
-        )
-        assert [(r.offset, r.key, r.value, r.timestamp, [(h.key, h.value) for h in r.headers]) for r in page.records] == [
-            (3, "AAEC/w==", {"n": 3, "tags": ["a", None]}, 2_003, [("h", [3])]),
-            (4, "AAEC/w==", {"n": 4, "tags": ["a", None]}, 2_004, [("h", [4])]),
-        ]
-        assert page.next_offset == 5
-
-        # one partition: JSON records, then a raw Kafka v2 batch
-        to_partition = sdk.op("records", "produce_to_partition")
-        one = to_partition.sync(
-            topic="events", partition=0, client=client,
-            body=m.ProduceRequest(records=[m.ProduceRecord(key=None, value="x", timestamp=3_000), m.ProduceRecord(value=None, timestamp=3_001)]),
-        )
-        assert isinstance(one, m.PartitionProduceResponse), one
-        assert (one.partition, one.base_offset, one.last_offset, one.timestamp) == (0, 10, 11, 3_001)
-        batch = build_batch([(b"k", b"raw", 4_000, [("h", b"v")]), (None, b"raw2", 4_001, [])])
-        raw = to_partition.sync(
-            topic="events", partition=0, client=client, body=sdk.types.File(payload=io.BytesIO(batch)),
-        )
-        assert (raw.base_offset, raw.last_offset, raw.timestamp) == (12, 13, 4_001)
-        page = sdk.op("records", "fetch_records").sync(topic="events", partition=0, client=client, offset=10)
-        assert [(r.offset, r.key, r.value, [(h.key, h.value) for h in r.headers]) for r in page.records] == [
-            (10, None, "x", []), (11, None, None, []), (12, "k", "raw", [("h", "v")]), (13, None, "raw2", []),
-        ]
-
-        # ListOffsets: by timestamp, by spec, and the plain partition offsets
-        list_offsets = sdk.op("offsets", "list_offsets")
-        by_time = list_offsets.sync(topic="events", partition=0, client=client, timestamp=2_005)
-        assert isinstance(by_time, m.PartitionOffsets), by_time
-        assert (by_time.offset, by_time.timestamp) == (5, 2_005)
-        assert (by_time.log_start_offset, by_time.high_watermark, by_time.log_end_offset) == (0, 14, 14)
-        later = list_offsets.sync(topic="events", partition=0, client=client, timestamp=10**12)
-        assert (later.offset, later.timestamp) == (None, None)
-        assert list_offsets.sync(topic="events", partition=0, client=client, spec=m.OffsetSpec.LATEST).offset == 14
-        newest = list_offsets.sync(topic="events", partition=0, client=client, spec=m.OffsetSpec.MAX_TIMESTAMP)
-        assert (newest.offset, newest.timestamp) == (13, 4_001)
-
-        # consumer-group offsets: commit, fetch, list, delete
-        committed = sdk.op("groups", "commit_group_offsets").sync(
-            group="billing", client=client,
-            body=m.GroupOffsetsCommit(offsets=[
-                m.GroupOffset(topic="events", partition=0, offset=5, metadata="checkpoint"),
-                m.GroupOffset(topic="orders", partition=2, offset=1),
-            ]),
-        )
-        assert isinstance(committed, m.GroupOffsets), committed
-        got = sdk.op("groups", "fetch_group_offsets").sync(group="billing", client=client)
-        assert sorted((o.topic, o.partition, o.offset, o.metadata) for o in got.offsets) == [
-            ("events", 0, 5, "checkpoint"), ("orders", 2, 1, ""),
-        ]
-        assert [(o.topic, o.offset) for o in sdk.op("groups", "fetch_group_offsets").sync(group="billing", client=client, topic="orders").offsets] == [("orders", 1)]
-        assert sdk.op("groups", "list_groups").sync(client=client).groups == ["billing"]
-        deleted = sdk.op("groups", "delete_group_offsets").sync_detailed(group="billing", client=client, topic="orders")
-        assert deleted.status_code == HTTPStatus.NO_CONTENT
-        assert [o.topic for o in sdk.op("groups", "fetch_group_offsets").sync(group="billing", client=client).offsets] == ["events"]
-
-        # delete-records, segments, configs, partitions, delete
-        start = sdk.op("offsets", "delete_records").sync(topic="events", partition=0, client=client, body=m.DeleteRecordsRequest(before_offset=4))
-        assert start.log_start_offset == 4
-        segments = sdk.op("offsets", "list_segments").sync(topic="events", partition=0, client=client).segments
-        assert [(s.base_offset, s.last_offset, s.active) for s in segments] == [(0, 13, True)]
-        detail = sdk.op("topics", "describe_topic").sync(topic="events", client=client)
-        assert [(p.partition, p.log_start_offset, p.high_watermark) for p in detail.partitions] == [(0, 4, 14)]
-        altered = sdk.op("topics", "alter_topic_configs").sync(
-            topic="orders", client=client, body=m.ConfigsPatch(configs=m.ConfigsPatchConfigs.from_dict({"retention.ms": None, "segment.ms": 60_000})),
-        )
-        assert (altered.configs["retention.ms"], altered.configs["segment.ms"]) == ("604800000", "60000")
-        grown = sdk.op("topics", "add_partitions").sync(topic="orders", client=client, body=m.PartitionsIncrease(count=4))
-        assert grown.partitions == 4
-        assert sdk.op("topics", "delete_topic").sync_detailed(topic="orders", client=client).status_code == HTTPStatus.NO_CONTENT
-        assert [t.name for t in sdk.op("topics", "list_topics").sync(client=client).topics] == ["events"]
-
-        # health and metrics
-        assert sdk.op("health", "get_readiness").sync(client=client).status == "ready"
-        assert "eventlog_http_requests_total" in sdk.op("health", "get_metrics").sync(client=client)
-    package = importlib.import_module(PACKAGE)
-    with package.Client(base_url=sdk.server.url, raise_on_unexpected_status=True, httpx_args=sdk.httpx_args()) as anonymous:
-        assert sdk.op("health", "get_health").sync(client=anonymous).status == "ok"  # no token needed
-    # auth is optional (a server without an auth file needs no token): every operation takes a
-    # plain Client as well as an AuthenticatedClient
-    for tag, ops in OPERATIONS.items():
-        for module_name in ops.values():
-            annotation = str(inspect.signature(sdk.op(tag, module_name).sync).parameters["client"].annotation)
-            assert "AuthenticatedClient" in annotation and annotation.endswith("Client") and "|" in annotation, (module_name, annotation)
 
 
 def test_errors_come_back_as_typed_problems(sdk: SDK) -> None:
