@@ -608,9 +608,15 @@ async function showKeyPage(name, params, size, as, body, here) {
   const page = await get(`/v1/topics/${encodeURIComponent(name)}/keys/${encodeURIComponent(key)}/records?${q({ offset: from, max_records: size, value_format: "base64", key_format: "string" })}`);
   // the API gave the key back as a string (key_format=string): show it as the others are
   const records = page.records.map((r) => ({ ...r, key: base64Of(r.key) }));
+  // a key's pages only go forward (the key index is read from an offset on): the starts of the
+  // pages before this one ride along in the link, so Previous goes back to them
+  const back = (params.get("back") || "").split(",").filter(Boolean);
   const pager = h("div", { class: "pager" },
-    h("a", { href: here({ offset: "" }) }, h("button", { type: "button", disabled: !from }, "⇤ First")),
-    h("a", { href: here({ offset: page.next_offset }), id: "next" }, h("button", { type: "button", disabled: !page.more }, "Next ▶")),
+    h("a", { href: here({ offset: "", back: "" }) }, h("button", { type: "button", disabled: !from }, "⇤ First")),
+    h("a", { href: here({ offset: back.length ? back[back.length - 1].replace("first", "") : "", back: back.slice(0, -1).join(",") }), id: "previous" },
+      h("button", { type: "button", disabled: !from }, "◀ Previous")),
+    h("a", { href: here({ offset: page.next_offset, back: [...back, from || "first"].join(",") }), id: "next" },
+      h("button", { type: "button", disabled: !page.more }, "Next ▶")),
     h("span", { class: "muted", id: "key-summary" },
       `key ${JSON.stringify(key)} · partition ${page.partition} · latest offset ${page.latest_offset < 0 ? "none" : page.latest_offset} · ${records.length} record(s) on this page`));
   put(body, pager, table(["#Offset", "#Partition", "Timestamp", "Key", "Value", "Headers"], recordRows(records, as, page.partition), { id: "records" }));

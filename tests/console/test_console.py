@@ -251,6 +251,16 @@ def test_a_topic_from_creation_to_deletion_on_two_shards(start, console_factory)
     assert [v.strip() for v in page.locator("#records td.value").all_inner_texts()] == [
         json.dumps(json.loads(r["value"]), indent=2) for r in key_records]
     console.shot("records-by-key")
+    key_offsets = console.offsets()
+    console.open("#/topics/orders/records?mode=key&key=order-17&size=2")  # two pages of two
+    page.wait_for_function("() => document.querySelectorAll('#records tbody tr').length === 2")
+    assert console.offsets() == key_offsets[:2]
+    page.locator("#next").click()
+    page.wait_for_function("() => document.querySelector('#records tbody tr')?.dataset.offset === String(%d)" % key_offsets[2])
+    assert console.offsets() == key_offsets[2:]
+    page.locator("#previous").click()
+    page.wait_for_function("() => document.querySelector('#records tbody tr')?.dataset.offset === String(%d)" % key_offsets[0])
+    assert console.offsets() == key_offsets[:2] and page.locator("#previous button").is_disabled()
 
     # live tail of partition 2: new records appear, newest first, exactly once across a pause
     console.open("#/topics/orders/tail?partition=2")
