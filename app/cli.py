@@ -161,12 +161,13 @@ def nightly(
     topics: Optional[str] = typer.Option(None, "--topics", help="comma-separated topics (default: every user topic)"),
     master: str = typer.Option("local[2]", "--master", help="Spark master for the local session"),
     memory: str = typer.Option("1g", "--driver-memory", help="Spark driver memory"),
+    full: bool = typer.Option(False, "--full", help="forget the last run's watermarks: rebuild every output from the snapshot"),
 ) -> None:
     """Run the nightly Spark job over a snapshot: table views of compacted topics, daily counts."""
     from .nightly import run_nightly_cli
 
     wanted = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
-    raise typer.Exit(run_nightly_cli(snapshot, out, wanted, master=master, memory=memory))
+    raise typer.Exit(run_nightly_cli(snapshot, out, wanted, master=master, memory=memory, full=full))
 
 
 @cli.command()

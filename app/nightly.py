@@ -14,7 +14,9 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def run_nightly_cli(snapshot: Path, target: Path, topics: list[str] | None, *, master: str, memory: str) -> int:
+def run_nightly_cli(
+    snapshot: Path, target: Path, topics: list[str] | None, *, master: str, memory: str, full: bool = False
+) -> int:
     from analytics.nightly import resolve_snapshot, run_nightly, snapshot_topics
     from analytics.session import local_session
 
@@ -39,13 +41,19 @@ def run_nightly_cli(snapshot: Path, target: Path, topics: list[str] | None, *, m
             current = progress.add_task(description, total=None)
 
         try:
-            result = run_nightly(spark, snapshot, target, topics=topics, step=step)
+            result = run_nightly(spark, snapshot, target, topics=topics, step=step, full=full)
         finally:
             progress.update(current, completed=1, total=1)
             spark.stop()
-    table = Table("topic", "compacted", "table rows", "output", title=f"nightly: snapshot {result.snapshot_id}")
+    kind = "incremental" if result.incremental else "full"
+    table = Table("topic", "compacted", "offsets read", "lost to retention", "table rows", "output",
+                  title=f"nightly: snapshot {result.snapshot_id}, run {result.run} ({kind})")
     for t in result.topics:
-        table.add_row(t.topic, "yes" if t.compacted else "no", "" if t.table_rows is None else str(t.table_rows), t.table_path or "")
+        table.add_row(
+            t.topic, "yes" if t.compacted else "no", str(t.offsets_read), str(t.offsets_lost),
+            "" if t.table_rows is None else f"{t.table_rows}{' (rebuilt)' if t.rebuilt and result.incremental else ''}",
+            t.table_path or "",
+        )
     out.print(table)
     out.print(f"daily counts: {result.daily_rows} rows in {target / 'daily'}; {result.seconds} s")
     out.print(json.dumps({"summary": str(target / "_SUMMARY.json")}))
