@@ -37,6 +37,34 @@ Options (names case-insensitive, values strings):
   null key are dropped, as Kafka's log cleaner drops them and Kafka Streams' KTable ignores
   them. (eventlog's own compactor keeps keyless records written before a topic became compact.)
 
+Typed columns (values.py decodes, schemas.py makes the types; docs/ANALYTICS.md, Typed values):
+
+* `key_format` / `header_format` = "string": keys / header values as STRING (default
+  "binary"). Bytes that are not UTF-8 are a malformed record (see `mode`); in PERMISSIVE mode
+  that key or header value is null.
+* `value_format` = "binary" (default), "string" (UTF-8 text) or "json": a typed value column
+  whose type comes from, first to last: the user's `.schema(...)`; option `value_schema` (a
+  Spark DDL string such as "id INT, status STRING", or a JSON Schema as text or the path of a
+  JSON Schema or DDL file: schemas.load_value_schema); else inference from a sample of the
+  read's values (`value_sample_records`, default 1000 per topic, spread over its partitions,
+  half from each partition's first selected records and half from its last; widening rules in
+  schemas.py). `value_schema` alone implies "json". A tombstone stays a null value.
+* `mode` (typed reads only; Spark's JSON reader's modes): PERMISSIVE (default) gives a null
+  value and the raw value bytes in the corrupt-record column (`columnNameOfCorruptRecord`,
+  default "_corrupt_record", binary, added after `headers` for JSON values); DROPMALFORMED
+  drops the record; FAILFAST fails the query with MalformedRecordError (topic, partition,
+  offset, reason). What counts as malformed: values.py.
+
+A user schema (`.schema(...)`) must hold the seven columns of SPARK_DDL, by name in any order
+(no partial schemas: Spark gets every column of every row; give `value_schema` to type only
+the value), with SPARK_DDL's types except: key STRING, header values STRING, value STRING or
+any type JSON can fill (structs, arrays, numbers, strings, booleans, decimals, dates,
+timestamps; not maps or binary), nested NOT NULL fields (a record lacking one is malformed),
+and optionally the corrupt-record column (BINARY or STRING). A typed value column implies
+value_format "json" (a STRING value column: "string" unless value_format says "json"). The
+options, if given too, must agree with it. Typing is applied to what the offset and time bounds
+select, and with `compacted` to the surviving records only (the first pass reads keys only).
+
 Partitions. One InputPartition per segment file (a `SegmentPartition`: path, size, bounds),
 skipping segments outside the offset range. With `compacted`, one `CompactedPartition` per
 topic partition instead: latest-per-key needs every segment of a partition, and doing it in the
@@ -66,20 +94,26 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from .decoder import ARROW_SCHEMA, SPARK_DDL, decode_segment, decode_segment_keys
+from .values import MODES, PERMISSIVE, RowFormat
 
 __all__ = [
+    "CORRUPT_COLUMN",
     "CompactedPartition",
     "EventlogDataSource",
     "EventlogReader",
     "SegmentPartition",
     "latest_per_key",
     "plan_partitions",
+    "read_schema",
+    "row_format",
 ]
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 EARLIEST = -2
 LATEST = -1
+CORRUPT_COLUMN = "_corrupt_record"
+DEFAULT_SAMPLE_RECORDS = 1000
 
 
 @dataclass(frozen=True)
@@ -117,11 +151,17 @@ class EventlogDataSource(DataSource):
     def name(cls) -> str:
         return "eventlog"
 
-    def schema(self) -> str:
-        return SPARK_DDL
+    def schema(self):
+        return read_schema(_lower(self.options))
 
     def reader(self, schema) -> EventlogReader:
         return EventlogReader(dict(self.options), schema)
+
+    def streamReader(self, schema):
+        """spark.readStream.format("eventlog").load(path): analytics/stream.py."""
+        from .stream import EventlogStreamReader
+
+        return EventlogStreamReader(dict(self.options), schema)
 
 
 class EventlogReader(DataSourceReader):
@@ -129,12 +169,11 @@ class EventlogReader(DataSourceReader):
     pickled with the reader (it would travel with every task)."""
 
     def __init__(self, options: dict[str, str], schema=None) -> None:
-        if schema is not None:
-            _check_schema(schema)
-        options = {str(k).lower(): v for k, v in options.items()}
+        options = _lower(options)
         path = options.get("path")
         if not path:
             raise ValueError("eventlog: give the snapshot directory: spark.read.format('eventlog').load(path)")
+        self._format = row_format(options, schema)  # None: the decoder's batches as they are
         self._partitions = plan_partitions(path, options)
 
     def partitions(self) -> list[InputPartition]:
@@ -147,22 +186,31 @@ class EventlogReader(DataSourceReader):
         return state
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if isinstance(partition, SegmentPartition):
-            yield from decode_segment(
-                partition.path, partition.size_bytes, topic=partition.topic, partition=partition.partition,
-                start_offset=partition.start_offset, end_offset=partition.end_offset,
-                start_ts=partition.start_ts, end_ts=partition.end_ts,
-            )
-        elif isinstance(partition, CompactedPartition):
-            yield from _read_compacted(partition)
-        # anything else: Spark's stand-in InputPartition(None) when there is nothing to read
+        batches = _read_raw(partition)
+        if self._format is None:
+            yield from batches
+            return
+        for batch in batches:
+            typed = self._format.convert(batch)
+            if typed is not None and typed.num_rows:
+                yield typed
 
 
-def _check_schema(schema) -> None:
-    from pyspark.sql.pandas.types import to_arrow_schema
+def _read_raw(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Decoder batches (ARROW_SCHEMA) of one input partition."""
+    if isinstance(partition, SegmentPartition):
+        yield from decode_segment(
+            partition.path, partition.size_bytes, topic=partition.topic, partition=partition.partition,
+            start_offset=partition.start_offset, end_offset=partition.end_offset,
+            start_ts=partition.start_ts, end_ts=partition.end_ts,
+        )
+    elif isinstance(partition, CompactedPartition):
+        yield from _read_compacted(partition)
+    # anything else: Spark's stand-in InputPartition(None) when there is nothing to read
 
-    if not to_arrow_schema(schema, timezone="UTC").equals(ARROW_SCHEMA):
-        raise ValueError(f"eventlog: the schema is fixed ({SPARK_DDL}); got {schema.simpleString()}")
+
+def _lower(options) -> dict[str, str]:
+    return {str(k).lower(): v for k, v in dict(options).items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,6 +336,253 @@ def _parse_bool(text, option: str) -> bool:
     if value not in ("true", "false"):
         raise ValueError(f"eventlog: {option} must be true or false; got {text!r}")
     return value == "true"
+
+
+# ---------------------------------------------------------------------------------------------
+# typed columns: the read's schema and how batches become it
+
+
+@dataclass(frozen=True)
+class _Formats:
+    """The typing options of one read (None = not given)."""
+
+    key: str | None
+    value: str | None
+    headers: str | None
+    value_schema: str | None
+    mode: str
+    corrupt_column: str
+    sample_records: int
+
+    @classmethod
+    def parse(cls, options: dict[str, str]) -> _Formats:
+        def choice(name: str, allowed: tuple[str, ...]) -> str | None:
+            text = options.get(name)
+            if text is None or not str(text).strip():
+                return None
+            value = str(text).strip().lower()
+            if value not in allowed:
+                raise ValueError(f"eventlog: {name} must be one of {', '.join(allowed)}; got {text!r}")
+            return value
+
+        typing = [n for n in ("key_format", "value_format", "header_format", "value_schema") if options.get(n)]
+        mode = str(options.get("mode") or PERMISSIVE).strip().upper()
+        if mode not in MODES:
+            if typing:
+                raise ValueError(f"eventlog: mode must be one of {', '.join(MODES)}; got {options.get('mode')!r}")
+            mode = PERMISSIVE  # an untyped read decodes nothing that could fail (readStream's mode is its own)
+        records = str(options.get("value_sample_records") or DEFAULT_SAMPLE_RECORDS).strip()
+        if not records.isdigit() or int(records) < 1:
+            raise ValueError(f"eventlog: value_sample_records must be a positive number; got {records!r}")
+        value_schema = options.get("value_schema")
+        formats = cls(
+            key=choice("key_format", ("binary", "string")),
+            value=choice("value_format", ("binary", "string", "json")),
+            headers=choice("header_format", ("binary", "string")),
+            value_schema=value_schema if value_schema and str(value_schema).strip() else None,
+            mode=mode,
+            corrupt_column=str(options.get("columnnameofcorruptrecord") or CORRUPT_COLUMN),
+            sample_records=int(records),
+        )
+        if formats.value_schema is not None and formats.value not in (None, "json"):
+            raise ValueError(f"eventlog: value_schema needs value_format json, not {formats.value}")
+        if formats.corrupt_column.lower() in ("topic", "partition", "offset", "timestamp", "key", "value", "headers"):
+            raise ValueError(f"eventlog: columnNameOfCorruptRecord {formats.corrupt_column!r} names a column of the schema")
+        return formats
+
+
+def read_schema(options: dict[str, str]):
+    """The schema of a read without a user schema (options lower case): SPARK_DDL, with key,
+    value and header values typed as the options say, and the corrupt-record column (binary)
+    after them for JSON values in PERMISSIVE mode. Infers the value type from a sample when
+    value_format is json and no value_schema is given."""
+    from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, StructType
+
+    from .schemas import check_json_type, parse_ddl, parse_value_type
+
+    formats = _Formats.parse(options)
+    value = "json" if formats.value_schema is not None else (formats.value or "binary")
+    if formats.key in (None, "binary") and value == "binary" and formats.headers in (None, "binary"):
+        return SPARK_DDL
+    fields = []
+    for field in parse_ddl(SPARK_DDL).fields:
+        if field.name == "key" and formats.key == "string":
+            field = StructField("key", StringType())
+        elif field.name == "value" and value == "string":
+            field = StructField("value", StringType())
+        elif field.name == "value" and value == "json":
+            if formats.value_schema is not None:
+                value_type = parse_value_type(formats.value_schema)
+            else:
+                value_type = _infer_value_type(options, formats.sample_records)
+            check_json_type(value_type)
+            field = StructField("value", value_type)
+        elif field.name == "headers" and formats.headers == "string":
+            header = StructType([StructField("key", StringType()), StructField("value", StringType())])
+            field = StructField("headers", ArrayType(header))
+        fields.append(field)
+    if value == "json" and formats.mode == PERMISSIVE:
+        fields.append(StructField(formats.corrupt_column, BinaryType()))
+    return StructType(fields)
+
+
+def row_format(options: dict[str, str], schema=None) -> RowFormat | None:
+    """How the reader turns decoder batches into `schema` (Spark's StructType, a DDL string, or
+    None for read_schema(options)); None when they already are it. Checks the schema: the seven
+    columns of SPARK_DDL by name (any order, any case), each with its type, except that key may
+    be string, header values string, and value anything JSON can fill (value_format json), plus
+    an optional corrupt-record column (binary or string). ValueError otherwise."""
+    from pyspark.sql.types import BinaryType, StringType, StructType
+
+    from .schemas import arrow_schema, check_json_type, parse_ddl, parse_value_type
+
+    formats = _Formats.parse(options)
+    if schema is None:
+        schema = read_schema(options)
+    if isinstance(schema, str):
+        schema = parse_ddl(schema)
+    if not isinstance(schema, StructType):
+        raise ValueError(f"eventlog: the schema must be a struct; got {schema!r}")
+    plain = {f.name: f for f in parse_ddl(SPARK_DDL).fields}
+    expected = (
+        f"the schema is fixed: {SPARK_DDL}, in any order; key may be string, header values "
+        f"string, value any type JSON can fill (option value_format json); plus an optional "
+        f"{formats.corrupt_column} (binary or string) column"
+    )
+    sources: list[str] = []
+    value_format = "binary"
+    for field in schema.fields:
+        name = field.name.lower()
+        if name == formats.corrupt_column.lower():
+            source = "corrupt"
+            ok = isinstance(field.dataType, BinaryType | StringType) and field.nullable
+        elif name in plain:
+            source = name
+            if name in ("topic", "partition", "offset", "timestamp"):
+                ok = field.dataType == plain[name].dataType
+            elif name == "key":
+                ok = field.nullable and _agrees(formats.key, field.dataType, "key_format")
+            elif name == "headers":
+                element = getattr(field.dataType, "elementType", None)
+                typed = arrow_schema(StructType([field]))[0].type
+                text = arrow_schema(parse_ddl("h array<struct<key: string, value: string>>"))[0].type
+                headers = {ARROW_SCHEMA.field("headers").type: "binary", text: "string"}
+                ok = field.nullable and typed in headers and element is not None
+                if ok:
+                    _agrees(formats.headers, StringType() if headers[typed] == "string" else BinaryType(),
+                            "header_format")
+            else:  # value
+                value_format = _value_format(formats, field.dataType)
+                if value_format == "json":
+                    check_json_type(field.dataType)
+                    if formats.value_schema is not None and _arrow_type(parse_value_type(formats.value_schema)) \
+                            != _arrow_type(field.dataType):
+                        raise ValueError(f"eventlog: the schema's value type {field.dataType.simpleString()} and "
+                                         f"option value_schema disagree; give one of them")
+                ok = field.nullable
+        else:
+            ok = False
+        if not ok or source in sources:
+            raise ValueError(f"eventlog: {expected}; got {schema.simpleString()} (column {field.name!r})")
+        sources.append(source)
+    missing = [name for name in plain if name not in sources]
+    if missing:
+        raise ValueError(f"eventlog: {expected}; got {schema.simpleString()} (no {', '.join(missing)})")
+    result = RowFormat(arrow_schema(schema), tuple(sources), value_format, formats.mode)
+    return None if result.is_identity(ARROW_SCHEMA) else result
+
+
+def _arrow_type(data_type) -> pa.DataType:
+    """Names, types and NOT NULL flags; not metadata (comments), which Spark may rewrite."""
+    from pyspark.sql.types import StructField, StructType
+
+    from .schemas import arrow_schema
+
+    return arrow_schema(StructType([StructField("v", data_type)]))[0].type
+
+
+def _agrees(option: str | None, data_type, name: str) -> bool:
+    """A key or header column's type: binary or string, and what the option says if given."""
+    from pyspark.sql.types import BinaryType, StringType
+
+    kind = "string" if isinstance(data_type, StringType) else "binary" if isinstance(data_type, BinaryType) else None
+    if kind is None:
+        return False
+    if option is not None and option != kind:
+        raise ValueError(f"eventlog: option {name} {option} and the schema's {kind} column disagree")
+    return True
+
+
+def _value_format(formats: _Formats, data_type) -> str:
+    """binary -> raw bytes, string -> raw text unless value_format json, anything else JSON."""
+    from pyspark.sql.types import BinaryType, StringType
+
+    if isinstance(data_type, BinaryType):
+        wanted, natural = ("binary",), "binary"
+    elif isinstance(data_type, StringType):
+        wanted, natural = ("string", "json"), "string"
+    else:
+        wanted, natural = ("json",), "json"
+    if formats.value_schema is not None and formats.value is None:
+        given = "json"
+    else:
+        given = formats.value
+    if given is None:
+        return natural
+    if given not in wanted:
+        raise ValueError(f"eventlog: option value_format {given} cannot fill a value column of type "
+                         f"{data_type.simpleString()}")
+    return given
+
+
+def _infer_value_type(options: dict[str, str], records: int):
+    """The JSON type of a sample of the read's values: for each topic, up to `records` values
+    spread over its partitions, half from each partition's first selected records and half from
+    its last (the newest fields are seen). ValueError when the sample holds no JSON value."""
+    from .schemas import infer_value_type
+
+    plan = plan_partitions(options["path"], {**options, "compacted": "false"})
+    by_partition: dict[tuple[str, int], list[SegmentPartition]] = {}
+    for part in plan:
+        by_partition.setdefault((part.topic, part.partition), []).append(part)
+    partitions_of: dict[str, int] = {}
+    for topic, _ in by_partition:
+        partitions_of[topic] = partitions_of.get(topic, 0) + 1
+    values: list[bytes] = []
+    for (topic, _), segments in by_partition.items():
+        quota = -(-records // partitions_of[topic])
+        head = -(-quota // 2)
+        sample = dict(_sample(segments, head, last=False))
+        sample.update(_sample(segments, quota - head, last=True))
+        values.extend(sample.values())
+    value_type = infer_value_type(values)
+    if value_type is None:
+        topics = ", ".join(sorted(partitions_of)) or "none"
+        raise ValueError(
+            f"eventlog: value_format json: no JSON value to infer the value type from in {len(values)} sampled "
+            f"records (topics: {topics}); give .schema(...) or option value_schema"
+        )
+    return value_type
+
+
+def _sample(segments: list[SegmentPartition], count: int, *, last: bool) -> Iterator[tuple[int, bytes]]:
+    """(offset, value) of up to `count` non-null values from the first or last segments."""
+    if count <= 0:
+        return
+    taken = 0
+    for seg in reversed(segments) if last else segments:
+        start = max(seg.start_offset, seg.end_offset - count) if last else seg.start_offset
+        for batch in decode_segment(seg.path, seg.size_bytes, topic=seg.topic, partition=seg.partition,
+                                    start_offset=start, end_offset=seg.end_offset, start_ts=seg.start_ts,
+                                    end_ts=seg.end_ts, max_rows_per_batch=count):
+            present = batch.filter(batch.column("value").is_valid())
+            for offset, value in zip(present.column("offset").to_pylist(), present.column("value").to_pylist()):
+                yield offset, value
+                taken += 1
+                if taken == count:
+                    return
+        if last:
+            return
 
 
 # ---------------------------------------------------------------------------------------------
