@@ -6,8 +6,14 @@ What other code may use:
     register(spark)                  spark.dataSource.register(EventlogDataSource)
     EventlogDataSource               source.py: spark.read.format("eventlog").load(snapshot dir)
     latest_per_key(df)               source.py: the compacted view in the DataFrame layer
+    load(spark, path, cache=, ...)   cache.py: the same rows, read from segments kept as Parquet
     decode_segment, ARROW_SCHEMA,    decoder.py: one segment file -> Arrow record batches
     SPARK_DDL, SnapshotCorruptError
+    load_value_schema(ddl or file)   schemas.py: a value schema (Spark DDL or JSON Schema) for typed reads
+    MalformedRecordError             values.py: a typed read's FAILFAST error
+
+spark.readStream.format("eventlog") is the streaming source (stream.py): successive snapshots or
+a live data dir, offsets per partition.
 
 decoder.py imports numpy, pyarrow and engine's pure modules (format, compression, errors), never
 pyspark; source.py needs pyspark (the `spark` extra). Names are imported lazily so that
@@ -26,15 +32,21 @@ _EXPORTS = {
     "decode_segment": "decoder",
     "EventlogDataSource": "source",
     "latest_per_key": "source",
+    "load": "cache",
+    "load_value_schema": "schemas",
+    "MalformedRecordError": "values",
 }
 
 __all__ = [
     "ARROW_SCHEMA",
     "SPARK_DDL",
     "EventlogDataSource",
+    "MalformedRecordError",
     "SnapshotCorruptError",
     "decode_segment",
     "latest_per_key",
+    "load",
+    "load_value_schema",
     "register",
 ]
 

@@ -23,6 +23,12 @@ and reported as lost; the run still converges. A topic deleted and made again (a
 topic id), or a snapshot behind the watermarks, rebuilds that topic's table. `full=True`
 (`--full`) forgets every watermark and rebuilds everything.
 
+Typed tables: `schemas={topic: value schema}` (`--schema accounts=accounts.json`, a Spark DDL
+string or a DDL or JSON Schema file, analytics.schemas.load_value_schema) makes that topic's
+table hold its values as typed columns (the data source's `value_schema` option, PERMISSIVE: a
+value that does not fit is null with its bytes in `_corrupt_record`, and does not delete its
+key). A topic whose schema changed since the last run gets its table rebuilt.
+
 Commit: the outputs of a run are written next to the current ones (`<name>.next`), then
 `_STATE.json.next`, and then moved into place, `_STATE.json` last. A run that died before
 `_STATE.json.next` was complete left only `.next` directories, which the next run removes; one
@@ -49,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 from analytics import register
+from analytics.cache import build_all, prune
+from analytics.cache import plan as plan_cache
 
 STATE = "_STATE.json"
 STATE_VERSION = 1
@@ -219,6 +227,7 @@ def run_nightly(
     topics: list[str] | None = None,
     step: Callable[[str], None] | None = None,
     full: bool = False,
+    schemas: dict[str, str] | None = None,
 ) -> NightlyResult:
     """Run the job; `step(description)` is called as each step starts (for a progress display)."""
     started = time.perf_counter()
@@ -227,19 +236,35 @@ def run_nightly(
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((snapshot / "manifest.json").read_text())
     chosen = snapshot_topics(snapshot, topics)
+    schemas = dict(schemas or {})
+    unknown = sorted(set(schemas) - {t["name"] for t in chosen})
+    if unknown:
+        raise ValueError(f"a value schema names topics this run does not read: {', '.join(unknown)}")
+    fingerprints = {name: _fingerprint(text) for name, text in schemas.items()}
     state = load_state(out)
     result = NightlyResult(manifest["snapshot_id"], str(snapshot), str(out), run=state["runs"] + 1)
     result.incremental = bool(state["topics"]) and not full
     step = step or (lambda _d: None)
     register(spark)
 
+    # every segment of the topics read, as Parquet (analytics/cache.py): decoded once, read by
+    # this run and by analysts' analytics.load(spark, snapshot, cache=<out>/segments)
+    segments = out / "segments"
+    cached, _ = plan_cache(snapshot, segments, {"topics": ",".join(t["name"] for t in chosen)}) if chosen else ([], [])
+    if any(not os.path.exists(c.file) for c in cached):
+        step("segment cache")
+        build_all(spark, cached)
     moves: list[str] = []
     new_marks: dict[str, Any] = dict(state["topics"])
     deltas = []  # (topic, ranges) with something to count
     for topic in chosen:
         name = topic["name"]
         compacted = "compact" in topic["cleanup_policy"].split(",")
-        ranges, counted, rebuild = plan_topic(topic, state["topics"].get(name), full)
+        kept = state["topics"].get(name)
+        ranges, counted, rebuild = plan_topic(topic, kept, full)
+        if kept is not None and kept.get("value_schema") != fingerprints.get(name):
+            ranges, rebuild = [PartitionRange(r.partition, log_start, r.end, 0) for r, log_start in
+                               zip(ranges, _log_starts(topic), strict=True)], True  # the table is rebuilt
         read = sum(r.end - r.start for r in counted)
         output = TopicOutput(name, compacted, None, None, offsets_read=read, offsets_lost=sum(r.lost for r in counted),
                              rebuilt=compacted and rebuild)
@@ -248,19 +273,20 @@ def run_nightly(
             current = table_dir
             if read or rebuild or not table_dir.exists():
                 step(f"table view of {name}")
-                current = _write_table(spark, snapshot, name, ranges, table_dir, rebuild)
+                current = _write_table(spark, snapshot, name, ranges, table_dir, rebuild, segments, schemas.get(name))
                 moves.append(f"tables/{name}")
             output.table_path, output.table_rows = str(table_dir), _rows(current)
         if read:
             deltas.append((name, counted))
-        new_marks[name] = {"topic_id": topic.get("topic_id"), "partitions": {str(r.partition): r.end for r in counted}}
+        new_marks[name] = {"topic_id": topic.get("topic_id"), "partitions": {str(r.partition): r.end for r in counted},
+                           "value_schema": fingerprints.get(name)}
         result.topics.append(output)
     daily_dir = out / "daily"
     current = daily_dir
     if deltas or (chosen and not daily_dir.exists()) or full:
         step("daily counts and bytes")
         forget = [t["name"] for t in chosen] if full else []
-        current = _write_daily(spark, snapshot, deltas, daily_dir, forget)
+        current = _write_daily(spark, snapshot, deltas, daily_dir, forget, segments)
         moves.append("daily")
     result.daily_rows = _rows(current)
     result.seconds = round(time.perf_counter() - started, 3)
@@ -270,7 +296,21 @@ def run_nightly(
         "format_version": STATE_VERSION, "runs": result.run, "snapshot_id": result.snapshot_id,
         "committed_ms": int(time.time() * 1000), "topics": new_marks,
     }, moves)
+    if topics is None:  # the cache files of segments this snapshot no longer holds
+        prune(segments, [c.file for c in cached])
     return result
+
+
+def _fingerprint(schema_source: str) -> str:
+    """The value schema as Spark's JSON form: the same schema however it was written."""
+    from .schemas import load_value_schema
+
+    path = Path(schema_source)
+    return load_value_schema(path if path.is_file() else schema_source).json()
+
+
+def _log_starts(topic: dict[str, Any]) -> list[int]:
+    return [int(p["log_start_offset"]) for p in sorted(topic["partitions"], key=lambda p: int(p["partition"]))]
 
 
 def _rows(path: Path) -> int:
@@ -283,39 +323,49 @@ def _offsets(name: str, ranges: list[PartitionRange], which: str) -> str:
     return json.dumps({name: {str(r.partition): getattr(r, which) for r in ranges}})
 
 
-def _read(spark, snapshot: Path, name: str, ranges: list[PartitionRange], **options: str):
-    reader = spark.read.format("eventlog").option("topics", name)
-    reader = reader.option("startingOffsets", _offsets(name, ranges, "start")).option("endingOffsets", _offsets(name, ranges, "end"))
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    return reader.load(str(snapshot))
+def _read(spark, snapshot: Path, name: str, ranges: list[PartitionRange], segments: Path | None = None, **options: str):
+    """The topic's records in `ranges`: from the segment cache when given (analytics/cache.py),
+    else (and for the options only the data source has) through the data source."""
+    from .cache import load
+
+    return load(spark, snapshot, cache=segments, topics=name, startingOffsets=_offsets(name, ranges, "start"),
+                endingOffsets=_offsets(name, ranges, "end"), **options)
 
 
-def _write_table(spark, snapshot: Path, name: str, ranges: list[PartitionRange], table_dir: Path, rebuild: bool) -> Path:
+def _write_table(
+    spark, snapshot: Path, name: str, ranges: list[PartitionRange], table_dir: Path, rebuild: bool, segments: Path,
+    value_schema: str | None = None,
+) -> Path:
     """The topic's table view, upserted with the records in `ranges`, written to (and returned)
-    `<table_dir>.next`."""
+    `<table_dir>.next`; values typed by `value_schema` when given."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    from .source import CORRUPT_COLUMN
+
+    typed = {"value_schema": value_schema} if value_schema else {}
     staged = str(table_dir) + NEXT
     if rebuild or not table_dir.exists():
-        table = _read(spark, snapshot, name, ranges, compacted="true").drop("topic")
+        table = _read(spark, snapshot, name, ranges, compacted="true", **typed).drop("topic")
         table.write.mode("overwrite").parquet(staged)
         return Path(staged)
-    new = _read(spark, snapshot, name, ranges).drop("topic").where(F.col("key").isNotNull())
+    new = _read(spark, snapshot, name, ranges, segments, **typed).drop("topic").where(F.col("key").isNotNull())
     latest = (
         new.withColumn("_n", F.row_number().over(Window.partitionBy("partition", "key").orderBy(F.col("offset").desc())))
         .where(F.col("_n") == 1).drop("_n")
     )
     old = spark.read.parquet(str(table_dir))
     kept = old.join(latest.select("partition", "key"), ["partition", "key"], "left_anti")
-    table = kept.unionByName(latest.where(F.col("value").isNotNull()))
+    alive = F.col("value").isNotNull()
+    if typed:  # a value that did not fit its schema is null but is no tombstone
+        alive = alive | F.col(CORRUPT_COLUMN).isNotNull()
+    table = kept.unionByName(latest.where(alive))
     table.write.mode("overwrite").parquet(staged)
     return Path(staged)
 
 
 def _write_daily(
-    spark, snapshot: Path, deltas: list[tuple[str, list[PartitionRange]]], daily_dir: Path, forget: list[str]
+    spark, snapshot: Path, deltas: list[tuple[str, list[PartitionRange]]], daily_dir: Path, forget: list[str], segments: Path
 ) -> Path:
     """The daily counts so far (less those of the topics in `forget`) plus those of the new
     records, written to (and returned) `<daily_dir>.next`."""
@@ -330,7 +380,7 @@ def _write_daily(
     ])
     parts = []
     for name, ranges in deltas:
-        records = _read(spark, snapshot, name, ranges)
+        records = _read(spark, snapshot, name, ranges, segments)
         # the offset before each partition's first record read: its range's start - 1
         starts = spark.createDataFrame([(r.partition, r.start - 1) for r in ranges], "partition INT, _before LONG")
         header_bytes = F.aggregate(
@@ -370,6 +420,19 @@ def _write_daily(
     return staged
 
 
+def parse_schemas(items: list[str]) -> dict[str, str]:
+    """`TOPIC=SCHEMA` arguments as a dict; ValueError for one without `=` or a topic twice."""
+    out: dict[str, str] = {}
+    for item in items:
+        topic, sep, schema = item.partition("=")
+        if not sep or not topic.strip() or not schema.strip():
+            raise ValueError(f"--schema {item!r}: expected TOPIC=SCHEMA (Spark DDL, or a DDL or JSON Schema file)")
+        if topic.strip() in out:
+            raise ValueError(f"--schema: topic {topic.strip()!r} given twice")
+        out[topic.strip()] = schema.strip()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """spark-submit entry point: the session comes from spark-submit's configuration."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -377,12 +440,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output directory (Parquet)")
     parser.add_argument("--topics", help="comma-separated topics (default: every user topic)")
     parser.add_argument("--full", action="store_true", help="forget the watermarks: rebuild every output")
+    parser.add_argument("--schema", action="append", default=[], metavar="TOPIC=SCHEMA",
+                        help="a topic's value schema (Spark DDL, or a DDL or JSON Schema file): typed table columns")
     args = parser.parse_args(argv)
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.appName("eventlog-nightly").getOrCreate()
     wanted = [t.strip() for t in args.topics.split(",") if t.strip()] if args.topics else None
-    result = run_nightly(spark, args.snapshot, args.out, topics=wanted, full=args.full,
+    result = run_nightly(spark, args.snapshot, args.out, topics=wanted, full=args.full, schemas=parse_schemas(args.schema),
                          step=lambda d: print(f"nightly: {d}", flush=True))
     print(json.dumps(asdict(result), indent=2))
     spark.stop()

@@ -162,12 +162,16 @@ def nightly(
     master: str = typer.Option("local[2]", "--master", help="Spark master for the local session"),
     memory: str = typer.Option("1g", "--driver-memory", help="Spark driver memory"),
     full: bool = typer.Option(False, "--full", help="forget the last run's watermarks: rebuild every output from the snapshot"),
+    schema: list[str] = typer.Option(
+        [], "--schema", metavar="TOPIC=SCHEMA",
+        help="a topic's value schema (Spark DDL, or a DDL or JSON Schema file): its table gets typed columns; repeatable",
+    ),
 ) -> None:
     """Run the nightly Spark job over a snapshot: table views of compacted topics, daily counts."""
     from .nightly import run_nightly_cli
 
     wanted = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
-    raise typer.Exit(run_nightly_cli(snapshot, out, wanted, master=master, memory=memory, full=full))
+    raise typer.Exit(run_nightly_cli(snapshot, out, wanted, master=master, memory=memory, full=full, schemas=schema))
 
 
 @cli.command()

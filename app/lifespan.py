@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
-
-import anyio
 import logging
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
+import anyio
 from fastapi import FastAPI
 
 from api.observability import Metrics
-from engine.errors import EngineError
 from engine import snapshots
+from engine.errors import EngineError
 from engine.log_manager import LogManager, open_engine
 from workers.manager import Workers
 

@@ -15,9 +15,19 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def run_nightly_cli(
-    snapshot: Path, target: Path, topics: list[str] | None, *, master: str, memory: str, full: bool = False
+    snapshot: Path, target: Path, topics: list[str] | None, *, master: str, memory: str, full: bool = False,
+    schemas: list[str] | None = None,
 ) -> int:
-    from analytics.nightly import resolve_snapshot, run_nightly, snapshot_topics
+    from analytics.nightly import parse_schemas, resolve_snapshot, run_nightly, snapshot_topics
+    from analytics.schemas import load_value_schema
+
+    try:
+        by_topic = parse_schemas(schemas or [])
+        for text in by_topic.values():  # a bad schema fails here, before Spark starts
+            load_value_schema(Path(text) if Path(text).is_file() else text)
+    except ValueError as exc:
+        err.print(f"[red]{escape(str(exc))}[/red]")
+        return 2
     from analytics.session import local_session
 
     try:
@@ -27,7 +37,10 @@ def run_nightly_cli(
         return 2
 
     try:
-        snapshot_topics(snapshot, topics)
+        names = {t["name"] for t in snapshot_topics(snapshot, topics)}
+        unknown = sorted(set(by_topic) - names)
+        if unknown:
+            raise ValueError(f"--schema names topics this run does not read: {', '.join(unknown)}")
     except ValueError as exc:
         err.print(f"[red]{escape(str(exc))}[/red]")
         return 2
@@ -41,7 +54,7 @@ def run_nightly_cli(
             current = progress.add_task(description, total=None)
 
         try:
-            result = run_nightly(spark, snapshot, target, topics=topics, step=step, full=full)
+            result = run_nightly(spark, snapshot, target, topics=topics, step=step, full=full, schemas=by_topic)
         finally:
             progress.update(current, completed=1, total=1)
             spark.stop()

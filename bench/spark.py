@@ -14,7 +14,13 @@ same rows, and these queries are timed in alternation (the order swaps every rep
   next to analytics.latest_per_key(spark.read.parquet(...)).count() (a Window row_number over
   (topic, partition, key) ordered by offset desc, rn == 1 and value not null);
 * compacted (DataFrame layer): analytics.latest_per_key(eventlog df).count(), the same Window
-  on the eventlog source, next to the same Parquet figure.
+  on the eventlog source, next to the same Parquet figure;
+* full and value (cached): the same two queries on analytics.load(spark, snap, cache=...), which
+  reads the segments' Parquet cache files with Spark's own reader (analytics/cache.py; the
+  cache is written once before the timed runs, and that time is reported as cache_build_s);
+* full (floor): the full scan through a Python data source that only reads those Parquet files
+  with pyarrow and yields their batches (bench/spark_floor.py): how fast any Python data source
+  can hand rows to Spark here, decoding aside. Reported, not a goal.
 
 Rows/s = rows of the snapshot (the rows each query scans) / median seconds; the ratio is the
 median of eventlog over the median of Parquet. Goal: >= 1.0 of Parquet.
@@ -47,8 +53,12 @@ BATCHES_PER_APPEND = 50  # one fsync per 10,000 records while filling
 TOMBSTONE_FRACTION = 0.01
 TOPIC = "events"
 
-QUERIES = ("full", "value", "compacted", "compacted_df")
+QUERIES = ("full", "value", "compacted", "compacted_df", "full_cached", "value_cached", "full_floor")
+GOALS = ("full", "value", "compacted", "compacted_df", "full_cached", "value_cached")  # the floor is a bound, not a goal
 QUERY_LABELS = {
+    "full_cached": "analytics.load(cache=...) full scan",
+    "value_cached": "analytics.load(cache=...) sum(length(value)) only",
+    "full_floor": "full scan through a Python data source yielding the cache's Parquet batches (the floor)",
     "full": "full scan: count, sum(length(value)), max(offset), sum(size(headers))",
     "value": "sum(length(value)) only",
     "compacted": 'compacted view: option("compacted", "true").count() vs Parquet Window',
@@ -88,7 +98,7 @@ def run(ctx: Context) -> dict[str, Any]:
     finally:
         remove_tree(work)
     rows = []
-    for q in QUERIES:
+    for q in GOALS:
         r = results["queries"][q]
         rows.append(summary_row(
             f"{QUERY_LABELS[q]}, rows/s ({p['records']:,} rows)",
@@ -142,14 +152,23 @@ async def _write_snapshot(ctx: Context, work: Path, p: dict[str, Any]) -> tuple[
 
 
 def _measure(ctx: Context, work: Path, snap: Path, p: dict[str, Any]) -> dict[str, Any]:
-    from analytics import latest_per_key
-    from analytics.session import local_session
+    import os
+
     from pyspark import __version__ as pyspark_version
     from pyspark.sql import functions as F
 
+    from analytics import cache, latest_per_key
+    from analytics.session import local_session
+
+    # the Python workers import bench.spark_floor (the floor source) from the repository
+    repo = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
     begin = time.perf_counter()
     spark = local_session("bench-spark", master=p["master"], memory=p["driver_memory"])
     session_s = time.perf_counter() - begin
+    from .spark_floor import ParquetFloorSource
+
+    spark.dataSource.register(ParquetFloorSource)
     try:
         parquet_dir = work / "parquet"
         begin = time.perf_counter()
@@ -158,8 +177,20 @@ def _measure(ctx: Context, work: Path, snap: Path, p: dict[str, Any]) -> dict[st
         parquet_bytes = sum(f.stat().st_size for f in parquet_dir.rglob("*.parquet"))
         ctx.log(f"spark: session in {session_s:.1f} s; wrote Parquet ({parquet_bytes / MB:,.0f} MB) in {parquet_write_s:.1f} s")
 
+        segments = work / "segments"
+        begin = time.perf_counter()
+        cache.load(spark, snap, cache=segments)
+        cache_build_s = time.perf_counter() - begin
+        ctx.log(f"spark: segment cache ({sum(f.stat().st_size for f in segments.rglob('*.parquet')) / MB:,.0f} MB) built in {cache_build_s:.1f} s")
+
         def ev():
             return spark.read.format("eventlog").load(str(snap))
+
+        def cached():
+            return cache.load(spark, snap, cache=segments)
+
+        def floor():
+            return spark.read.format("parquet-floor").load(str(segments))
 
         def pq():
             return spark.read.parquet(str(parquet_dir))
@@ -183,6 +214,9 @@ def _measure(ctx: Context, work: Path, snap: Path, p: dict[str, Any]) -> dict[st
                 lambda: latest_per_key(ev()).count(),
                 lambda: latest_per_key(pq()).count(),
             ),
+            "full_cached": (lambda: tuple(full(cached())), lambda: tuple(full(pq()))),
+            "value_cached": (lambda: tuple(value(cached())), lambda: tuple(value(pq()))),
+            "full_floor": (lambda: tuple(full(floor())), lambda: tuple(full(pq()))),
         }
         out: dict[str, Any] = {}
         for q, (ev_fn, pq_fn) in queries.items():
@@ -218,6 +252,7 @@ def _measure(ctx: Context, work: Path, snap: Path, p: dict[str, Any]) -> dict[st
         "pyspark": pyspark_version,
         "session_start_s": round(session_s, 2),
         "parquet_write_s": round(parquet_write_s, 2),
+        "cache_build_s": round(cache_build_s, 2),
         "parquet_bytes": parquet_bytes,
         "queries": out,
     }
@@ -242,7 +277,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
             ax.scatter([x] * len(r[q]["seconds"][key]), [p["records"] / s for s in r[q]["seconds"][key]],
                        color="black", s=8, zorder=3)
     short = {"full": "full scan\n(all columns)", "value": "sum(length(value))", "compacted": "compacted view\n(option)",
-             "compacted_df": "latest_per_key\n(eventlog df)"}
+             "compacted_df": "latest_per_key\n(eventlog df)", "full_cached": "load(cache)\nfull scan",
+             "value_cached": "load(cache)\nvalue", "full_floor": "floor: DS of\nParquet batches"}
     ax.set_xticks(list(xs))
     ax.set_xticklabels([short[q] for q in names], fontsize=8)
     ax.set_ylabel("rows/s (median; dots = runs)")

@@ -109,7 +109,7 @@ def test_nightly_job_output_equals_the_model(spark, produced, tmp_path: Path) ->
     steps: list[str] = []
     result = run_nightly(spark, snapshot.parent, tmp_path / "out", step=steps.append)  # the newest snapshot
     assert result.snapshot_path == str(snapshot)
-    assert steps == ["table view of accounts", "daily counts and bytes"]
+    assert steps == ["segment cache", "table view of accounts", "daily counts and bytes"]
     check_output(tmp_path / "out", acked)
     # the daily counts of what the snapshot holds, read with the data source itself
     held = spark.read.format("eventlog").load(str(snapshot)).groupBy("topic").count().collect()
@@ -190,7 +190,7 @@ def test_incremental_runs_read_only_what_is_new_and_converge(spark, tmp_path: Pa
         produce("clicks", 0, [{"value": "c" * 20} for _ in range(30)])
         first, steps = nightly()
         assert (first.run, first.incremental) == (1, False)
-        assert steps == ["table view of accounts", "daily counts and bytes"]
+        assert steps == ["segment cache", "table view of accounts", "daily counts and bytes"]
         assert _table(out, "accounts") == model()
         daily = _daily(out)
         assert (daily[("accounts", "2026-01-01")]["records"], daily[("accounts", "2026-01-01")]["produced"]) == (60, 60)
@@ -214,7 +214,12 @@ def test_incremental_runs_read_only_what_is_new_and_converge(spark, tmp_path: Pa
         c.post("/v1/admin/retention/run", json={"topic": "clicks"})
         third, steps = nightly()
         assert (third.run, third.incremental) == (3, True)
-        assert steps == ["table view of accounts", "daily counts and bytes"]
+        assert steps == ["segment cache", "table view of accounts", "daily counts and bytes"]
+        # the segment cache holds exactly the segments of this snapshot, each once
+        from analytics import cache
+
+        names, _ = cache.plan(third.snapshot_path, out / "segments", {"topics": "accounts,clicks"})
+        assert sorted(str(f) for f in (out / "segments").rglob("*.parquet")) == sorted(s.file for s in names)
         by_topic = {t.topic: t for t in third.topics}
         assert by_topic["accounts"].offsets_read == 45 and not by_topic["accounts"].rebuilt
         assert (by_topic["clicks"].offsets_read, by_topic["clicks"].offsets_lost) == (10, 30)
@@ -275,3 +280,58 @@ def test_an_interrupted_commit_is_finished_or_undone(tmp_path: Path) -> None:
     assert load_state(out)["runs"] == 4
     assert [p.name for p in (out / "tables" / "a").iterdir()] == ["new.parquet"]
     assert not (out / "tables" / "a.next").exists() and not (out / "_STATE.json.next").exists()
+
+
+def test_typed_tables_from_a_value_schema(spark, tmp_path: Path) -> None:
+    """A topic's value schema makes its table typed; a value that does not fit stays (null,
+    with its bytes in _corrupt_record) instead of deleting its key; updates and tombstones
+    upsert typed rows; a changed schema rebuilds the table."""
+    from analytics.nightly import run_nightly
+    from tests.conftest import ServerProcess
+
+    schema = tmp_path / "orders.schema.json"
+    schema.write_text(json.dumps({"type": "object", "required": ["status"], "properties": {
+        "status": {"type": "string"}, "total": {"type": "number"}}}))
+    server = ServerProcess(tmp_path / "data", env={"EVENTLOG_CLEANER_ENABLED": "false"}).start()
+    out = tmp_path / "out"
+    try:
+        with server.client() as c:
+            c.post("/v1/topics", json={"name": "orders", "configs": {"cleanup.policy": "compact"}})
+
+            def produce(records: list[tuple[str, str | None]]) -> str:
+                answer = c.post("/v1/topics/orders/records", json={"records": [{"key": k, "value": v} for k, v in records]})
+                assert answer.status_code == 200, answer.text
+                return str(server.data_dir / c.post("/v1/snapshots").json()["path"])
+
+            snap = produce([("o-1", '{"status": "new", "total": 12.5}'), ("o-2", '{"status": "new"}'), ("o-3", "not json")])
+            first = run_nightly(spark, snap, out, schemas={"orders": str(schema)})
+            rows = {r["key"].decode(): r for r in pq.read_table(out / "tables" / "orders").to_pylist()}
+            assert rows["o-1"]["value"] == {"status": "new", "total": 12.5}
+            assert rows["o-2"]["value"] == {"status": "new", "total": None}
+            assert rows["o-3"]["value"] is None and rows["o-3"]["_corrupt_record"] == b"not json"
+            assert first.topics[0].table_rows == 3
+
+            snap = produce([("o-1", '{"status": "paid", "total": 12.5}'), ("o-2", None), ("o-3", '{"status": "fixed"}')])
+            run_nightly(spark, snap, out, schemas={"orders": str(schema)})
+            rows = {r["key"].decode(): r for r in pq.read_table(out / "tables" / "orders").to_pylist()}
+            assert {k: r["value"] for k, r in rows.items()} == {
+                "o-1": {"status": "paid", "total": 12.5}, "o-3": {"status": "fixed", "total": None}}
+            # a new schema (DDL this time): the table is rebuilt from the whole topic
+            again = run_nightly(spark, snap, out, schemas={"orders": "status STRING, total DOUBLE, note STRING"})
+            assert again.topics[0].rebuilt and again.topics[0].offsets_read == 0
+            rows = {r["key"].decode(): r for r in pq.read_table(out / "tables" / "orders").to_pylist()}
+            assert rows["o-1"]["value"] == {"status": "paid", "total": 12.5, "note": None}
+    finally:
+        server.stop()
+
+
+def test_nightly_cli_refuses_bad_schemas_before_spark(produced, tmp_path: Path) -> None:
+    from tests.conftest import run_eventlog
+
+    snapshot, _ = produced
+    bad = run_eventlog("nightly", "--snapshot", str(snapshot), "--out", str(tmp_path / "o"), "--schema", "accounts")
+    assert bad.returncode == 2 and "TOPIC=SCHEMA" in bad.stderr
+    unknown = run_eventlog("nightly", "--snapshot", str(snapshot), "--out", str(tmp_path / "o"), "--schema", "nope=a INT")
+    assert unknown.returncode == 2 and "does not read: nope" in unknown.stderr
+    broken = run_eventlog("nightly", "--snapshot", str(snapshot), "--out", str(tmp_path / "o"), "--schema", "accounts=a NOTATYPE")
+    assert broken.returncode == 2
