@@ -24,13 +24,42 @@ from engine.snapshots import SnapshotLimits
 from workers.manager import WorkerSettings
 
 
+def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may use: the CPUs it may run on (affinity), capped by a cgroup CPU
+    quota (a container's `--cpus`: cgroup v2 cpu.max, or v1 cpu.cfs_quota_us / cfs_period_us),
+    rounded up; at least 1. os.cpu_count() is the host's count, whatever the container may use."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
+    quota = None
+    try:
+        limit, period = (cgroup / "cpu.max").read_text().split()[:2]
+        if limit != "max":
+            quota = int(limit) / int(period)
+    except (OSError, ValueError):
+        try:
+            limit = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+            period = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+            if limit > 0 and period > 0:
+                quota = limit / period
+        except (OSError, ValueError):
+            pass
+    if quota is not None and quota > 0:
+        count = min(count, math.ceil(quota))
+    return max(1, count)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EVENTLOG_", extra="ignore", frozen=True)
 
     data_dir: Path = Field(Path("./data"), description="where topics live (and snapshots)")
     processes: int = Field(
-        default_factory=lambda: os.cpu_count() or 1, ge=1, le=256,
-        description="shard processes serving this data dir (one per core by default; 1: a single process)",
+        default_factory=usable_cpus, ge=1, le=256,
+        description=(
+            "shard processes serving this data dir (by default one per core this process may use: its CPU "
+            "affinity, capped by a container's CPU quota; 1: a single process)"
+        ),
     )
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)

@@ -181,3 +181,27 @@ def test_docs_and_redoc_work_offline_and_with_auth(app_factory, tmp_path: Path) 
         assert c.get("/openapi.json").status_code == 401
         assert c.get("/openapi.json", headers={"Authorization": "Bearer docs-token"}).json()["info"]["title"] == "eventlog"
     server.stop()
+
+
+def test_the_default_shard_count_follows_a_container_cpu_quota(tmp_path: Path) -> None:
+    """In a container limited to 2 CPUs on a big host, the default is 2 shard processes, not one
+    per host core (cgroup v2 cpu.max, or v1's CFS quota); no quota: the CPUs it may run on."""
+    import os
+
+    from app.settings import usable_cpus
+
+    may_run_on = len(os.sched_getaffinity(0))
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: 2 processes
+    assert usable_cpus(v2) == min(may_run_on, 2)
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert usable_cpus(v2) == may_run_on
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert usable_cpus(v1) == 1
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert usable_cpus(v1) == may_run_on
+    assert usable_cpus(tmp_path / "none") == may_run_on
