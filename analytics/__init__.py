@@ -11,6 +11,9 @@ What other code may use:
     SPARK_DDL, SnapshotCorruptError
     load_value_schema(ddl or file)   schemas.py: a value schema (Spark DDL or JSON Schema) for typed reads
     MalformedRecordError             values.py: a typed read's FAILFAST error
+    upload_snapshot(dir, to)         upload.py: a snapshot to shared storage (s3://...), each segment once
+
+Snapshot paths may be URIs of any pyarrow filesystem (storage.py: s3://, s3a://, hdfs://).
 
 spark.readStream.format("eventlog") is the streaming source (stream.py): successive snapshots or
 a live data dir, offsets per partition.
@@ -35,6 +38,7 @@ _EXPORTS = {
     "load": "cache",
     "load_value_schema": "schemas",
     "MalformedRecordError": "values",
+    "upload_snapshot": "upload",
 }
 
 __all__ = [
@@ -48,6 +52,7 @@ __all__ = [
     "load",
     "load_value_schema",
     "register",
+    "upload_snapshot",
 ]
 
 

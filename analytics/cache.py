@@ -24,14 +24,18 @@ partition (still growing when the snapshot was taken) gets a new file for each n
 `prune(cache, snapshot)` removes the files no segment of the snapshot names (the nightly job
 runs it after each run). Files are written whole (a temporary name, then a rename).
 
+The snapshot may be a URI (storage.py: s3://, hdfs://; an uploaded snapshot's segment objects
+already carry the digest in their names, so planning reads no segment bytes); the cache is a
+local path (on a cluster, one every executor mounts): Spark's own Parquet reader reads it.
+
 Without `cache`, and with the options only the source has (`compacted`, typed values),
 `load` is `spark.read.format("eventlog")`.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,9 +43,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from crc32c import crc32c
 
+from . import storage
 from .decoder import ARROW_SCHEMA, decode_segment
 
 SAMPLE = 4096
+_NAME = re.compile(r"^(\d{20})-(\d+)-([0-9a-f]{16})(?:\.|$)")
 # options of the data source that change its rows' form or choice beyond offset and time bounds
 _SOURCE_ONLY = {
     "compacted", "value_format", "value_schema", "key_format", "header_format", "mode",
@@ -59,27 +65,48 @@ class CachedSegment:
 
 
 def segment_digest(path: str, size_bytes: int) -> str:
-    """CRC-32C of the first and the last SAMPLE bytes of [0, size_bytes), as 16 hex digits."""
-    with open(path, "rb") as f:
+    """CRC-32C of the first and the last SAMPLE bytes of [0, size_bytes), as 16 hex digits
+    (`path`: a local file or a URI, storage.py)."""
+    with storage.open_input(path) as f:
         head = f.read(min(SAMPLE, size_bytes))
         f.seek(max(0, size_bytes - SAMPLE))
         tail = f.read(min(SAMPLE, size_bytes))
     return f"{crc32c(head):08x}{crc32c(tail):08x}"
 
 
+def segment_name(base_offset: int, size_bytes: int, digest: str) -> str:
+    """`<base offset, 20 digits>-<size>-<digest>`: a cache file's name and an uploaded segment
+    object's (analytics/upload.py), less the suffix."""
+    return f"{base_offset:020d}-{size_bytes}-{digest}"
+
+
+def parse_segment_name(name: str) -> tuple[int, int, str] | None:
+    """(base offset, size, digest) of a name segment_name made (any suffix), else None."""
+    match = _NAME.match(name)
+    return None if match is None else (int(match[1]), int(match[2]), match[3])
+
+
+def _digest_of(path: str, size_bytes: int) -> str:
+    """segment_digest, or the digest an uploaded object's name already holds (no read)."""
+    named = parse_segment_name(storage.basename(path))
+    if named is not None and named[1] == size_bytes:
+        return named[2]
+    return segment_digest(path, size_bytes)
+
+
 def plan(snapshot: str | Path, cache: str | Path, options: dict[str, str]) -> tuple[list[CachedSegment], list[tuple]]:
     """The cache files a read of `snapshot` with `options` needs, and the (topic, partition,
     start, end) offset bounds of every partition it reads."""
-    from .source import plan_partitions
+    from .source import plan_partitions, read_manifest
 
-    snapshot = os.path.abspath(str(snapshot))
-    manifest = json.loads(Path(snapshot, "manifest.json").read_text())
+    snapshot = storage.normalize(snapshot)
+    manifest = read_manifest(snapshot)
     topic_ids = {t["name"]: t.get("topic_id") or t["name"] for t in manifest["topics"]}
     options = {k.lower(): v for k, v in options.items()}
     segments, bounds = [], {}
     for part in plan_partitions(snapshot, options):
-        base = int(os.path.basename(part.path).split(".")[0])
-        name = f"{base:020d}-{part.size_bytes}-{segment_digest(part.path, part.size_bytes)}.parquet"
+        base = int(re.match(r"\d+", storage.basename(part.path))[0])
+        name = segment_name(base, part.size_bytes, _digest_of(part.path, part.size_bytes)) + ".parquet"
         file = os.path.join(str(cache), topic_ids[part.topic], str(part.partition), name)
         segments.append(CachedSegment(part.topic, part.partition, part.path, part.size_bytes, file))
         bounds[(part.topic, part.partition)] = (part.start_offset, part.end_offset)
@@ -118,6 +145,9 @@ def build_all(spark, segments: list[CachedSegment]) -> int:
 def load(spark, snapshot: str | Path, *, cache: str | Path | None = None, **options: str):
     """The rows of `spark.read.format("eventlog").options(**options).load(snapshot)`; from
     Parquet files under `cache` when it is given (module docstring)."""
+    if cache is not None and storage.is_uri(cache):
+        raise ValueError(f"analytics.load: the segment cache must be a local path (on a cluster, one every executor "
+                         f"mounts): Spark's Parquet reader reads it; got {storage.display(str(cache))}")
     if cache is None or _SOURCE_ONLY & {k.lower() for k in options}:
         from . import register
 
@@ -181,4 +211,7 @@ def prune(cache: str | Path, keep: Iterable[str]) -> int:
     return removed
 
 
-__all__ = ["CachedSegment", "build", "build_all", "load", "plan", "prune", "segment_digest"]
+__all__ = [
+    "CachedSegment", "build", "build_all", "load", "parse_segment_name", "plan", "prune", "segment_digest",
+    "segment_name",
+]

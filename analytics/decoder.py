@@ -7,8 +7,10 @@ that yields Arrow must match it exactly (DATA_SOURCE_RETURN_SCHEMA_MISMATCH othe
 
 What `decode_segment(path, size_bytes, ...)` guarantees:
 
-* Only bytes [0, size_bytes) of the .log file are read; whatever follows (a live segment kept
-  growing after the snapshot) is ignored. A file shorter than size_bytes is an error.
+* `path` is a local file or a URI of a pyarrow filesystem (storage.py: s3://, hdfs://, ...;
+  read in the same windows, as ranged reads). Only bytes [0, size_bytes) are read; whatever
+  follows (a live segment kept growing after the snapshot) is ignored. A file shorter than
+  size_bytes is an error.
 * Every batch read is checked as recovery checks it (docs/FORMAT.md, torn-tail rule): 61
   header bytes, batchLength >= 49, inside size_bytes, magic 2, lastOffsetDelta and count >= 0,
   CRC-32C, baseOffset not below the previous batch's next offset. The records of every batch
@@ -83,6 +85,8 @@ from engine.format import (
     MIN_BATCH_LENGTH,
     TIMESTAMP_TYPE_BIT,
 )
+
+from .storage import open_input
 
 __all__ = [
     "ARROW_SCHEMA",
@@ -278,7 +282,7 @@ def _iter_groups(path: str, size_bytes: int, bounds, max_rows) -> Iterator[tuple
     unpack = _HEADER.unpack_from
     pos = 0  # file position of the window
     window_size = _WINDOW_BYTES
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         while pos < size_bytes:
             want = min(window_size, size_bytes - pos)
             window = bytearray(want + _PAD)

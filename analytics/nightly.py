@@ -35,6 +35,11 @@ Commit: the outputs of a run are written next to the current ones (`<name>.next`
 that died while moving finishes the move first. So readers see a whole run's outputs or the
 previous run's, except for the moment of the moves, and no record is counted twice.
 
+Input and output: the snapshot may be on any pyarrow filesystem (`--snapshot
+s3://bucket/prefix/snapshots`, a snapshot uploaded by `eventlog snapshot --to`: storage.py,
+upload.py); the output, with its segment cache, is a local directory or a mount of shared
+storage (the commit renames; Spark's Parquet reader reads the cache): a URI is refused.
+
 Run it with `eventlog nightly --snapshot PATH --out DIR` (a local Spark session, with a progress
 display), or on a cluster with spark-submit (the eventlog package installed on the executors,
 see docs/ANALYTICS.md):
@@ -54,7 +59,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analytics import register
+from analytics import register, storage
 from analytics.cache import build_all, prune
 from analytics.cache import plan as plan_cache
 
@@ -86,9 +91,17 @@ class NightlyResult:
     seconds: float = 0.0
 
 
-def resolve_snapshot(path: str | Path) -> Path:
+def resolve_snapshot(path: str | Path) -> Path | str:
     """A snapshot directory, or a directory of snapshots: then the newest finished one (ids sort
-    by creation time)."""
+    by creation time). A URI (s3://bucket/prefix/snapshots, analytics/storage.py) stays a str."""
+    if storage.is_uri(path):
+        path = str(path)
+        if storage.exists(storage.join(path, "manifest.json")):
+            return path
+        for name in reversed(storage.list_dirs(path)):
+            if not name.startswith(".") and storage.exists(storage.join(path, name, "manifest.json")):
+                return storage.join(path, name)
+        raise FileNotFoundError(f"{storage.display(path)} is neither a snapshot (no manifest.json) nor a directory of snapshots")
     path = Path(path)
     if (path / "manifest.json").exists():
         return path
@@ -98,9 +111,24 @@ def resolve_snapshot(path: str | Path) -> Path:
     return finished[-1]
 
 
-def snapshot_topics(snapshot: Path, wanted: list[str] | None = None) -> list[dict[str, Any]]:
+def read_manifest(snapshot: Path | str) -> dict[str, Any]:
+    return json.loads(storage.read_bytes(storage.join(str(snapshot), "manifest.json")))
+
+
+def check_out(out: str | Path) -> None:
+    """The output must be a local directory (or a mount of shared storage): the commit renames
+    files and directories, which object stores cannot do whole. ValueError otherwise."""
+    if storage.is_uri(out):
+        raise ValueError(
+            f"--out {storage.display(str(out))}: the nightly job's output must be a local directory, or shared "
+            "storage mounted as one (NFS, a FUSE mount): its commit renames directories, which an object store "
+            "cannot do atomically. The snapshot may be a URI."
+        )
+
+
+def snapshot_topics(snapshot: Path | str, wanted: list[str] | None = None) -> list[dict[str, Any]]:
     """The manifest's topics to process: the named ones, or every non-internal topic."""
-    manifest = json.loads((snapshot / "manifest.json").read_text())
+    manifest = read_manifest(snapshot)
     topics = manifest["topics"]
     if wanted is not None:
         known = {t["name"] for t in topics}
@@ -231,10 +259,11 @@ def run_nightly(
 ) -> NightlyResult:
     """Run the job; `step(description)` is called as each step starts (for a progress display)."""
     started = time.perf_counter()
+    check_out(out)
     snapshot = resolve_snapshot(snapshot)
-    out = Path(out)
+    out = Path(str(out).removeprefix("file://"))
     out.mkdir(parents=True, exist_ok=True)
-    manifest = json.loads((snapshot / "manifest.json").read_text())
+    manifest = read_manifest(snapshot)
     chosen = snapshot_topics(snapshot, topics)
     schemas = dict(schemas or {})
     unknown = sorted(set(schemas) - {t["name"] for t in chosen})
@@ -323,7 +352,7 @@ def _offsets(name: str, ranges: list[PartitionRange], which: str) -> str:
     return json.dumps({name: {str(r.partition): getattr(r, which) for r in ranges}})
 
 
-def _read(spark, snapshot: Path, name: str, ranges: list[PartitionRange], segments: Path | None = None, **options: str):
+def _read(spark, snapshot: Path | str, name: str, ranges: list[PartitionRange], segments: Path | None = None, **options: str):
     """The topic's records in `ranges`: from the segment cache when given (analytics/cache.py),
     else (and for the options only the data source has) through the data source."""
     from .cache import load
@@ -333,7 +362,7 @@ def _read(spark, snapshot: Path, name: str, ranges: list[PartitionRange], segmen
 
 
 def _write_table(
-    spark, snapshot: Path, name: str, ranges: list[PartitionRange], table_dir: Path, rebuild: bool, segments: Path,
+    spark, snapshot: Path | str, name: str, ranges: list[PartitionRange], table_dir: Path, rebuild: bool, segments: Path,
     value_schema: str | None = None,
 ) -> Path:
     """The topic's table view, upserted with the records in `ranges`, written to (and returned)
@@ -365,7 +394,7 @@ def _write_table(
 
 
 def _write_daily(
-    spark, snapshot: Path, deltas: list[tuple[str, list[PartitionRange]]], daily_dir: Path, forget: list[str], segments: Path
+    spark, snapshot: Path | str, deltas: list[tuple[str, list[PartitionRange]]], daily_dir: Path, forget: list[str], segments: Path
 ) -> Path:
     """The daily counts so far (less those of the topics in `forget`) plus those of the new
     records, written to (and returned) `<daily_dir>.next`."""

@@ -15,6 +15,12 @@ A snapshot is `<path>/manifest.json` plus `<path>/<partition dir>/<segment file>
          "segments": [{"file": "00000000000000000000.log", "base_offset": 0,
                        "last_offset": 999, "size_bytes": 123456, ...}]}]}]}
 
+The path is a local directory or a URI of any pyarrow filesystem (`s3://bucket/prefix/
+snapshots/<id>`, s3a:// alike, hdfs://; storage.py: credentials and endpoint). A segment with
+an `object` field (a snapshot uploaded by `eventlog snapshot --to`, analytics/upload.py) is read
+from that path, relative to the snapshot directory, instead of `<dir>/<file>`. Executors open
+the files themselves: the input partitions carry locations (strings), not filesystems.
+
 Each segment is read up to its `size_bytes` only; a torn or corrupt batch inside that size fails
 the query with SnapshotCorruptError (never wrong rows). Rows below a partition's
 log_start_offset or at/above its high_watermark are never returned.
@@ -84,7 +90,6 @@ spark.sql.python.filterPushdown.enabled is false (its default).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -93,6 +98,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from . import storage
 from .decoder import ARROW_SCHEMA, SPARK_DDL, decode_segment, decode_segment_keys
 from .values import MODES, PERMISSIVE, RowFormat
 
@@ -219,12 +225,8 @@ def _lower(options) -> dict[str, str]:
 
 def plan_partitions(snapshot_path: str, options: dict[str, str]) -> list[InputPartition]:
     """The input partitions of one read. `options` keys must be lower case."""
-    snapshot_path = os.path.abspath(snapshot_path.removeprefix("file://"))
-    with open(os.path.join(snapshot_path, MANIFEST), "rb") as f:
-        manifest = json.load(f)
-    if manifest.get("format_version") != FORMAT_VERSION:
-        version = manifest.get("format_version")
-        raise ValueError(f"eventlog: {snapshot_path}: manifest format_version {version!r}, expected {FORMAT_VERSION}")
+    snapshot_path = storage.normalize(snapshot_path)
+    manifest = read_manifest(snapshot_path)
     topics = {t["name"]: t for t in manifest.get("topics", [])}
     wanted = options.get("topics")
     if wanted is not None and wanted.strip():
@@ -263,7 +265,7 @@ def plan_partitions(snapshot_path: str, options: dict[str, str]) -> list[InputPa
                 size = int(seg["size_bytes"])
                 if size == 0 or base >= end or (last is not None and int(last) < start):
                     continue
-                path = os.path.join(snapshot_path, part["dir"], seg["file"])
+                path = segment_location(snapshot_path, part, seg)
                 segments.append((path, size, base, None if last is None else int(last)))
             if not segments:
                 continue
@@ -273,6 +275,26 @@ def plan_partitions(snapshot_path: str, options: dict[str, str]) -> list[InputPa
                 out.extend(SegmentPartition(path, name, number, size, start, end, start_ts, end_ts)
                            for path, size, _, _ in segments)
     return out
+
+
+def read_manifest(snapshot_path: str) -> dict:
+    """The manifest of a snapshot (a local path or a URI: storage.py); ValueError for another
+    format_version."""
+    manifest = json.loads(storage.read_bytes(storage.join(snapshot_path, MANIFEST)))
+    if manifest.get("format_version") != FORMAT_VERSION:
+        version = manifest.get("format_version")
+        where = storage.display(snapshot_path)
+        raise ValueError(f"eventlog: {where}: manifest format_version {version!r}, expected {FORMAT_VERSION}")
+    return manifest
+
+
+def segment_location(snapshot_path: str, part: dict, seg: dict) -> str:
+    """Where a manifest's segment is: its `object` (a path relative to the snapshot directory:
+    an uploaded snapshot's content-addressed segment, analytics/upload.py) if it has one, else
+    `<snapshot>/<partition dir>/<file>`."""
+    if seg.get("object"):
+        return storage.join(snapshot_path, seg["object"])
+    return storage.join(snapshot_path, part["dir"], seg["file"])
 
 
 def _parse_offsets(text, option: str, default: int, partitions_of):

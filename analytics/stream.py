@@ -18,7 +18,8 @@ recovery-point checkpoint, else `snapshots`):
   is its high watermark in the newest snapshot holding it (a snapshot may hold some topics
   only, and leaves out offline partitions). A micro-batch reads each offset from the newest
   snapshot holding it, among the snapshots with the same topic_id (a topic deleted and created
-  again is another topic).
+  again is another topic). The directory may be a URI (`s3://bucket/prefix/snapshots`, where
+  `eventlog snapshot --to` uploads: storage.py); `auto` is then `snapshots`.
 * `live`: the server's log dir (`<data dir>`, or one of its log dirs; union two streams for
   two log dirs). Nothing is asked of the server. A partition's end is, with `liveEnd`:
   - `checkpoint` (default): its entry in `recovery-point-offset-checkpoint`, which the server
@@ -80,6 +81,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from . import storage
 from .decoder import ARROW_SCHEMA, SPARK_DDL
 from .stream_sources import (
     RECOVERY_POINT,
@@ -282,7 +284,7 @@ class EventlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for name in _BATCH_ONLY:
             if name in options and not (name == "compacted" and str(options[name]).strip().lower() == "false"):
                 raise ValueError(f"eventlog: option {name} is for batch reads only, not for readStream")
-        self.path = os.path.abspath(str(path).removeprefix("file://"))
+        self.path = storage.normalize(path)
         wanted = options.get("topics")
         self.topics = tuple(t.strip() for t in wanted.split(",") if t.strip()) if wanted and wanted.strip() else None
         self.starting = options.get("startingoffsets")
@@ -291,10 +293,14 @@ class EventlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_offsets = None if limit is None else _positive(limit, "maxOffsetsPerTrigger")
         mode = str(options.get("mode", "auto")).strip().lower()
         if mode == "auto":
-            live = any(os.path.exists(os.path.join(self.path, n)) for n in ("meta.properties", RECOVERY_POINT))
+            live = not storage.is_uri(self.path) and any(
+                os.path.exists(os.path.join(self.path, n)) for n in ("meta.properties", RECOVERY_POINT))
             mode = "live" if live else "snapshots"
         if mode not in ("live", "snapshots"):
             raise ValueError(f"eventlog: mode must be auto, live or snapshots; got {mode!r}")
+        if mode == "live" and storage.is_uri(self.path):
+            raise ValueError("eventlog: mode live reads a data dir on this machine's filesystem, not a URI; "
+                             "snapshots uploaded there are read with mode snapshots")
         self.mode = mode
         live_end = str(options.get("liveend", "checkpoint")).strip().lower()
         if live_end not in ("checkpoint", "logend"):

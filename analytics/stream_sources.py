@@ -9,7 +9,9 @@ returns, and then the lost offsets are skipped.
 
 Snapshots. A finished snapshot (manifest.json written last) never changes: manifests are cached
 by directory. A SnapshotSlice names one segment file, its manifest size and offset bounds; a
-file gone at read time (the snapshot was deleted) is a loss.
+file gone at read time (the snapshot was deleted) is a loss. The snapshots may be under a URI
+(storage.py), and a segment may be an uploaded object (upload.py): those are read from their
+first byte, without an index.
 
 Live data dir, what is read:
 
@@ -66,7 +68,9 @@ from engine.format import (
     parse_header,
 )
 
+from . import storage
 from .decoder import SnapshotCorruptError, decode_segment
+from .source import segment_location
 
 __all__ = [
     "LiveSlice",
@@ -146,21 +150,16 @@ class SnapshotSource:
     def snapshots(self) -> list[tuple[str, dict]]:
         """(directory, manifest) of each finished snapshot, oldest first: by the manifests'
         created_ms, then by name (eventlog's ids sort by creation time too)."""
-        if os.path.exists(os.path.join(self.root, MANIFEST)):
+        if storage.exists(storage.join(self.root, MANIFEST)):
             dirs = [self.root]
         else:
-            try:
-                names = sorted(e.name for e in os.scandir(self.root) if e.is_dir() and not e.name.startswith("."))
-            except FileNotFoundError:
-                names = []
-            dirs = [os.path.join(self.root, n) for n in names]
+            dirs = [storage.join(self.root, n) for n in storage.list_dirs(self.root) if not n.startswith(".")]
         out = []
         for d in dirs:
             manifest = self._manifests.get(d)
             if manifest is None:
                 try:
-                    with open(os.path.join(d, MANIFEST), "rb") as f:
-                        manifest = json.load(f)
+                    manifest = json.loads(storage.read_bytes(storage.join(d, MANIFEST)))
                 except (FileNotFoundError, NotADirectoryError):
                     continue  # unfinished, or deleted meanwhile
                 if manifest.get("format_version") != 1:
@@ -233,13 +232,19 @@ def _snapshot_slices(directory: str, part: dict, topic: str, number: int, begin:
         x, y = max(begin, base), min(until, stop)
         if int(seg["size_bytes"]) == 0 or x >= y:
             continue
-        folder = os.path.join(directory, part["dir"])
-        index = seg.get("index_file") or filenames.index_file(Path(), base).name
-        yield SnapshotSlice(os.path.join(folder, seg["file"]), os.path.join(folder, index), topic, number,
-                            base, int(seg["size_bytes"]), x, y)
+        if seg.get("object") or storage.is_uri(directory):  # uploaded: no index file; remote: read from 0
+            path, index = segment_location(directory, part, seg), ""
+        else:
+            folder = os.path.join(directory, part["dir"])
+            path = os.path.join(folder, seg["file"])
+            index = os.path.join(folder, seg.get("index_file") or filenames.index_file(Path(), base).name)
+        yield SnapshotSlice(path, index, topic, number, base, int(seg["size_bytes"]), x, y)
 
 
 def _read_snapshot_slice(s: SnapshotSlice, report) -> Iterator[pa.RecordBatch]:
+    if storage.is_uri(s.path):
+        yield from _read_remote_slice(s, report)
+        return
     try:
         fd = os.open(s.path, os.O_RDONLY)
     except FileNotFoundError:
@@ -251,6 +256,17 @@ def _read_snapshot_slice(s: SnapshotSlice, report) -> Iterator[pa.RecordBatch]:
         yield from _decode_range(fd, s.path, position, s.size_bytes, s.topic, s.partition, s.start_offset, s.end_offset)
     finally:
         os.close(fd)
+
+
+def _read_remote_slice(s: SnapshotSlice, report) -> Iterator[pa.RecordBatch]:
+    """A segment object read from its start (ranged reads of 16 MiB windows; batches below the
+    range are skipped by their headers)."""
+    bounds = {"topic": s.topic, "partition": s.partition, "start_offset": s.start_offset, "end_offset": s.end_offset}
+    try:
+        yield from decode_segment(s.path, s.size_bytes, **bounds)
+    except FileNotFoundError:
+        report(f"offsets {s.start_offset} to {s.end_offset - 1} of {s.topic}-{s.partition}: "
+               f"{storage.display(s.path)} is gone (its snapshot was deleted after the micro-batch was planned)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The `eventlog` command: serve, dump-log, import-kafka, version."""
+"""The `eventlog` command: serve, dump-log, import-kafka, snapshot, upload-snapshot, nightly, version."""
 
 from __future__ import annotations
 
@@ -140,7 +140,14 @@ def snapshot(
         None, "--url", envvar="EVENTLOG_URL", help="a running server, e.g. http://127.0.0.1:8080 [env EVENTLOG_URL]"
     ),
     token: Optional[str] = typer.Option(None, "--token", envvar="EVENTLOG_TOKEN", help="bearer token for --url"),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="without --url: a data dir no server is using"),
+    data_dir: Optional[Path] = typer.Option(
+        None, "--data-dir", help="without --url: a data dir no server is using; with --url and --to: the server's"
+    ),
+    to: Optional[str] = typer.Option(
+        None, "--to", metavar="URI",
+        help="then upload it, incrementally: s3://bucket/prefix, any pyarrow filesystem URI, or a directory "
+        "(AWS_* env for S3); with --url, run where the server's snapshot dir is readable",
+    ),
 ) -> None:
     """Take a consistent snapshot (hard links + manifest.json) for Spark or a backup."""
     from .snapshot import run_snapshot
@@ -148,16 +155,34 @@ def snapshot(
     settings = _settings(data_dir=data_dir)
     configure_logging("warning")
     wanted = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
-    raise typer.Exit(run_snapshot(settings, wanted, url=url, token=token))
+    raise typer.Exit(run_snapshot(settings, wanted, url=url, token=token, to=to))
+
+
+@cli.command("upload-snapshot")
+def upload_snapshot(
+    directory: Path = typer.Argument(
+        ..., exists=True, file_okay=False, metavar="SNAPSHOT_DIR", help="a snapshot directory (with manifest.json)"
+    ),
+    to: str = typer.Option(
+        ..., "--to", metavar="URI",
+        help="s3://bucket/prefix, any pyarrow filesystem URI, or a directory; segments already there are not sent again",
+    ),
+) -> None:
+    """Upload a finished snapshot to shared storage, incrementally (for Spark on a cluster)."""
+    from .snapshot import run_upload
+
+    configure_logging("warning")
+    raise typer.Exit(run_upload(directory, to))
 
 
 @cli.command()
 def nightly(
-    snapshot: Path = typer.Option(
-        ..., "--snapshot", exists=True, file_okay=False,
-        help="a snapshot directory (with manifest.json), or a directory of snapshots: the newest is read",
+    snapshot: str = typer.Option(
+        ..., "--snapshot",
+        help="a snapshot directory (with manifest.json), or a directory of snapshots: the newest is read; "
+        "local or a URI (s3://bucket/prefix/snapshots, AWS_* env)",
     ),
-    out: Path = typer.Option(..., "--out", help="output directory: Parquet tables and daily counts"),
+    out: str = typer.Option(..., "--out", help="output directory (local, or a mount): Parquet tables and daily counts"),
     topics: Optional[str] = typer.Option(None, "--topics", help="comma-separated topics (default: every user topic)"),
     master: str = typer.Option("local[2]", "--master", help="Spark master for the local session"),
     memory: str = typer.Option("1g", "--driver-memory", help="Spark driver memory"),

@@ -15,13 +15,20 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def run_nightly_cli(
-    snapshot: Path, target: Path, topics: list[str] | None, *, master: str, memory: str, full: bool = False,
+    snapshot: str, out_dir: str, topics: list[str] | None, *, master: str, memory: str, full: bool = False,
     schemas: list[str] | None = None,
 ) -> int:
-    from analytics.nightly import parse_schemas, resolve_snapshot, run_nightly, snapshot_topics
+    from analytics.nightly import (
+        check_out,
+        parse_schemas,
+        resolve_snapshot,
+        run_nightly,
+        snapshot_topics,
+    )
     from analytics.schemas import load_value_schema
 
     try:
+        check_out(out_dir)
         by_topic = parse_schemas(schemas or [])
         for text in by_topic.values():  # a bad schema fails here, before Spark starts
             load_value_schema(Path(text) if Path(text).is_file() else text)
@@ -30,9 +37,10 @@ def run_nightly_cli(
         return 2
     from analytics.session import local_session
 
+    target = Path(out_dir.removeprefix("file://"))
     try:
         snapshot = resolve_snapshot(snapshot)
-    except FileNotFoundError as exc:
+    except OSError as exc:  # FileNotFoundError, or the storage's error (credentials, endpoint)
         err.print(f"[red]{escape(str(exc))}[/red]")
         return 2
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import anyio
 from rich.console import Console
@@ -22,10 +23,17 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def run_snapshot(settings: Settings, topics: list[str] | None, *, url: str | None, token: str | None) -> int:
+def run_snapshot(
+    settings: Settings, topics: list[str] | None, *, url: str | None, token: str | None, to: str | None = None
+) -> int:
     """With `url`, POST /v1/snapshots to the server there (an admin's token); without, open the
     data dir (which must not be in use by a server: the data dir's lock says so) and snapshot it
-    directly, under the same caps (settings.snapshot_limits())."""
+    directly, under the same caps (settings.snapshot_limits()). With `to`, then upload it there
+    (analytics/upload.py): the snapshot's files must be readable here, so with `url` this runs
+    where the server's snapshot dir is (its settings: --data-dir, EVENTLOG_SNAPSHOT_DIR)."""
+    if to is not None and (problem := _upload_unavailable()) is not None:
+        err.print(f"[red]snapshot --to:[/red] {escape(problem)}")
+        return 2
     try:
         if url is not None:
             summary = _remote(url, topics, token)
@@ -46,7 +54,52 @@ def run_snapshot(settings: Settings, topics: list[str] | None, *, url: str | Non
     out.print(table)
     # the server answers the path from its data dir (or its EVENTLOG_SNAPSHOT_DIR); here it is whole
     out.print(summary["path"] if url is None else f"{summary['path']} (on the server, from its data dir)")
+    if to is None:
+        return 0
+    directory = Path(summary["path"]) if url is None else settings.snapshot_root / summary["id"]
+    if not (directory / snapshots.MANIFEST).is_file():
+        err.print(
+            f"[red]snapshot --to:[/red] snapshot {escape(summary['id'])} was taken, but its files are not here "
+            f"({escape(str(directory))}): the server keeps them in its snapshot dir. Run this where that dir is "
+            f"readable, with the server's --data-dir (or EVENTLOG_SNAPSHOT_DIR), or there: eventlog "
+            f"upload-snapshot <snapshot dir> --to {escape(to)}"
+        )
+        return 1
+    return run_upload(directory, to)
+
+
+def run_upload(directory: Path, to: str) -> int:
+    """`eventlog upload-snapshot DIR --to URI`: upload a finished snapshot directory."""
+    problem = _upload_unavailable()
+    if problem is not None:
+        err.print(f"[red]upload failed:[/red] {escape(problem)}")
+        return 2
+    from analytics.upload import upload_snapshot
+
+    try:
+        result = upload_snapshot(str(directory), to)
+    except ValueError as exc:
+        err.print(f"[red]upload failed:[/red] {escape(str(exc))}")
+        return 2
+    except OSError as exc:
+        err.print(f"[red]upload failed:[/red] {escape(str(exc))}")
+        return 1
+    out.print(
+        f"uploaded snapshot {result.snapshot_id}: {result.uploaded} segment objects sent ({result.uploaded_bytes} "
+        f"bytes), {result.skipped} already there ({result.skipped_bytes} bytes)", markup=False,
+    )
+    out.print(json.dumps({"manifest": result.manifest, "uploaded": result.uploaded, "skipped": result.skipped}),
+              markup=False)
     return 0
+
+
+def _upload_unavailable() -> str | None:
+    """Why uploads cannot run here (pyarrow missing), or None."""
+    try:
+        import pyarrow.fs  # noqa: F401
+    except ImportError:
+        return "uploading needs pyarrow: pip install 'eventlog[spark]' (or pyarrow)"
+    return None
 
 
 class _RemoteError(Exception):

@@ -42,6 +42,8 @@ Manifest (format_version 1; analytics/ reads it):
        "partitions": [{"partition", "dir", "log_start_offset", "high_watermark",
          "segments": [{"file", "base_offset", "last_offset", "size_bytes", "index_file",
                        "time_index_file", "copied"}]}]}]}
+A copy uploaded to shared storage (analytics/upload.py) gives each segment an "object" (its
+path from the manifest's directory) and drops the index file names; readers follow "object".
 """
 
 from __future__ import annotations

@@ -30,6 +30,12 @@ from ..kafka_oracle import build_batch
 
 REPO = Path(__file__).resolve().parents[2]
 JAVA_HOME = "/usr/lib/jvm/java-17-openjdk-amd64"
+S3_TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "eventlog-test",
+    "AWS_SECRET_ACCESS_KEY": "eventlog-test",
+    "AWS_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 T0 = 1_700_000_000_000
 
 
@@ -190,7 +196,12 @@ def spark():
         "TZ": "UTC",
         # workers import analytics/ and engine/ even when pytest runs from another directory
         "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [saved.get("PYTHONPATH")])]),
+        # the Python workers the JVM starts inherit these: credentials for the loopback S3 server
+        # of test_upload.py (its endpoint travels in the URI), never a developer's own
+        **S3_TEST_ENV,
     })
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        os.environ.pop(name, None)
     time.tzset()
     log4j = Path(__file__).with_name("log4j2.properties")
     java_options = f"-Duser.timezone=UTC -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Dlog4j2.configurationFile=file:{log4j}"
