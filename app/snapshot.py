@@ -39,10 +39,7 @@ def run_snapshot(
             summary = _remote(url, topics, token)
         else:
             summary = anyio.run(_local, settings, topics)
-    except EngineError as exc:
-        err.print(f"[red]snapshot failed:[/red] {escape(str(exc))}")
-        return 1
-    except _RemoteError as exc:
+    except (EngineError, _RemoteError) as exc:
         err.print(f"[red]snapshot failed:[/red] {escape(str(exc))}")
         return 1
     table = Table("topic", "partition", "offsets", "segments", "bytes", title=f"snapshot {summary['id']}")
