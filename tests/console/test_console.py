@@ -490,3 +490,19 @@ def test_whoami_and_maintenance_in_the_api(server: ServerProcess) -> None:
         missing = client.post("/v1/admin/compaction/run", json={"topic": "t", "partition": 7})
         assert (missing.status_code, missing.json()["code"]) == (404, "partition_not_found")
         assert client.get("/v1/topics/t/partitions/9/maintenance").status_code == 404
+
+
+def test_the_console_files_ship_in_the_package() -> None:
+    """The page and every asset it serves are files of the api package's console_assets/, which
+    pyproject.toml's package-data puts in the wheel (and so in the Docker image, which installs
+    the project with pip)."""
+    import tomllib
+
+    from api import console
+
+    from ..conftest import REPO
+
+    here = {p.name for p in (REPO / "api" / "console_assets").iterdir()}
+    assert here == {"index.html", *console.ASSETS}
+    package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "console_assets/*" in package_data["api"]
