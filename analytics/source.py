@@ -293,8 +293,18 @@ def segment_location(snapshot_path: str, part: dict, seg: dict) -> str:
     an uploaded snapshot's content-addressed segment, analytics/upload.py) if it has one, else
     `<snapshot>/<partition dir>/<file>`."""
     if seg.get("object"):
-        return storage.join(snapshot_path, seg["object"])
-    return storage.join(snapshot_path, part["dir"], seg["file"])
+        # objects are shared by the snapshots of one upload root (<root>/snapshots/<id>): a
+        # manifest may name nothing outside that root (an absolute path, another bucket, ..)
+        location, root = storage.join(snapshot_path, str(seg["object"])), storage.join(snapshot_path, "..", "..")
+    else:
+        location, root = storage.join(snapshot_path, str(part["dir"]), str(seg["file"])), snapshot_path
+    if str(seg.get("object") or "").startswith("/") or "://" in str(seg.get("object") or "") \
+            or not storage.inside(location, root):
+        raise ValueError(
+            f"eventlog: {storage.display(snapshot_path)}: the manifest names a segment outside the snapshot "
+            f"({seg.get('object') or str(part['dir']) + '/' + str(seg['file'])})"
+        )
+    return location
 
 
 def _parse_offsets(text, option: str, default: int, partitions_of):

@@ -70,6 +70,21 @@ def join(location: str, *parts: str) -> str:
     return urllib.parse.urlunsplit(url._replace(path=path))
 
 
+def inside(location: str, root: str) -> bool:
+    """Whether `location` (joined and normalized, as join makes it) is `root` or below it: the
+    same filesystem, bucket and path prefix; queries are not compared."""
+    if is_uri(location) != is_uri(root):
+        return False
+    if not is_uri(location):
+        path, top = os.path.normpath(location), os.path.normpath(root)
+        return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
+    a, b = urllib.parse.urlsplit(location), urllib.parse.urlsplit(root)
+    if (scheme(location), a.netloc) != (scheme(root), b.netloc):
+        return False
+    path, top = posixpath.normpath(a.path or "/"), posixpath.normpath(b.path or "/")
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
 def scheme(location: str) -> str:
     """The pyarrow filesystem's scheme of a URI (s3a:// is s3); "file" for a local location."""
     if not is_uri(location):

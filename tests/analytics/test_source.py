@@ -20,6 +20,7 @@ from analytics.source import (
     EventlogReader,
     SegmentPartition,
     latest_per_key,
+    plan_partitions,
 )
 
 from .conftest import T0, Row, Snapshot
@@ -150,6 +151,26 @@ def test_manifest_version_and_schema_are_checked(snapshot: Snapshot, tmp_path: P
         EventlogReader({"path": str(tmp_path)})
     assert EventlogDataSource.name() == "eventlog"
     assert EventlogDataSource({}).schema() == SPARK_DDL
+
+
+@pytest.mark.parametrize("where", [
+    {"dir": "../../etc"}, {"file": "../../../outside.log"}, {"object": "/etc/passwd"},
+    {"object": "../../../../elsewhere/segments/x.log"}, {"object": "s3://other-bucket/segments/x.log"},
+])
+def test_a_manifest_names_no_file_outside_the_snapshot(snapshot: Snapshot, tmp_path: Path, where: dict) -> None:
+    """A manifest from a shared bucket is data: it may not send the reader to any other file
+    (a local path, another bucket), only to its snapshot's files or its upload root's objects."""
+    copy = tmp_path / "snap"
+    shutil.copytree(snapshot.path, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    partition = manifest["topics"][0]["partitions"][0]
+    if "dir" in where:
+        partition["dir"] = where["dir"]
+    else:
+        partition["segments"][0].update(where)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="outside the snapshot"):
+        plan_partitions(str(copy), {})
 
 
 # ---------------------------------------------------------------------------------------------
