@@ -12,6 +12,7 @@ What other code may use:
     load_value_schema(ddl or file)   schemas.py: a value schema (Spark DDL or JSON Schema) for typed reads
     MalformedRecordError             values.py: a typed read's FAILFAST error
     upload_snapshot(dir, to)         upload.py: a snapshot to shared storage (s3://...), each segment once
+    prune_upload(root, keep=)        prune.py: drop old snapshots and the objects no manifest names
 
 Snapshot paths may be URIs of any pyarrow filesystem (storage.py: s3://, s3a://, hdfs://).
 
@@ -39,6 +40,7 @@ _EXPORTS = {
     "load_value_schema": "schemas",
     "MalformedRecordError": "values",
     "upload_snapshot": "upload",
+    "prune_upload": "prune",
 }
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "latest_per_key",
     "load",
     "load_value_schema",
+    "prune_upload",
     "register",
     "upload_snapshot",
 ]

@@ -27,7 +27,8 @@ Steps, and what a crash at each leaves:
    them). Readers see a snapshot only once its manifest is there.
 
 Objects no manifest names any more (the older sizes of active segments, the segments of
-snapshot manifests deleted from the target) stay until removed (docs/ANALYTICS.md, On a cluster).
+snapshot manifests deleted from the target) stay until `eventlog prune-upload` removes them
+(prune.py).
 Needs pyarrow (the `spark` extra), not pyspark.
 """
 

@@ -1,4 +1,5 @@
-"""The `eventlog` command: serve, dump-log, import-kafka, snapshot, upload-snapshot, nightly, version."""
+"""The `eventlog` command: serve, dump-log, import-kafka, snapshot, upload-snapshot, prune-upload, nightly,
+version."""
 
 from __future__ import annotations
 
@@ -173,6 +174,27 @@ def upload_snapshot(
 
     configure_logging("warning")
     raise typer.Exit(run_upload(directory, to))
+
+
+@cli.command("prune-upload")
+def prune_upload(
+    root: str = typer.Argument(
+        ..., metavar="URI", help="an upload root: what snapshot --to and upload-snapshot --to were given"
+    ),
+    keep: Optional[int] = typer.Option(
+        None, "--keep", min=0, metavar="N", help="keep the newest N finished snapshots, remove the others (default: keep all)"
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list what would be removed, remove nothing"),
+    grace_ms: int = typer.Option(
+        3_600_000, "--grace-ms", min=0,  # analytics.prune.GRACE_MS (not imported: pyarrow may be missing)
+        help="leave objects and unfinished snapshots younger than this (uploads in progress); longer than the longest upload",
+    ),
+) -> None:
+    """Remove old snapshots from an upload root, then the segment objects no remaining manifest names."""
+    from .snapshot import run_prune
+
+    configure_logging("warning")
+    raise typer.Exit(run_prune(root, keep, dry_run=dry_run, grace_ms=grace_ms))
 
 
 @cli.command()

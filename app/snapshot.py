@@ -90,6 +90,42 @@ def run_upload(directory: Path, to: str) -> int:
     return 0
 
 
+def run_prune(root: str, keep: int | None, *, dry_run: bool, grace_ms: int) -> int:
+    """`eventlog prune-upload URI`: drop all but the newest `keep` snapshots of an upload root, then
+    the segment objects no remaining manifest names (analytics/prune.py)."""
+    problem = _upload_unavailable()
+    if problem is not None:
+        err.print(f"[red]prune failed:[/red] {escape(problem)}")
+        return 2
+    from analytics.prune import prune_upload
+
+    def progress(line: str) -> None:
+        out.print(line, markup=False)
+
+    try:
+        result = prune_upload(root, keep=keep, dry_run=dry_run, grace_ms=grace_ms, progress=progress)
+    except ValueError as exc:
+        err.print(f"[red]prune failed:[/red] {escape(str(exc))}")
+        return 2
+    except OSError as exc:
+        err.print(f"[red]prune failed:[/red] {escape(str(exc))}")
+        return 1
+    verb = "would remove" if dry_run else "removed"
+    left = f"; left {len(result.unfinished_left)} unfinished snapshots and {result.objects_young} unnamed objects " \
+        f"younger than {grace_ms} ms (uploads in progress)" if result.unfinished_left or result.objects_young else ""
+    out.print(
+        f"{'dry run: ' if dry_run else ''}{result.root}: {verb} {len(result.snapshots_removed)} snapshots "
+        f"({len(result.kept)} kept), {len(result.unfinished_removed)} unfinished snapshots, "
+        f"{len(result.objects_removed)} segment objects ({result.bytes_removed} bytes){left}", markup=False,
+    )
+    out.print(json.dumps({
+        "root": result.root, "dry_run": dry_run, "kept": len(result.kept),
+        "snapshots_removed": len(result.snapshots_removed), "unfinished_removed": len(result.unfinished_removed),
+        "objects_removed": len(result.objects_removed), "bytes_removed": result.bytes_removed,
+    }), markup=False)
+    return 0
+
+
 def _upload_unavailable() -> str | None:
     """Why uploads cannot run here (pyarrow missing), or None."""
     try:

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +43,39 @@ def _read_all(path: str) -> list[Row]:
 
 def _objects(manifest: dict) -> list[str]:
     return [s["object"] for t in manifest["topics"] for p in t["partitions"] for s in p["segments"] if s.get("object")]
+
+
+HOUR_MS = 3_600_000
+OLD, OLDER, NEW = "20261124T020000000Z-00000a", "20261125T020000000Z-00000b", "20261126T020000000Z-00000c"
+
+
+def _upload_as(snapshot: Snapshot, tmp_path: Path, target: str, snapshot_id: str, shrink: int = 0) -> dict:
+    """Upload a copy of the conftest snapshot as `snapshot_id`, with orders-1's newest segment
+    `shrink` bytes shorter (as an older snapshot saw it: another object); its uploaded manifest."""
+    from analytics import storage
+    from analytics.upload import upload_snapshot
+
+    copy = tmp_path / "taken" / snapshot_id
+    shutil.copytree(snapshot.path, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["snapshot_id"] = snapshot_id
+    manifest["topics"][0]["partitions"][1]["segments"][-1]["size_bytes"] -= shrink
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    upload_snapshot(str(copy), target)
+    return json.loads(storage.read_bytes(storage.join(target, "snapshots", snapshot_id, "manifest.json")))
+
+
+def _newest_segment_object(manifest: dict) -> str:
+    """orders-1's newest segment's object, relative to the upload root."""
+    return manifest["topics"][0]["partitions"][1]["segments"][-1]["object"].removeprefix("../../")
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) + ("/" if p.is_dir() else "") for p in root.rglob("*"))
+
+
+def _age(path: Path, mtime_ms: int) -> None:
+    os.utime(path, ns=(mtime_ms * 1_000_000, mtime_ms * 1_000_000))
 
 
 # -- a local directory ------------------------------------------------------------------------
@@ -83,6 +119,124 @@ def test_upload_to_a_directory_reads_the_same_and_sends_each_segment_once(snapsh
     assert missing.returncode == 2 and "not a finished snapshot" in missing.stderr
 
 
+def test_prune_keeps_the_newest_snapshots_and_what_they_name_and_what_uploads_write_now(
+        snapshot: Snapshot, tmp_path: Path) -> None:
+    """Three snapshots uploaded (the two older with older sizes of orders-1's newest segment), a
+    crashed upload's leftovers and a running upload's: keep 1 drops the two older manifests, the
+    two objects only they named, and what the crash left, past the grace period."""
+    from analytics.prune import prune_upload
+
+    store = tmp_path / "store"
+    manifests = {i: _upload_as(snapshot, tmp_path, str(store), i, shrink) for i, shrink in
+                 ((OLD, 40), (OLDER, 20), (NEW, 0))}
+    now_ms = int(time.time() * 1000) + 2 * HOUR_MS  # everything written so far is 2 hours old
+    crashed = store / "segments" / "id-orders" / "0" / ".00000000000000000000-1-0.log.0badf00d.tmp"
+    crashed.write_bytes(b"x")
+    sending = store / "segments" / "id-orders" / "0" / "00000000000000000999-3-00000000.log"  # no manifest yet
+    sending.write_bytes(b"abc")
+    _age(sending, now_ms - HOUR_MS + 60_000)
+    (store / "snapshots" / "20261123T020000000Z-dead00").mkdir()  # a crash while writing its manifest
+    (store / "snapshots" / "20261123T020000000Z-dead00" / ".manifest.json.0badf00d.tmp").write_bytes(b"{")
+    writing = store / "snapshots" / "20261126T030000000Z-11ae00"  # an upload writing its manifest now
+    writing.mkdir()
+    _age(writing, now_ms - 60_000)
+    before = _tree(store)
+
+    dry = prune_upload(str(store), keep=1, dry_run=True, now_ms=now_ms)
+    assert _tree(store) == before
+    assert (dry.root, dry.kept, dry.snapshots_removed) == (str(store), [NEW], [OLD, OLDER])
+    assert (dry.unfinished_removed, dry.unfinished_left) == (["20261123T020000000Z-dead00"], [writing.name])
+    gone = {_newest_segment_object(manifests[OLD]), _newest_segment_object(manifests[OLDER]),
+            str(crashed.relative_to(store))}
+    assert {name for name, _ in dry.objects_removed} == gone and dry.objects_young == 1
+    assert dry.bytes_removed == sum((store / name).stat().st_size for name in gone)
+
+    lines: list[str] = []
+    done = prune_upload(f"file://{store}", keep=1, now_ms=now_ms, progress=lines.append)
+    assert (done.kept, done.snapshots_removed, done.unfinished_removed, done.objects_removed, done.objects_young) == \
+        (dry.kept, dry.snapshots_removed, dry.unfinished_removed, dry.objects_removed, dry.objects_young)
+    assert f"removed snapshot {OLD}" in lines and len(lines) == 2 + 1 + 3
+    assert sorted(p.name for p in (store / "snapshots").iterdir()) == [NEW, writing.name]
+    named = {o.removeprefix("../../") for o in _objects(manifests[NEW])}
+    assert {str(p.relative_to(store)) for p in (store / "segments").rglob("*") if p.is_file()} == \
+        named | {str(sending.relative_to(store))}
+    assert _read_all(str(store / "snapshots" / NEW)) == sorted(snapshot.rows, key=lambda r: (r.topic, r.partition, r.offset))
+    # again: nothing left to remove; without --keep every finished snapshot stays
+    again = prune_upload(str(store), now_ms=now_ms)
+    assert (again.kept, again.snapshots_removed, again.objects_removed, again.objects_young) == ([NEW], [], [], 1)
+    # the running upload's object, once past the grace period with no manifest naming it (it crashed)
+    later = prune_upload(str(store), now_ms=now_ms + HOUR_MS)
+    assert later.objects_removed == [(str(sending.relative_to(store)), 3)] and later.unfinished_removed == [writing.name]
+    assert prune_upload(str(store), keep=0, dry_run=True, now_ms=now_ms).snapshots_removed == [NEW]
+
+
+def test_prune_refuses_what_is_not_an_upload_root(snapshot: Snapshot, tmp_path: Path) -> None:
+    from analytics.prune import prune_upload
+
+    from ..conftest import run_eventlog
+
+    def refused(root: Path | str, message: str, **options) -> None:
+        with pytest.raises(ValueError, match=message):
+            prune_upload(str(root), **options)
+
+    refused(tmp_path / "nothing", "no such upload root")
+    (tmp_path / "empty").mkdir()
+    refused(tmp_path / "empty", r"not an upload root \(no snapshots/ or segments/")
+    store = tmp_path / "store"
+    _upload_as(snapshot, tmp_path, str(store), NEW)
+    refused(store / "snapshots", "the parent of this snapshots/")
+    refused(store / "snapshots" / NEW / "manifest.json", r"not an upload root \(a file\)")
+    refused(store, "keep must be >= 0", keep=-1)
+    data = tmp_path / "data"
+    shutil.copytree(snapshot.path, data / "snapshots" / NEW)
+    (data / "meta.properties").write_text("version=0\n")
+    refused(data, "a data dir")
+    # a data dir's snapshots laid out as an upload root's: its manifests name local files
+    orphan = store / "segments" / "id-orders" / "0" / "00000000000000000999-3-00000000.log"
+    orphan.write_bytes(b"abc")
+    later = int(time.time() * 1000) + 2 * HOUR_MS
+    shutil.copytree(snapshot.path, store / "snapshots" / OLDER)
+    refused(store, f"snapshots/{OLDER}/manifest.json: names local files", now_ms=later)
+    shutil.rmtree(store / "snapshots" / OLDER)
+    (store / "snapshots" / NEW / "manifest.json").write_text('{"format_version": 1, "topics": [')
+    refused(store, f"snapshots/{NEW}/manifest.json: cannot read it .*nothing removed", now_ms=later)
+    assert orphan.exists()
+    # a dropped snapshot's manifest is not read
+    assert str(orphan.relative_to(store)) in dict(prune_upload(str(store), keep=0, now_ms=later).objects_removed)
+
+    cli = run_eventlog("prune-upload", str(tmp_path / "nothing"))
+    assert cli.returncode == 2 and "no such upload root" in cli.stderr
+    assert run_eventlog("prune-upload", str(store), "--keep", "-1").returncode == 2
+
+
+def test_prune_upload_command(snapshot: Snapshot, tmp_path: Path) -> None:
+    from ..conftest import run_eventlog
+
+    store = tmp_path / "store"
+    old = _upload_as(snapshot, tmp_path, str(store), OLD, shrink=40)
+    _upload_as(snapshot, tmp_path, str(store), NEW)
+    gone = _newest_segment_object(old)
+    size = (store / gone).stat().st_size
+    dry = run_eventlog("prune-upload", f"file://{store}", "--keep", "1", "--dry-run", "--grace-ms", "0")
+    assert dry.returncode == 0, dry.stderr
+    lines = dry.stdout.strip().splitlines()
+    assert lines[:2] == [f"would remove snapshot {OLD}", f"would remove {gone} ({size} bytes)"]
+    assert lines[2] == f"dry run: {store}: would remove 1 snapshots (1 kept), 0 unfinished snapshots, 1 segment objects " \
+        f"({size} bytes)"
+    summary = {"root": str(store), "dry_run": True, "kept": 1, "snapshots_removed": 1, "unfinished_removed": 0,
+               "objects_removed": 1, "bytes_removed": size}
+    assert json.loads(lines[-1]) == summary and (store / gone).exists()
+    done = run_eventlog("prune-upload", str(store), "--keep", "1", "--grace-ms", "0")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {**summary, "dry_run": False}
+    assert not (store / gone).exists() and not (store / "snapshots" / OLD).exists()
+    # with the default grace period (an hour), what was just written stays
+    young = run_eventlog("prune-upload", str(store), "--keep", "0")
+    assert young.returncode == 0, young.stderr
+    assert json.loads(young.stdout.strip().splitlines()[-1])["objects_removed"] == 0
+    assert "unnamed objects younger than 3600000 ms" in young.stdout
+
+
 def test_the_nightly_job_refuses_an_object_store_output(tmp_path: Path) -> None:
     from ..conftest import run_eventlog
 
@@ -115,7 +269,7 @@ class _Requests(logging.Handler):
         self.seen: list[tuple[str, str]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        match = re.search(r'"([A-Z]+) (\S+) HTTP', record.getMessage())
+        match = re.search(r'"(?:\x1b\[[0-9;]*m)*([A-Z]+) (\S+) HTTP', record.getMessage())  # werkzeug colours some
         if match:
             self.seen.append((match[1], match[2]))
 
@@ -245,6 +399,42 @@ def test_snapshots_uploaded_to_s3_twice_and_read_by_spark(spark, s3, tmp_path: P
     slices = source.slices([(tp, r.log_start, r.end) for tp, r in sorted(view.items())], report)
     streamed = _rows_of(b for s in slices for b in read_slice(s, report))
     assert streamed == _read_all(str(local_dirs[1]))
+
+
+def test_prune_an_upload_on_s3(s3, snapshot: Snapshot, tmp_path: Path) -> None:
+    """Two snapshots uploaded to the S3 server, --keep 1: the older manifest goes at once, the
+    objects only it named once past the grace period (the clock moved), by DELETE requests."""
+    from pyarrow import fs as pafs
+
+    from analytics.prune import prune_upload
+
+    endpoint, requests = s3
+    target = f"s3://{BUCKET}/pruned?endpoint_override={endpoint}"
+    old = _upload_as(snapshot, tmp_path, target, OLD, shrink=40)
+    new = _upload_as(snapshot, tmp_path, target, NEW)
+    fs = pafs.S3FileSystem(endpoint_override=endpoint)
+    with fs.open_output_stream(f"{BUCKET}/pruned/segments/id-orders/0/00000000000000000999-3-00000000.log") as out:
+        out.write(b"abc")  # a crashed upload's
+    gone = {_newest_segment_object(old), "segments/id-orders/0/00000000000000000999-3-00000000.log"}
+
+    first = prune_upload(target, keep=1)
+    assert (first.root, first.kept, first.snapshots_removed) == (f"s3://{BUCKET}/pruned", [NEW], [OLD])
+    assert first.objects_removed == [] and first.objects_young == 2  # written within the hour
+    later = int(time.time() * 1000) + 2 * HOUR_MS
+    dry = prune_upload(target, keep=1, dry_run=True, now_ms=later)
+    assert {name for name, _ in dry.objects_removed} == gone and dry.snapshots_removed == []
+    before = len(requests.seen)
+    done = prune_upload(target, keep=1, now_ms=later)
+    assert done.objects_removed == dry.objects_removed
+    deleted = {path.split("?")[0] for method, path in requests.seen[before:] if method == "DELETE"}
+    assert deleted == {f"/{BUCKET}/pruned/{name}" for name in gone}
+    files = fs.get_file_info(pafs.FileSelector(f"{BUCKET}/pruned", recursive=True))
+    assert {i.path.removeprefix(f"{BUCKET}/pruned/") for i in files if i.type == pafs.FileType.File} == \
+        {o.removeprefix("../../") for o in _objects(new)} | {f"snapshots/{NEW}/manifest.json"}
+    assert {i.path for i in files if i.path.startswith(f"{BUCKET}/pruned/snapshots/")} == {
+        f"{BUCKET}/pruned/snapshots/{NEW}", f"{BUCKET}/pruned/snapshots/{NEW}/manifest.json"}
+    remote = f"s3://{BUCKET}/pruned/snapshots/{NEW}?endpoint_override={endpoint}"
+    assert _read_all(remote) == sorted(snapshot.rows, key=lambda r: (r.topic, r.partition, r.offset))
 
 
 def _uploaded(target: str, endpoint: str, snapshot_id: str) -> dict:
