@@ -59,7 +59,18 @@ Typed columns (values.py decodes, schemas.py makes the types; docs/ANALYTICS.md,
   value and the raw value bytes in the corrupt-record column (`columnNameOfCorruptRecord`,
   default "_corrupt_record", binary, added after `headers` for JSON values); DROPMALFORMED
   drops the record; FAILFAST fails the query with MalformedRecordError (topic, partition,
-  offset, reason). What counts as malformed: values.py.
+  offset, reason). What counts as malformed: values.py. A `mode` of auto, live or snapshots is
+  readStream's old name for its option `input` (stream.py) and never a typing mode
+  (typing_options drops it).
+
+The stream (stream.py) types its rows with these same functions: row_format checks its schema,
+typed_batches converts its micro-batches. Inference differs, and schema() cannot tell a stream
+from a batch read: (1) with option schemaInference true (readStream's; batch reads refuse it),
+or for a path that is not a snapshot (a directory of snapshots, a live data dir: only a stream
+reads those), it calls stream.infer_stream_value_type, which refuses unless schemaInference is
+true; (2) for a snapshot directory otherwise it infers as for a batch read and notes on the
+instance that it did: Spark pickles the instance after schema() and calls streamReader on that
+copy, which then refuses the inferred schema.
 
 A user schema (`.schema(...)`) must hold the seven columns of SPARK_DDL, by name in any order
 (no partial schemas: Spark gets every column of every row; give `value_schema` to type only
@@ -90,7 +101,7 @@ spark.sql.python.filterPushdown.enabled is false (its default).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,14 +115,18 @@ from .values import MODES, PERMISSIVE, RowFormat
 
 __all__ = [
     "CORRUPT_COLUMN",
+    "STREAM_INPUTS",
     "CompactedPartition",
     "EventlogDataSource",
     "EventlogReader",
     "SegmentPartition",
+    "infer_sampled",
     "latest_per_key",
     "plan_partitions",
     "read_schema",
     "row_format",
+    "typed_batches",
+    "typing_options",
 ]
 
 MANIFEST = "manifest.json"
@@ -120,6 +135,7 @@ EARLIEST = -2
 LATEST = -1
 CORRUPT_COLUMN = "_corrupt_record"
 DEFAULT_SAMPLE_RECORDS = 1000
+STREAM_INPUTS = ("auto", "live", "snapshots")  # readStream's option `input`, once named `mode`
 
 
 @dataclass(frozen=True)
@@ -158,16 +174,32 @@ class EventlogDataSource(DataSource):
         return "eventlog"
 
     def schema(self):
-        return read_schema(_lower(self.options))
+        """The schema when the user gave none (Spark calls it for spark.read and readStream
+        alike): read_schema of the options; records whether it inferred the value type."""
+        self.inferred = False
+        return read_schema(typing_options(_lower(self.options)), infer=self._infer)
+
+    def _infer(self, options: dict[str, str], records: int):
+        path = options.get("path")
+        if not path:
+            raise ValueError("eventlog: give a path: spark.read.format('eventlog').load(path)")
+        self.inferred = True
+        stream = str(options.get("schemainference", "")).strip().lower() == "true"  # a stream's option
+        if not stream and storage.exists(storage.join(storage.normalize(path), MANIFEST)):
+            return _infer_value_type(options, records)  # a snapshot: a batch read, or a stream over it
+        from .stream import infer_stream_value_type  # else only a stream reads this
+
+        return infer_stream_value_type(options, records)
 
     def reader(self, schema) -> EventlogReader:
         return EventlogReader(dict(self.options), schema)
 
     def streamReader(self, schema):
-        """spark.readStream.format("eventlog").load(path): analytics/stream.py."""
+        """spark.readStream.format("eventlog").load(path): analytics/stream.py. `schema` is the
+        user's, or schema()'s from this same instance (then `inferred` says how it was made)."""
         from .stream import EventlogStreamReader
 
-        return EventlogStreamReader(dict(self.options), schema)
+        return EventlogStreamReader(dict(self.options), schema, inferred=getattr(self, "inferred", False))
 
 
 class EventlogReader(DataSourceReader):
@@ -179,6 +211,9 @@ class EventlogReader(DataSourceReader):
         path = options.get("path")
         if not path:
             raise ValueError("eventlog: give the snapshot directory: spark.read.format('eventlog').load(path)")
+        if str(options.get("schemainference", "false")).strip().lower() != "false":
+            raise ValueError("eventlog: option schemaInference is for readStream only (a batch read infers the "
+                             "value type whenever it has none)")
         self._format = row_format(options, schema)  # None: the decoder's batches as they are
         self._partitions = plan_partitions(path, options)
 
@@ -192,14 +227,20 @@ class EventlogReader(DataSourceReader):
         return state
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        batches = _read_raw(partition)
-        if self._format is None:
-            yield from batches
-            return
-        for batch in batches:
-            typed = self._format.convert(batch)
-            if typed is not None and typed.num_rows:
-                yield typed
+        return typed_batches(_read_raw(partition), self._format)
+
+
+def typed_batches(batches: Iterator[pa.RecordBatch], fmt: RowFormat | None) -> Iterator[pa.RecordBatch]:
+    """Decoder batches (ARROW_SCHEMA) in a read's schema: each converted by `fmt` (row_format;
+    None: they already are it), batches left empty (DROPMALFORMED) not yielded. The batch
+    reader and the stream's micro-batches both read through it."""
+    if fmt is None:
+        yield from batches
+        return
+    for batch in batches:
+        typed = fmt.convert(batch)
+        if typed is not None and typed.num_rows:
+            yield typed
 
 
 def _read_raw(partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -402,7 +443,7 @@ class _Formats:
         if mode not in MODES:
             if typing:
                 raise ValueError(f"eventlog: mode must be one of {', '.join(MODES)}; got {options.get('mode')!r}")
-            mode = PERMISSIVE  # an untyped read decodes nothing that could fail (readStream's mode is its own)
+            mode = PERMISSIVE  # an untyped read decodes nothing that could fail
         records = str(options.get("value_sample_records") or DEFAULT_SAMPLE_RECORDS).strip()
         if not records.isdigit() or int(records) < 1:
             raise ValueError(f"eventlog: value_sample_records must be a positive number; got {records!r}")
@@ -423,11 +464,22 @@ class _Formats:
         return formats
 
 
-def read_schema(options: dict[str, str]):
+def typing_options(options: dict[str, str]) -> dict[str, str]:
+    """The options (lower case) as typing reads them: without a `mode` of auto, live or
+    snapshots, readStream's old name for its option `input` (stream.py), so that `mode` only
+    ever means Spark's JSON modes. Other values are left for _Formats.parse to judge."""
+    mode = options.get("mode")
+    if mode is not None and str(mode).strip().lower() in STREAM_INPUTS:
+        return {k: v for k, v in options.items() if k != "mode"}
+    return options
+
+
+def read_schema(options: dict[str, str], infer=None):
     """The schema of a read without a user schema (options lower case): SPARK_DDL, with key,
     value and header values typed as the options say, and the corrupt-record column (binary)
-    after them for JSON values in PERMISSIVE mode. Infers the value type from a sample when
-    value_format is json and no value_schema is given."""
+    after them for JSON values in PERMISSIVE mode. When value_format is json and no
+    value_schema is given, the value type is `infer(options, value_sample_records)` (default:
+    from a sample of the snapshot's selected values, _infer_value_type)."""
     from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, StructType
 
     from .schemas import check_json_type, parse_ddl, parse_value_type
@@ -446,7 +498,7 @@ def read_schema(options: dict[str, str]):
             if formats.value_schema is not None:
                 value_type = parse_value_type(formats.value_schema)
             else:
-                value_type = _infer_value_type(options, formats.sample_records)
+                value_type = (infer or _infer_value_type)(options, formats.sample_records)
             check_json_type(value_type)
             field = StructField("value", value_type)
         elif field.name == "headers" and formats.headers == "string":
@@ -568,25 +620,36 @@ def _value_format(formats: _Formats, data_type) -> str:
 
 
 def _infer_value_type(options: dict[str, str], records: int):
-    """The JSON type of a sample of the read's values: for each topic, up to `records` values
-    spread over its partitions, half from each partition's first selected records and half from
-    its last (the newest fields are seen). ValueError when the sample holds no JSON value."""
-    from .schemas import infer_value_type
-
+    """The JSON type of a sample of the read's selected values (infer_sampled)."""
     plan = plan_partitions(options["path"], {**options, "compacted": "false"})
     by_partition: dict[tuple[str, int], list[SegmentPartition]] = {}
     for part in plan:
         by_partition.setdefault((part.topic, part.partition), []).append(part)
+
+    def sample(tp: tuple[str, int], head: int, tail: int) -> Iterable[bytes]:
+        taken = dict(_sample(by_partition[tp], head, last=False))
+        taken.update(_sample(by_partition[tp], tail, last=True))
+        return taken.values()
+
+    return infer_sampled(list(by_partition), records, sample)
+
+
+def infer_sampled(partitions: list[tuple[str, int]], records: int, sample):
+    """The JSON type of a sample: for each topic, up to `records` values spread over its
+    `partitions` ((topic, partition) pairs), half from each partition's first records and half
+    from its last (the newest fields are seen): `sample(tp, head, tail)` gives the non-null
+    values of the first `head` and the last `tail` records of one partition, each record once.
+    ValueError, asking for a schema, when the sample holds no JSON value (or is empty)."""
+    from .schemas import infer_value_type
+
     partitions_of: dict[str, int] = {}
-    for topic, _ in by_partition:
+    for topic, _ in partitions:
         partitions_of[topic] = partitions_of.get(topic, 0) + 1
     values: list[bytes] = []
-    for (topic, _), segments in by_partition.items():
-        quota = -(-records // partitions_of[topic])
+    for tp in partitions:
+        quota = -(-records // partitions_of[tp[0]])
         head = -(-quota // 2)
-        sample = dict(_sample(segments, head, last=False))
-        sample.update(_sample(segments, quota - head, last=True))
-        values.extend(sample.values())
+        values.extend(sample(tp, head, quota - head))
     value_type = infer_value_type(values)
     if value_type is None:
         topics = ", ".join(sorted(partitions_of)) or "none"

@@ -10,8 +10,30 @@ Schema and rows: the batch source's (SPARK_DDL; Arrow batches from analytics.dec
 are Spark's Kafka source's: `{"orders": {"0": 1234, "1": 99}}`, each partition's next offset
 to read; a micro-batch reads [start, end) of every partition, each offset exactly once.
 
-Two inputs (`mode`, default `auto`: `live` when the path holds `meta.properties` or a
-recovery-point checkpoint, else `snapshots`):
+Typed columns: the batch source's options and code (source.py, docs/ANALYTICS.md "Typed
+values"): `key_format`, `header_format`, `value_format`, `value_schema`, `mode` (PERMISSIVE,
+DROPMALFORMED, FAILFAST), `columnNameOfCorruptRecord`, or a user `.schema(...)`.
+source.row_format checks the schema once, on the driver; source.typed_batches converts each
+micro-batch's decoder batches in the tasks. So a malformed record is what it is in a batch
+read: PERMISSIVE gives a null value and its raw bytes in `_corrupt_record`, DROPMALFORMED drops
+it, FAILFAST fails the query with MalformedRecordError naming topic, partition and offset.
+
+Inference. The value type of `value_format` json is not inferred unless asked: a stream's
+schema must not change between micro-batches, and what a sample finds depends on when it is
+taken. Without value_schema or `.schema(...)` the stream fails saying so (at load(); over one
+snapshot directory, at start(): EventlogDataSource.schema() infers there as for a batch read,
+which it cannot tell from a stream, and the reader refuses what it inferred), unless option
+`schemaInference` is "true". Spark's file streams ask the same, with the conf
+spark.sql.streaming.schemaInference, which a Python data source cannot read. Asked, the type is
+inferred once, at load(), by infer_stream_value_type: up to `value_sample_records` values per
+topic of what the input holds then (each partition's first and last records, from its log
+start, whatever startingOffsets says); and again at each restart, when it may differ.
+
+Two inputs (`input`, default `auto`: `live` when the path holds `meta.properties` or a
+recovery-point checkpoint, else `snapshots`). The option was once named `mode`, which typed
+reads use for Spark's JSON modes: a `mode` of auto, live or snapshots still chooses the input
+(and is not a typing mode); any other `mode` is the typed values'; `input` and such a `mode`
+must agree.
 
 * `snapshots`: a directory of snapshot directories (or one snapshot). Finished snapshots (those
   with manifest.json) are ordered by their manifests' created_ms. A partition's latest offset
@@ -82,7 +104,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from . import storage
-from .decoder import ARROW_SCHEMA, SPARK_DDL
+from .source import STREAM_INPUTS, infer_sampled, row_format, typed_batches, typing_options
 from .stream_sources import (
     RECOVERY_POINT,
     TP,
@@ -94,6 +116,7 @@ from .stream_sources import (
     SnapshotSource,
     read_slice,
 )
+from .values import MODES
 
 __all__ = [
     "DataLossError",
@@ -102,10 +125,12 @@ __all__ = [
     "PartitionRange",
     "SnapshotSlice",
     "from_json",
+    "infer_stream_value_type",
     "initial_offsets",
     "next_end",
     "plan_ranges",
     "rate_limit",
+    "stream_input",
     "to_json",
 ]
 
@@ -268,15 +293,16 @@ class EventlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """spark.readStream.format("eventlog").load(path); options in the module docstring.
 
     Spark makes one on the driver for offsets and planning (a long-lived Python worker: the
-    manifest cache and the logEnd walk positions live there) and pickles another, options only,
-    into each task; construction reads no files."""
+    manifest cache and the logEnd walk positions live there) and pickles another, options and
+    row format only, into each task. Given the schema (Spark always gives it), construction
+    reads no snapshot or log files (a value_schema naming a file is read, as for batch reads).
 
-    def __init__(self, options: dict[str, str], schema=None) -> None:
-        if schema is not None:
-            from pyspark.sql.pandas.types import to_arrow_schema
+    `schema`: the user's `.schema(...)`, or what EventlogDataSource.schema() made of the
+    options, `inferred` saying whether it inferred the value type (refused unless option
+    schemaInference is true); None (a reader made directly, not by Spark): that schema, made
+    here."""
 
-            if not to_arrow_schema(schema, timezone="UTC").equals(ARROW_SCHEMA):
-                raise ValueError(f"eventlog: the stream's schema is fixed ({SPARK_DDL}); got {schema.simpleString()}")
+    def __init__(self, options: dict[str, str], schema=None, *, inferred: bool = False) -> None:
         options = {str(k).lower(): v for k, v in options.items()}
         path = options.get("path")
         if not path:
@@ -285,27 +311,22 @@ class EventlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if name in options and not (name == "compacted" and str(options[name]).strip().lower() == "false"):
                 raise ValueError(f"eventlog: option {name} is for batch reads only, not for readStream")
         self.path = storage.normalize(path)
-        wanted = options.get("topics")
-        self.topics = tuple(t.strip() for t in wanted.split(",") if t.strip()) if wanted and wanted.strip() else None
+        self.topics = _topics(options)
         self.starting = options.get("startingoffsets")
         self.fail_on_data_loss = _flag(options.get("failondataloss", "true"), "failOnDataLoss")
         limit = options.get("maxoffsetspertrigger", options.get("maxrecordspertrigger"))
         self.max_offsets = None if limit is None else _positive(limit, "maxOffsetsPerTrigger")
-        mode = str(options.get("mode", "auto")).strip().lower()
-        if mode == "auto":
-            live = not storage.is_uri(self.path) and any(
-                os.path.exists(os.path.join(self.path, n)) for n in ("meta.properties", RECOVERY_POINT))
-            mode = "live" if live else "snapshots"
-        if mode not in ("live", "snapshots"):
-            raise ValueError(f"eventlog: mode must be auto, live or snapshots; got {mode!r}")
-        if mode == "live" and storage.is_uri(self.path):
-            raise ValueError("eventlog: mode live reads a data dir on this machine's filesystem, not a URI; "
-                             "snapshots uploaded there are read with mode snapshots")
-        self.mode = mode
-        live_end = str(options.get("liveend", "checkpoint")).strip().lower()
-        if live_end not in ("checkpoint", "logend"):
-            raise ValueError(f"eventlog: liveEnd must be checkpoint or logEnd; got {live_end!r}")
-        self.live_end = live_end
+        self.input = stream_input(options, self.path)
+        self.live_end = _live_end(options)
+        self.schema_inference = _flag(options.get("schemainference", "false"), "schemaInference")
+        if schema is None:
+            from .source import EventlogDataSource
+
+            made = EventlogDataSource(options)
+            schema, inferred = made.schema(), made.inferred
+        if inferred and not self.schema_inference:
+            raise ValueError(_needs_schema(self.path))
+        self._format = row_format(typing_options(options), schema)  # None: the decoder's batches as they are
         self._source = None
         self._target: Offsets | None = None
         self._latest: Offsets | None = None
@@ -318,10 +339,7 @@ class EventlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def source(self):
         if self._source is None:
-            if self.mode == "live":
-                self._source = LiveSource(self.path, self.topics, self.live_end == "logend")
-            else:
-                self._source = SnapshotSource(self.path, self.topics)
+            self._source = _open_source(self.path, self.input, self.topics, self.live_end)
         return self._source
 
     def initialOffset(self) -> dict:
@@ -350,10 +368,118 @@ class EventlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return source.slices(ranges, report)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return read_slice(partition, _reporter(self.fail_on_data_loss))
+        return typed_batches(read_slice(partition, _reporter(self.fail_on_data_loss)), self._format)
 
     def commit(self, end: dict) -> None:
         """Nothing to release: the source holds no state outside Spark's checkpoint."""
+
+
+# ---------------------------------------------------------------------------------------------
+# options
+
+
+def stream_input(options: dict[str, str], path: str) -> str:
+    """The input, "live" or "snapshots": option `input` (auto, live, snapshots; default auto:
+    live when `path` holds meta.properties or a recovery-point checkpoint). `mode` was its
+    name: a `mode` of auto, live or snapshots still chooses the input (source.typing_options
+    then hides it from typing); any other `mode` is the typed values' (PERMISSIVE,
+    DROPMALFORMED, FAILFAST). ValueError for other values, or an input and a mode that differ."""
+
+    def given(name: str) -> str | None:
+        text = options.get(name)
+        return str(text).strip().lower() if text is not None and str(text).strip() else None
+
+    chosen, mode = given("input"), given("mode")
+    if chosen is not None and chosen not in STREAM_INPUTS:
+        raise ValueError(f"eventlog: input must be auto, live or snapshots; got {options.get('input')!r}")
+    if mode is not None and mode not in STREAM_INPUTS:
+        if mode.upper() not in MODES:
+            raise ValueError(f"eventlog: mode must be {', '.join(MODES)} (typed values), or auto, live or snapshots "
+                             f"(the input; option input is its name now); got {options.get('mode')!r}")
+        mode = None
+    if chosen is not None and mode is not None and chosen != mode:
+        raise ValueError(f"eventlog: option input {chosen} and option mode {mode} (input's old name) disagree; "
+                         "give input only")
+    chosen = chosen or mode or "auto"
+    if chosen == "auto":
+        live = not storage.is_uri(path) and any(
+            os.path.exists(os.path.join(path, n)) for n in ("meta.properties", RECOVERY_POINT))
+        chosen = "live" if live else "snapshots"
+    if chosen == "live" and storage.is_uri(path):
+        raise ValueError("eventlog: input live reads a data dir on this machine's filesystem, not a URI; "
+                         "snapshots uploaded there are read with input snapshots")
+    return chosen
+
+
+def _topics(options: dict[str, str]) -> tuple[str, ...] | None:
+    wanted = options.get("topics")
+    return tuple(t.strip() for t in wanted.split(",") if t.strip()) if wanted and wanted.strip() else None
+
+
+def _live_end(options: dict[str, str]) -> str:
+    live_end = str(options.get("liveend", "checkpoint")).strip().lower()
+    if live_end not in ("checkpoint", "logend"):
+        raise ValueError(f"eventlog: liveEnd must be checkpoint or logEnd; got {live_end!r}")
+    return live_end
+
+
+def _open_source(path: str, chosen: str, topics: tuple[str, ...] | None, live_end: str):
+    if chosen == "live":
+        return LiveSource(path, topics, live_end == "logend")
+    return SnapshotSource(path, topics)
+
+
+# ---------------------------------------------------------------------------------------------
+# the value type of a stream without a schema
+
+
+def _needs_schema(path: str) -> str:
+    return (
+        "eventlog: a stream's value type is not inferred unless you ask: give option value_schema (a Spark "
+        "DDL string such as 'id INT, status STRING', a JSON Schema, or the path of a file holding either) or "
+        ".schema(...); or set option schemaInference to true to infer it once, when the query starts, from "
+        f"what {storage.display(path)} holds then (inferred again at each restart, so it may differ between "
+        "runs; as Spark's file streams do with spark.sql.streaming.schemaInference)"
+    )
+
+
+def infer_stream_value_type(options: dict[str, str], records: int):
+    """EventlogDataSource.schema()'s inference for a path that is not a snapshot (a directory of
+    snapshots, a live data dir; options lower case): refused (ValueError) unless option
+    schemaInference is true; then source.infer_sampled over what the input holds now, each
+    partition from its log start to its end (whatever startingOffsets says: a stream starting
+    at `latest` still needs a type). Offsets gone while sampling are skipped."""
+    path = storage.normalize(options["path"])
+    if not _flag(options.get("schemainference", "false"), "schemaInference"):
+        raise ValueError(_needs_schema(path))
+    source = _open_source(path, stream_input(options, path), _topics(options), _live_end(options))
+    view = source.view()
+
+    def report(message: str) -> None:
+        logger.warning("eventlog: while sampling values to infer their type: %s (not sampled)", message)
+
+    def sample(tp: TP, head: int, tail: int):
+        r = view[tp]
+        taken = dict(_values(source, tp, r.log_start, r.end, head, report))
+        taken.update(_values(source, tp, max(r.log_start, r.end - tail), r.end, tail, report))
+        return taken.values()
+
+    return infer_sampled(sorted(view), records, sample)
+
+
+def _values(source, tp: TP, begin: int, end: int, count: int, report) -> Iterator[tuple[int, bytes]]:
+    """(offset, value) of the first `count` non-null values in offsets [begin, end)."""
+    if count <= 0 or begin >= end:
+        return
+    taken = 0
+    for part in source.slices([(tp, begin, end)], report):
+        for batch in read_slice(part, report):
+            present = batch.filter(batch.column("value").is_valid())
+            for offset, value in zip(present.column("offset").to_pylist(), present.column("value").to_pylist()):
+                yield offset, value
+                taken += 1
+                if taken == count:
+                    return
 
 
 def _flag(text, option: str) -> bool:

@@ -1,9 +1,12 @@
 """The eventlog streaming source: offset planning in plain Python, reading snapshots and a live
-data dir without Spark, then micro-batches through a real local SparkSession.
+data dir without Spark, typed values (options, schemas, micro-batches) without Spark, then
+micro-batches through a real local SparkSession.
 
 Data comes from the service itself (app_factory: the app `eventlog serve` runs, in this process),
-produced over its HTTP API; snapshots are its own. Spark queries are few (each costs seconds):
-one over successive snapshots, one for retention loss, one over a live data dir.
+produced over its HTTP API; snapshots are its own. Typed values read test_typed.py's snapshot of
+JSON records (malformed ones among them) as a directory of snapshots. Spark queries are few
+(each costs seconds): one over successive snapshots, one for retention loss, one over a live
+data dir, one typed.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ pytest.importorskip("pyspark")
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from analytics import stream, stream_sources
-from analytics.decoder import ARROW_SCHEMA, SnapshotCorruptError
+from analytics.decoder import ARROW_SCHEMA, SPARK_DDL, SnapshotCorruptError
+from analytics.schemas import arrow_schema, parse_ddl
+from analytics.source import EventlogDataSource, typing_options
 from analytics.stream import (
     DataLossError,
     EventlogStreamReader,
@@ -33,10 +38,22 @@ from analytics.stream import (
     next_end,
     plan_ranges,
     rate_limit,
+    stream_input,
     to_json,
 )
+from analytics.values import MalformedRecordError
 
 from ..conftest import wait_until
+from .test_typed import (
+    INFERRED,
+    USER_VALUE_DDL,
+    TypedSnapshot,
+    build_typed_snapshot,
+    expected_rows,
+    orders_of,
+    rows_of_batches,
+    spark_rows,
+)
 
 A, B, C = ("t", 0), ("t", 1), ("u", 0)
 
@@ -148,7 +165,7 @@ def test_options_are_checked_when_the_stream_is_made(tmp_path: Path) -> None:
             EventlogStreamReader({"path": str(tmp_path), **options})
     reader = EventlogStreamReader({"path": str(tmp_path), "maxRecordsPerTrigger": "7", "compacted": "false"})
     assert reader.getDefaultReadLimit() == ReadMaxRows(7)
-    assert reader.mode == "snapshots"
+    assert reader.input == "snapshots"
     assert reader.initialOffset() == {}  # no snapshot yet
     assert reader.latestOffset({}, ReadAllAvailable()) == {}
 
@@ -277,7 +294,7 @@ def test_live_checkpoint_mode_reads_what_the_server_checkpointed(server) -> None
     rows = produce(client, "orders", 80, "a")
     s.stop()  # a clean shutdown writes the recovery-point checkpoint
     reader = EventlogStreamReader({"path": str(s.data_dir), "maxOffsetsPerTrigger": "30"})
-    assert reader.mode == "live"
+    assert reader.input == "live"
     got, _ = read_all(reader, 30)
     assert by_offset(got) == by_offset(rows)
     # a checkpoint lower than the log end: nothing past it is read
@@ -395,6 +412,138 @@ def test_reads_far_into_a_segment_copy_what_they_need(server, monkeypatch) -> No
 
 
 # ---------------------------------------------------------------------------------------------
+# typed values (the batch source's options and decoding), without Spark
+
+
+@pytest.fixture(scope="module")
+def typed_root(tmp_path_factory) -> tuple[Path, TypedSnapshot]:
+    """A directory of snapshots holding one: test_typed.py's JSON records."""
+    root = tmp_path_factory.mktemp("typed-snapshots")
+    return root, build_typed_snapshot(root / "20240101T000000000Z-typed")
+
+
+def test_input_and_mode_options(tmp_path: Path) -> None:
+    path = str(tmp_path)
+    assert stream_input({}, path) == "snapshots"
+    for options, chosen in [
+        ({"input": "live"}, "live"),
+        ({"mode": "live"}, "live"),  # input's old name, still accepted
+        ({"mode": " Snapshots "}, "snapshots"),
+        ({"input": "snapshots", "mode": "snapshots"}, "snapshots"),
+        ({"input": "live", "mode": "dropMalformed"}, "live"),  # any other mode: the typed values'
+        ({"mode": "FAILFAST"}, "snapshots"),
+        ({"mode": ""}, "snapshots"),
+    ]:
+        assert stream_input(options, path) == chosen, options
+    (tmp_path / "meta.properties").write_text("")
+    assert stream_input({"mode": "auto"}, path) == stream_input({}, path) == "live"
+    for options, error in [
+        ({"input": "kafka"}, "input must be auto, live or snapshots"),
+        ({"mode": "kafka"}, "mode must be PERMISSIVE, DROPMALFORMED, FAILFAST .* or auto, live or snapshots"),
+        ({"input": "live", "mode": "snapshots"}, "disagree"),
+    ]:
+        with pytest.raises(ValueError, match=error):
+            stream_input(options, path)
+    with pytest.raises(ValueError, match="not a URI"):
+        stream_input({"input": "live"}, "s3://bucket/snapshots")
+    # typing never sees a mode that names the input
+    assert typing_options({"mode": "Live", "key_format": "string"}) == {"key_format": "string"}
+    assert typing_options({"mode": "FAILFAST"}) == {"mode": "FAILFAST"}
+    typed = EventlogStreamReader({"path": path, "mode": "snapshots", "key_format": "string"})
+    assert (typed.input, typed._format.mode) == ("snapshots", "PERMISSIVE")
+    failfast = EventlogStreamReader({"path": path, "input": "live", "mode": "failfast", "value_schema": "id INT"})
+    assert (failfast.input, failfast._format.mode, failfast._format.value_format) == ("live", "FAILFAST", "json")
+    with pytest.raises(ValueError, match="schemaInference must be true or false"):
+        EventlogStreamReader({"path": path, "schemaInference": "yes"})
+
+
+def test_stream_schema_follows_the_options(typed_root) -> None:
+    root, _ = typed_root
+    options = {"path": str(root), "topics": "orders", "key_format": "string", "value_schema": USER_VALUE_DDL,
+               "mode": "snapshots"}
+    schema = EventlogDataSource(options).schema()
+    assert schema["key"].dataType.simpleString() == "string"
+    assert schema["value"].dataType == parse_ddl(USER_VALUE_DDL)
+    assert schema.fieldNames()[-1] == "_corrupt_record"
+    assert EventlogDataSource({**options, "mode": "DROPMALFORMED"}).schema().fieldNames()[-1] == "headers"
+    # a user schema: checked as for batch reads
+    user = SPARK_DDL.replace("key binary", "key string").replace("value binary", "value struct<id: bigint>")
+    reader = EventlogDataSource({"path": str(root), "input": "snapshots"}).streamReader(parse_ddl(user))
+    assert reader._format.schema.equals(arrow_schema(parse_ddl(user)))
+    for bad, error in [(SPARK_DDL + ", extra int", "schema is fixed"),
+                       (SPARK_DDL.replace("value binary", "value map<string, int>"), "map")]:
+        with pytest.raises(ValueError, match=error):
+            EventlogDataSource({"path": str(root)}).streamReader(parse_ddl(bad))
+    # untyped: the decoder's batches as they are
+    assert EventlogStreamReader({"path": str(root)})._format is None
+
+
+def test_a_stream_infers_the_value_type_only_when_asked(typed_root, tmp_path: Path) -> None:
+    root, snap = typed_root
+    options = {"path": str(root), "topics": "orders", "value_format": "json"}
+    for make in (lambda o: EventlogDataSource(o).schema(), EventlogStreamReader):
+        with pytest.raises(ValueError, match="value type is not inferred unless you ask.*schemaInference"):
+            make(options)
+    # asked: once, from what the snapshots hold (every record here: the batch read's type)
+    schema = EventlogDataSource({**options, "schemaInference": "true"}).schema()
+    assert schema["value"].dataType.simpleString() == INFERRED
+    assert EventlogStreamReader({**options, "schemaInference": "true"})._format.value_format == "json"
+    # one snapshot: schema() cannot tell a stream from a batch read and infers; the stream refuses
+    # it on the instance Spark pickled after schema(), and takes a user schema
+    one = {**options, "path": str(snap.path)}
+    source = EventlogDataSource(one)
+    inferred = source.schema()
+    assert inferred["value"].dataType.simpleString() == INFERRED  # a batch read's inference
+    with pytest.raises(ValueError, match="schemaInference"):
+        pickle.loads(pickle.dumps(source)).streamReader(inferred)
+    assert EventlogDataSource(one).streamReader(inferred)._format is not None
+    assert EventlogDataSource({**one, "schemaInference": "true"}).streamReader(inferred) is not None
+    # asked, a stream over one snapshot samples what it holds, whatever startingOffsets says (a
+    # batch read would sample nothing past `latest`); batch reads refuse the option
+    asked = EventlogDataSource({**one, "schemaInference": "true", "startingOffsets": "latest"}).schema()
+    assert asked["value"].dataType.simpleString() == INFERRED
+    with pytest.raises(ValueError, match="schemaInference is for readStream only"):
+        EventlogDataSource({**one, "schemaInference": "true"}).reader(inferred)
+    # nothing to infer from yet
+    with pytest.raises(ValueError, match=r"no JSON value .*\(topics: none\).*value_schema"):
+        EventlogStreamReader({"path": str(tmp_path), "value_format": "json", "schemaInference": "true"})
+
+
+def typed_micro_batches(reader: EventlogStreamReader, limit: int) -> tuple[list, int]:
+    """Every micro-batch's typed batches, read as Spark would (pickled reader and partitions),
+    each checked against the reader's schema; (batches, how many micro-batches)."""
+    start, batches, count = reader.initialOffset(), [], 0
+    while (end := reader.latestOffset(start, ReadMaxRows(limit))) != start:
+        worker = pickle.loads(pickle.dumps(reader))
+        for part in reader.partitions(start, end):
+            for batch in worker.read(pickle.loads(pickle.dumps(part))):
+                assert batch.schema.equals(reader._format.schema) and batch.num_rows
+                batches.append(batch)
+        start, count = end, count + 1
+    return batches, count
+
+
+def test_typed_micro_batches_decode_as_the_batch_source(typed_root) -> None:
+    root, snap = typed_root
+    options = {"path": str(root), "topics": "orders", "key_format": "string", "header_format": "string",
+               "value_format": "json", "schemaInference": "true"}
+    batches, count = typed_micro_batches(EventlogStreamReader(options), 50)
+    assert count == 3  # 120 offsets
+    expected = expected_rows(orders_of(snap), parse_ddl(INFERRED), strings=True)
+    assert rows_of_batches(batches) == expected
+    assert any(row[4] is None and row[6] is not None for row in expected)  # malformed: null + raw bytes
+    # DROPMALFORMED, and a value_schema instead of inference
+    dropping = {**options, "value_schema": USER_VALUE_DDL, "mode": "DROPMALFORMED", "schemaInference": "false"}
+    batches, _ = typed_micro_batches(EventlogStreamReader(dropping), 50)
+    assert rows_of_batches(batches, corrupt_column=None) == expected_rows(
+        orders_of(snap), parse_ddl(USER_VALUE_DDL), strings=True, corrupt=False, drop=True)
+    # FAILFAST names the record
+    failing = EventlogStreamReader({**dropping, "mode": "FAILFAST", "topics": "orders"})
+    with pytest.raises(MalformedRecordError, match=r"orders-0 offset 5: value: not valid JSON"):
+        typed_micro_batches(failing, 50)
+
+
+# ---------------------------------------------------------------------------------------------
 # through Spark
 
 
@@ -501,3 +650,28 @@ def test_spark_over_a_live_data_dir(spark, app_factory, tmp_path: Path) -> None:
         assert _output(spark, out) == by_offset(produced)
     finally:
         s.stop()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_typed_stream(spark, typed_root, tmp_path: Path) -> None:
+    root, snap = typed_root
+    df = (spark.readStream.format("eventlog").option("topics", "orders").option("input", "snapshots")
+          .option("value_schema", USER_VALUE_DDL).option("key_format", "string").option("mode", "permissive")
+          .option("maxOffsetsPerTrigger", "70").load(str(root)))
+    assert df.schema["value"].dataType == parse_ddl(USER_VALUE_DDL)
+    assert df.schema.fieldNames()[-1] == "_corrupt_record"
+    query = (df.writeStream.format("memory").queryName("eventlog_typed_stream")
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(120)
+        assert query.exception() is None
+        assert _batch_sizes(query) == [70, 50]
+        got = spark_rows(spark.table("eventlog_typed_stream"))
+    finally:
+        query.stop()
+    expected = expected_rows(orders_of(snap), parse_ddl(USER_VALUE_DDL), strings=True, headers=False)
+    assert got == expected
+    corrupt = [row for row in got if row[6] is not None]
+    assert corrupt and all(row[4] is None for row in corrupt)
+    assert (("orders", 0, 11, "order-11"), b"not json") in {(row[:4], row[6]) for row in corrupt}
