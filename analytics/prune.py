@@ -29,14 +29,12 @@ Steps, and what a crash at each leaves:
 
 Concurrent uploads: an upload writes its segment objects first and its manifest last, so an
 object it sent within `grace_ms` is kept although no manifest names it yet; `grace_ms` must
-exceed the longest upload. Not covered: an upload that, while this runs, skips an object
-already there which no kept manifest names (named only by a dropped snapshot, by a snapshot of
-other topics, or by none: a crashed upload's); its manifest may then name a removed object.
-Snapshots of the same topics, uploaded in the order they were taken, with `keep` >= 1, meet it
-only through a crashed upload retried after `grace_ms` (the newest kept snapshot names every
-closed segment a later one can share with a dropped one); otherwise run this when no upload
-runs. Readers that already planned a dropped snapshot fail when its objects go: keep more
-snapshots than running jobs can be behind.
+exceed the longest upload. An upload skips the objects already there, and one of those that
+this removes while the upload runs (named by no kept manifest) is seen gone when the upload
+looks at its skipped objects again, just before its manifest, and sent again
+(analytics/upload.py). Left: the moment between that look and the manifest; to rule it out,
+run this when no upload runs. Readers that already planned a dropped snapshot fail when its
+objects go: keep more snapshots than running jobs can be behind.
 
 Directories left empty under segments/ (filesystems with directories) are not removed: an
 upload creates its partition's directory before writing into it. Needs pyarrow, not pyspark.

@@ -44,6 +44,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import pyarrow.fs
+
 from . import storage
 from .cache import segment_digest, segment_name
 
@@ -85,6 +87,7 @@ def upload_snapshot(snapshot_dir: str, target: str, *, parallel: int = PARALLEL,
     uploaded = copy.deepcopy(manifest)
     result = UploadResult(manifest["snapshot_id"], "")
     sends: list[tuple[str, int, str]] = []  # (local file, size, destination)
+    kept: list[tuple[str, int, str]] = []  # the same, for objects already there
     for topic in uploaded["topics"]:
         topic_id = str(topic.get("topic_id") or topic["name"])
         for part in topic["partitions"]:
@@ -101,8 +104,7 @@ def upload_snapshot(snapshot_dir: str, target: str, *, parallel: int = PARALLEL,
                 name = segment_name(int(seg["base_offset"]), size, segment_digest(local, size)) + ".log"
                 seg["object"] = posixpath.join("..", "..", folder, name)
                 if present.get(name) == size:
-                    result.skipped += 1
-                    result.skipped_bytes += size
+                    kept.append((local, size, f"{root}/{folder}/{name}"))
                 else:
                     present[name] = size  # a segment two partitions share (never) or listed twice: once
                     sends.append((local, size, f"{root}/{folder}/{name}"))
@@ -120,6 +122,18 @@ def upload_snapshot(snapshot_dir: str, target: str, *, parallel: int = PARALLEL,
     if sends:
         with ThreadPoolExecutor(max(1, min(parallel, len(sends)))) as pool:
             list(pool.map(send, sends))  # the first failure is raised here
+    # the objects skipped as already there are looked at again just before the manifest names
+    # them: a prune-upload that ran meanwhile may have removed one no other manifest named
+    # (what is sent again now is new, so a prune's grace period spares it)
+    if kept:
+        infos = fs.get_file_info([dest for _, _, dest in kept])
+        again = [item for item, info in zip(kept, infos, strict=True)
+                 if info.type != pyarrow.fs.FileType.File or info.size != item[1]]
+        for item in again:
+            send(item)
+        for _local, size, _dest in (item for item in kept if item not in again):
+            result.skipped += 1
+            result.skipped_bytes += size
     data = json.dumps(uploaded, indent=2).encode() + b"\n"
     manifest_path = f"{root}/snapshots/{manifest['snapshot_id']}/{MANIFEST}"
     _put(fs, manifest_path, object_store, lambda out: out.write(data))

@@ -443,3 +443,26 @@ def _uploaded(target: str, endpoint: str, snapshot_id: str) -> dict:
     location = f"{target}/snapshots/{snapshot_id}/manifest.json?endpoint_override={endpoint}"
     return json.loads(storage.read_bytes(location))
 
+
+
+def test_an_object_removed_while_an_upload_runs_is_sent_again(snapshot: Snapshot, tmp_path: Path, monkeypatch) -> None:
+    """An upload skips the objects its listing shows; one that a prune-upload removes after that
+    listing is looked at again before the manifest names it, and sent again."""
+    from analytics import storage, upload
+
+    store = tmp_path / "store"
+    first = _upload_as(snapshot, tmp_path, str(store), OLD)
+    gone = store / _newest_segment_object(first)
+    listing = upload._listing
+
+    def listed_then_pruned(fs, folder: str) -> dict[str, int]:
+        present = listing(fs, folder)
+        if gone.exists() and str(gone.parent).endswith(folder.rsplit("/", 3)[-1]) and gone.name in present:
+            gone.unlink()  # a prune-upload removes it right after this upload listed it
+        return present
+
+    monkeypatch.setattr(upload, "_listing", listed_then_pruned)
+    second = _upload_as(snapshot, tmp_path, str(store), NEW)
+    assert gone.exists()
+    assert all((store / o.removeprefix("../../")).is_file() for o in _objects(second))
+    assert _read_all(storage.join(str(store), "snapshots", NEW)) == _read_all(str(snapshot.path))
