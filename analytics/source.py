@@ -661,23 +661,32 @@ def infer_sampled(partitions: list[tuple[str, int]], records: int, sample):
 
 
 def _sample(segments: list[SegmentPartition], count: int, *, last: bool) -> Iterator[tuple[int, bytes]]:
-    """(offset, value) of up to `count` non-null values from the first or last segments."""
+    """(offset, value) of up to `count` non-null values from the first segments, or from the
+    last `count` offsets of the last segment."""
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for seg in segments[-1:] if last else segments:
+            start = max(seg.start_offset, seg.end_offset - count) if last else seg.start_offset
+            yield from decode_segment(seg.path, seg.size_bytes, topic=seg.topic, partition=seg.partition,
+                                      start_offset=start, end_offset=seg.end_offset, start_ts=seg.start_ts,
+                                      end_ts=seg.end_ts, max_rows_per_batch=max(count, 1))
+
+    yield from non_null_values(batches(), count)
+
+
+def non_null_values(batches: Iterable[pa.RecordBatch], count: int) -> Iterator[tuple[int, bytes]]:
+    """(offset, value) of the first `count` records of `batches` whose value is not null (a
+    sample for schema inference; the stream's too)."""
     if count <= 0:
         return
     taken = 0
-    for seg in reversed(segments) if last else segments:
-        start = max(seg.start_offset, seg.end_offset - count) if last else seg.start_offset
-        for batch in decode_segment(seg.path, seg.size_bytes, topic=seg.topic, partition=seg.partition,
-                                    start_offset=start, end_offset=seg.end_offset, start_ts=seg.start_ts,
-                                    end_ts=seg.end_ts, max_rows_per_batch=count):
-            present = batch.filter(batch.column("value").is_valid())
-            for offset, value in zip(present.column("offset").to_pylist(), present.column("value").to_pylist()):
-                yield offset, value
-                taken += 1
-                if taken == count:
-                    return
-        if last:
-            return
+    for batch in batches:
+        present = batch.filter(batch.column("value").is_valid())
+        for offset, value in zip(present.column("offset").to_pylist(), present.column("value").to_pylist()):
+            yield offset, value
+            taken += 1
+            if taken == count:
+                return
 
 
 # ---------------------------------------------------------------------------------------------

@@ -104,7 +104,14 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from . import storage
-from .source import STREAM_INPUTS, infer_sampled, row_format, typed_batches, typing_options
+from .source import (
+    STREAM_INPUTS,
+    infer_sampled,
+    non_null_values,
+    row_format,
+    typed_batches,
+    typing_options,
+)
 from .stream_sources import (
     RECOVERY_POINT,
     TP,
@@ -469,17 +476,10 @@ def infer_stream_value_type(options: dict[str, str], records: int):
 
 def _values(source, tp: TP, begin: int, end: int, count: int, report) -> Iterator[tuple[int, bytes]]:
     """(offset, value) of the first `count` non-null values in offsets [begin, end)."""
-    if count <= 0 or begin >= end:
+    if begin >= end:
         return
-    taken = 0
-    for part in source.slices([(tp, begin, end)], report):
-        for batch in read_slice(part, report):
-            present = batch.filter(batch.column("value").is_valid())
-            for offset, value in zip(present.column("offset").to_pylist(), present.column("value").to_pylist()):
-                yield offset, value
-                taken += 1
-                if taken == count:
-                    return
+    yield from non_null_values((batch for part in source.slices([(tp, begin, end)], report)
+                                for batch in read_slice(part, report)), count)
 
 
 def _flag(text, option: str) -> bool:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 from rich.console import Console
@@ -73,14 +75,9 @@ def run_upload(directory: Path, to: str) -> int:
         return 2
     from analytics.upload import upload_snapshot
 
-    try:
-        result = upload_snapshot(str(directory), to)
-    except ValueError as exc:
-        err.print(f"[red]upload failed:[/red] {escape(str(exc))}")
-        return 2
-    except OSError as exc:
-        err.print(f"[red]upload failed:[/red] {escape(str(exc))}")
-        return 1
+    result, code = _storage_call("upload", lambda: upload_snapshot(str(directory), to))
+    if code:
+        return code
     out.print(
         f"uploaded snapshot {result.snapshot_id}: {result.uploaded} segment objects sent ({result.uploaded_bytes} "
         f"bytes), {result.skipped} already there ({result.skipped_bytes} bytes)", markup=False,
@@ -88,6 +85,19 @@ def run_upload(directory: Path, to: str) -> int:
     out.print(json.dumps({"manifest": result.manifest, "uploaded": result.uploaded, "skipped": result.skipped}),
               markup=False)
     return 0
+
+
+def _storage_call(what: str, call: Callable[[], Any]) -> tuple[Any, int]:
+    """(call(), 0); or (None, exit code) once the failure is printed: 2 for bad input
+    (ValueError), 1 when the storage failed (OSError: run it again)."""
+    try:
+        return call(), 0
+    except ValueError as exc:
+        err.print(f"[red]{what} failed:[/red] {escape(str(exc))}")
+        return None, 2
+    except OSError as exc:
+        err.print(f"[red]{what} failed:[/red] {escape(str(exc))}")
+        return None, 1
 
 
 def run_prune(root: str, keep: int | None, *, dry_run: bool, grace_ms: int) -> int:
@@ -102,14 +112,11 @@ def run_prune(root: str, keep: int | None, *, dry_run: bool, grace_ms: int) -> i
     def progress(line: str) -> None:
         out.print(line, markup=False)
 
-    try:
-        result = prune_upload(root, keep=keep, dry_run=dry_run, grace_ms=grace_ms, progress=progress)
-    except ValueError as exc:
-        err.print(f"[red]prune failed:[/red] {escape(str(exc))}")
-        return 2
-    except OSError as exc:
-        err.print(f"[red]prune failed:[/red] {escape(str(exc))}")
-        return 1
+    result, code = _storage_call(
+        "prune", lambda: prune_upload(root, keep=keep, dry_run=dry_run, grace_ms=grace_ms, progress=progress)
+    )
+    if code:
+        return code
     verb = "would remove" if dry_run else "removed"
     left = f"; left {len(result.unfinished_left)} unfinished snapshots and {result.objects_young} unnamed objects " \
         f"younger than {grace_ms} ms (uploads in progress)" if result.unfinished_left or result.objects_young else ""
