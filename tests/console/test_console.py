@@ -386,6 +386,11 @@ def test_partitions_cleanup_groups_snapshots_and_charts(start, console_factory) 
     else:
         raise AssertionError(f"the produce chart stayed at {produced}")
     assert page.locator(".chart[data-series='Produced records/s'] polyline").count() == 1
+    if SHOTS:  # a few minutes' worth of a chart for the docs: produce and read at a varying rate
+        for i in range(12):
+            client.post("/v1/topics/prices/records", json={"records": [{"key": "sku-1", "value": "y" * 100}] * (20 + 15 * (i % 5))})
+            _fetch(client, "prices", 0)
+            time.sleep(0.5)
     console.shot("charts")
 
 
