@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,13 +88,14 @@ class Workers:
         self._horizons: dict[tuple[str, int], int] = {}  # earliest delete horizon of kept tombstones
         self._cleaned: set[tuple[str, int]] = set()  # partitions cleaned since start-up
         self._wake_cleaner = anyio.Event()
-        # (topic, partition) -> the latest pass of each worker there, since start-up
-        self.last_retention: dict[tuple[str, int], LastPass] = {}
-        self.last_compaction: dict[tuple[str, int], LastPass] = {}
+        # the latest pass of each worker over a partition log, since start-up; keyed by the log
+        # itself, so a topic deleted and created again starts with none
+        self._last: dict[str, weakref.WeakKeyDictionary[PartitionLog, LastPass]] = {
+            "retention": weakref.WeakKeyDictionary(), "compaction": weakref.WeakKeyDictionary(),
+        }
 
-    def last_passes(self, topic: str, partition: int) -> tuple[LastPass | None, LastPass | None]:
-        """The latest retention and compaction passes over a partition this process owns."""
-        return self.last_retention.get((topic, partition)), self.last_compaction.get((topic, partition))
+    def _ended(self, worker: str, log: PartitionLog, outcome: str, result: Any = None, note: str = "") -> None:
+        self._last[worker][log] = LastPass(int(time.time() * 1000), outcome, result, note)
 
     def maintenance(self, topic: str, partition: int) -> dict[str, Any]:
         """What the workers know of a partition this process owns, as plain data (it crosses
@@ -109,17 +111,13 @@ class Workers:
                 result["bytes_reclaimed"] = last.result.bytes_reclaimed
             return {"at_ms": last.at_ms, "outcome": last.outcome, "note": last.note, "result": result}
 
-        retention, compaction = self.last_passes(topic, partition)
+        retention, compaction = self._last["retention"].get(log), self._last["compaction"].get(log)
         return {
             "cleaner_offset": self.engine.cleaner_offset(log),
             "dirty_ratio": self.figures.dirty_ratio.get((topic, partition)),
             "last_retention": plain(retention),
             "last_compaction": plain(compaction),
         }
-
-    @staticmethod
-    def _ended(log: PartitionLog, outcome: str, result: Any = None, note: str = "") -> tuple[tuple[str, int], LastPass]:
-        return (log.topic, log.partition), LastPass(int(time.time() * 1000), outcome, result, note)
 
     # -- partitions ----------------------------------------------------------------------------
 
@@ -188,11 +186,9 @@ class Workers:
                 except EngineError as exc:
                     logger.warning("%s: retention pass failed: %s", log.name, exc)
                     self.figures.count("retention", "error")
-                    tp, ended = self._ended(log, "error", note=str(exc))
-                    self.last_retention[tp] = ended
+                    self._ended("retention", log, "error", note=str(exc))
                     continue
-            tp, ended = self._ended(log, "ok", result)
-            self.last_retention[tp] = ended
+            self._ended("retention", log, "ok", result)
             results.append(result)
             if result.segments_deleted:
                 self.figures.reclaimed("retention", result.bytes_reclaimed)
@@ -252,16 +248,13 @@ class Workers:
             except SegmentsChanged as exc:
                 logger.info("%s: compaction pass abandoned, the log changed under it: %s", log.name, exc)
                 self.figures.count("compaction", "abandoned")
-                tp, ended = self._ended(log, "abandoned", note=str(exc))
-                self.last_compaction[tp] = ended
+                self._ended("compaction", log, "abandoned", note=str(exc))
                 return None
             except Exception as exc:
                 self.figures.count("compaction", "error")
-                tp, ended = self._ended(log, "error", note=str(exc))
-                self.last_compaction[tp] = ended
+                self._ended("compaction", log, "error", note=str(exc))
                 raise
-            tp, ended = self._ended(log, "ok", result)
-            self.last_compaction[tp] = ended
+            self._ended("compaction", log, "ok", result)
             if result.cleaned:
                 await self.engine.set_cleaner_offset(log, result.end_offset)
                 tp = (log.topic, log.partition)

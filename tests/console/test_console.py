@@ -495,6 +495,10 @@ def test_whoami_and_maintenance_in_the_api(server: ServerProcess) -> None:
         missing = client.post("/v1/admin/compaction/run", json={"topic": "t", "partition": 7})
         assert (missing.status_code, missing.json()["code"]) == (404, "partition_not_found")
         assert client.get("/v1/topics/t/partitions/9/maintenance").status_code == 404
+        # a topic deleted and created again starts with no passes of its own
+        assert client.delete("/v1/topics/t").status_code == 204
+        client.post("/v1/topics", json={"name": "t", "partitions": 2}).raise_for_status()
+        assert client.get("/v1/topics/t/partitions/1/maintenance").json()["last_retention"] is None
 
 
 def test_the_console_files_ship_in_the_package() -> None:
