@@ -62,6 +62,8 @@ class CachedSegment:
     path: str  # the segment file in the snapshot
     size_bytes: int
     file: str  # its Parquet file in the cache
+    base_offset: int = 0
+    last_offset: int | None = None  # the manifest's (None: not given)
 
 
 def segment_digest(path: str, size_bytes: int) -> str:
@@ -102,13 +104,19 @@ def plan(snapshot: str | Path, cache: str | Path, options: dict[str, str]) -> tu
     snapshot = storage.normalize(snapshot)
     manifest = read_manifest(snapshot)
     topic_ids = {t["name"]: t.get("topic_id") or t["name"] for t in manifest["topics"]}
+    lasts = {
+        (t["name"], int(p["partition"]), int(seg["base_offset"])): seg.get("last_offset")
+        for t in manifest["topics"] for p in t["partitions"] for seg in p.get("segments", [])
+    }
     options = {k.lower(): v for k, v in options.items()}
     segments, bounds = [], {}
     for part in plan_partitions(snapshot, options):
         base = int(re.match(r"\d+", storage.basename(part.path))[0])
         name = segment_name(base, part.size_bytes, _digest_of(part.path, part.size_bytes)) + ".parquet"
         file = os.path.join(str(cache), topic_ids[part.topic], str(part.partition), name)
-        segments.append(CachedSegment(part.topic, part.partition, part.path, part.size_bytes, file))
+        last = lasts.get((part.topic, part.partition, base))
+        segments.append(CachedSegment(part.topic, part.partition, part.path, part.size_bytes, file, base,
+                                       None if last is None else int(last)))
         bounds[(part.topic, part.partition)] = (part.start_offset, part.end_offset)
     return segments, [(t, p, s, e) for (t, p), (s, e) in sorted(bounds.items())]
 
@@ -168,8 +176,9 @@ def load(spark, snapshot: str | Path, *, cache: str | Path | None = None, **opti
     # the rows of each partition's range only, where a segment reaches past it
     cut = []
     for topic, partition, start, end in bounds:
-        ends = [_segment_offsets(s) for s in segments if (s.topic, s.partition) == (topic, partition)]
-        if min(first for first, _ in ends) < start or max(last for _, last in ends) >= end:
+        held = [s for s in segments if (s.topic, s.partition) == (topic, partition)]
+        if any(s.last_offset is None for s in held) or min(s.base_offset for s in held) < start \
+                or max(s.last_offset for s in held) >= end:
             cut.append((topic, partition, start, end))
     if cut:
         keep = F.lit(True)
@@ -183,19 +192,6 @@ def load(spark, snapshot: str | Path, *, cache: str | Path | None = None, **opti
     if lowered.get("endingtimestamp"):
         df = df.where(F.col("timestamp") < F.timestamp_micros(F.lit(int(lowered["endingtimestamp"]) * 1000)))
     return df
-
-
-def _segment_offsets(segment: CachedSegment) -> tuple[int, int]:
-    """The first and last offset a cache file holds, from its Parquet statistics."""
-    meta = pq.ParquetFile(segment.file).metadata
-    column = ARROW_SCHEMA.get_field_index("offset")
-    firsts, lasts = [], []
-    for i in range(meta.num_row_groups):
-        stats = meta.row_group(i).column(column).statistics
-        if stats is not None and stats.has_min_max:
-            firsts.append(stats.min)
-            lasts.append(stats.max)
-    return (min(firsts), max(lasts)) if firsts else (0, -1)
 
 
 def prune(cache: str | Path, keep: Iterable[str]) -> int:
