@@ -631,7 +631,8 @@ async function viewTail(target, [, name], params) {
   const keep = 500;
   let next = params.get("offset") ? Number(params.get("offset")) : null; // null: from the end
   let controller = null;
-  let received = 0, lastCount = 0, lastTime = performance.now();
+  let received = 0;
+  const seen = [[performance.now(), 0]]; // (time, records received) each second, the last 5 s
   const rows = h("tbody");
   const status = h("span", { id: "tail-status", class: "muted" }, "starting");
   const rate = h("span", { class: "rate", id: "tail-rate" }, "0");
@@ -677,10 +678,11 @@ async function viewTail(target, [, name], params) {
   });
   const timer = setInterval(() => {
     const now = performance.now();
-    rate.textContent = ((received - lastCount) / ((now - lastTime) / 1000)).toFixed(1);
+    seen.push([now, received]);
+    if (seen.length > 6) seen.shift();
+    const [then, before] = seen[0];
+    rate.textContent = ((received - before) / ((now - then) / 1000)).toFixed(1); // over the last 5 s
     count.textContent = fmtInt(received);
-    lastCount = received;
-    lastTime = now;
   }, 1000);
   onLeave(target, () => { clearInterval(timer); if (controller) controller.abort(); });
 
@@ -691,7 +693,7 @@ async function viewTail(target, [, name], params) {
     h("h1", null, `${name} · live tail`),
     h("section", { class: "panel" },
       h("div", { class: "toolbar" }, h("label", null, "Partition", picker), toggle,
-        h("span", null, rate, " records/s · ", count, " received · ", status)),
+        h("span", null, rate, " records/s (last 5 s) · ", count, " received · ", status)),
       h("p", { class: "muted" }, `Newest first; the last ${keep} are kept. Pause ends the stream; Resume goes on from the next offset.`),
       h("table", { id: "tail" },
         h("thead", null, h("tr", null, ["Offset", "Timestamp", "Key", "Value", "Headers"].map((c) => h("th", null, c)))), rows)));
