@@ -31,6 +31,7 @@ from .auth import Reader, Writer
 from .deps import Engine
 from .errors import ApiError, ServerPaths
 from .records import (
+    DROPPED_HEADER_DOC,
     IDEMPOTENCY_KEY_DOC,
     REPLAYED_HEADER,
     SSE_KEEPALIVE_S,
@@ -38,6 +39,9 @@ from .records import (
     _read_body,
     _records_json,
     check_json_body,
+    dropped_events,
+    dropped_headers,
+    dropped_json,
     error_event,
     produce_service,
 )
@@ -101,7 +105,7 @@ def _key_partition(engine: Any, topic: str, key: bytes) -> Any:
     "/{topic}/keys/{key:path}/records",
     operation_id="readKeyRecords",
     response_model=KeyRecordsResponse,
-    responses={200: {"headers": {"ETag": {"description": 'the key\'s version: `"<offset of its latest record>"`, `"-1"` when it has none', "schema": {"type": "string"}}}}, **_read_problems},
+    responses={200: {"headers": {"ETag": {"description": 'the key\'s version: `"<offset of its latest record>"`, `"-1"` when it has none', "schema": {"type": "string"}}, **DROPPED_HEADER_DOC}}, **_read_problems},
     summary="Read one key's records (an aggregate's events) in offset order; ETag = its version",
 )
 async def read_key_records(
@@ -120,7 +124,8 @@ async def read_key_records(
     data = path_key(key, key_format.value)
     after = _start_after(offset, after_offset)
     log = _key_partition(engine, topic, data)
-    page = await log.read_key(data, -1 if after is None else after, max_records, max_bytes)
+    after = -1 if after is None else after
+    page = await log.read_key(data, after, max_records, max_bytes)
     records = await anyio.to_thread.run_sync(_records_json, page.records, key_format.value, value_format.value) \
         if len(page.records) > 100 else _records_json(page.records, key_format.value, value_format.value)
     metrics = request.app.state.metrics
@@ -134,7 +139,12 @@ async def read_key_records(
         "high_watermark": page.high_watermark,
         "log_start_offset": page.log_start_offset,
     }
-    return Response(orjson.dumps(body), media_type="application/json", headers={"ETag": f'"{page.latest}"'})
+    # the page covered the offsets after `after` up to next_after: the key's records there may
+    # be among those recovery dropped
+    dropped = log.dropped_in(after + 1, page.next_after)
+    if dropped:
+        body["dropped"] = dropped_json(dropped)
+    return Response(orjson.dumps(body), media_type="application/json", headers=dropped_headers(dropped, {"ETag": f'"{page.latest}"'}))
 
 
 @router.post(
@@ -203,7 +213,8 @@ def key_answer(done: Any) -> bytes:
         200: {
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
             "description": "one `record` event per record of the key (`id`: its offset); on a compacted topic a "
-            "tombstone is followed by an `end` event and the stream ends",
+            "tombstone is followed by an `end` event and the stream ends; a `dropped` event (`data` {first, last}) "
+            "names offsets recovery dropped with a damaged batch (the key's records there, if any, are missing)",
         },
         **_read_problems,
     },
@@ -248,6 +259,9 @@ async def stream_key_records(
             except (ApiError, OffsetOutOfRangeError, StorageError, LogClosedError) as exc:
                 yield error_event(exc, after + 1, paths)
                 return
+            dropped = log.dropped_in(after + 1, page.next_after)
+            if dropped:
+                yield dropped_events(dropped)
             if page.records:
                 metrics.fetched_records.labels(topic).inc(len(page.records))
                 out = []

@@ -19,6 +19,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Match, Route
 from starlette.types import Scope
 
+from engine import dropped as dropped_offsets
 from engine.errors import (
     CorruptDataError,
     LogClosedError,
@@ -46,6 +47,15 @@ OCTET_STREAM = "application/octet-stream"  # accepted for raw batches too (gener
 # a request body's declared length is allocated at once up to this (see _read_body)
 PREALLOCATE_BYTES = 1024 * 1024
 REPLAYED_HEADER = "Idempotent-Replayed"
+# on a read that covered offsets recovery dropped (engine/dropped.py): "120-130, 200-201"
+DROPPED_HEADER = "Eventlog-Dropped-Offsets"
+DROPPED_HEADER_DOC = {
+    DROPPED_HEADER: {
+        "description": "only when the read covered offsets that recovery dropped with damaged batches (records that "
+        "may have been acknowledged are missing there): their inclusive ranges, e.g. `120-130, 200-201`",
+        "schema": {"type": "string"},
+    }
+}
 
 _services: weakref.WeakKeyDictionary[Any, ProduceService] = weakref.WeakKeyDictionary()
 
@@ -152,6 +162,25 @@ def error_event(exc: Exception, position: int, paths: ServerPaths | None) -> byt
     if paths is not None:
         event["detail"] = paths.scrub(event["detail"])
     return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def dropped_json(ranges: dropped_offsets.Ranges) -> list[dict[str, int]]:
+    """The `dropped` field of an answer (schemas.DroppedRange each)."""
+    return [{"first": a, "last": b} for a, b in ranges]
+
+
+def dropped_headers(ranges: dropped_offsets.Ranges, headers: dict[str, str] | None = None) -> dict[str, str] | None:
+    """`headers` with DROPPED_HEADER added when `ranges` is not empty."""
+    if not ranges:
+        return headers
+    headers = dict(headers or {})
+    headers[DROPPED_HEADER] = dropped_offsets.describe(ranges)
+    return headers
+
+
+def dropped_events(ranges: dropped_offsets.Ranges) -> bytes:
+    """One `dropped` event per range (no id: a resume goes on after the last record's)."""
+    return b"".join(b"event: dropped\ndata: %s\n\n" % orjson.dumps({"first": a, "last": b}) for a, b in ranges)
 
 
 def _records_json(records: list, kf: str, vf: str) -> list[dict[str, Any]]:
@@ -293,7 +322,8 @@ async def produce_to_partition_body(
     operation_id="fetchRecords",
     response_model=FetchResponse,
     responses={
-        200: {"content": {RECORD_BATCH_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}},
+        200: {"content": {RECORD_BATCH_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+              "headers": DROPPED_HEADER_DOC},
         **_auth_problems,
         404: {"model": Problem, "description": "topic_not_found, partition_not_found"},
         416: {"model": Problem, "description": "offset_out_of_range"},
@@ -340,6 +370,9 @@ async def _fetch(
             "X-High-Watermark": str(view.high_watermark if slice_ is None else slice_.high_watermark),
             "X-Log-Start-Offset": str(view.log_start_offset),
         }
+        if log.dropped_offsets:  # (an empty answer covers the offsets up to the high watermark)
+            end = view.high_watermark if slice_ is None else slice_.next_offset
+            headers = dropped_headers(log.dropped_in(offset, end - 1), headers)  # type: ignore[assignment]
         if slice_ is None:
             return Response(b"", media_type=RECORD_BATCH_MEDIA_TYPE, headers=headers)
         request.app.state.metrics.fetched_bytes.labels(topic).inc(slice_.size)
@@ -355,26 +388,28 @@ async def _fetch(
             # the log's view has not changed since this answer was made (no publish, no segment
             # swapped): a read now would make it again (long-pollers woken by one record take
             # one read and one encoding between them)
-            made, count, bytes_read = kept
+            made, count, bytes_read, dropped = kept
             parts = list(made)
         else:
             result = await log.read_records(offset, max_records, max_bytes)
             count, bytes_read = len(result.records), result.bytes_read
-            parts = await _records_answer(_fetch_body, result, kf, vf)
-            ANSWERS.put(key, log, view, (tuple(parts), count, bytes_read), sum(len(p) for p in parts))
+            dropped = log.dropped_in(offset, result.next_offset - 1)
+            parts = await _records_answer(_fetch_writer(dropped), result, kf, vf)
+            ANSWERS.put(key, log, view, (tuple(parts), count, bytes_read, dropped), sum(len(p) for p in parts))
         metrics = request.app.state.metrics
         metrics.fetched_records.labels(topic).inc(count)
         metrics.fetched_bytes.labels(topic).inc(bytes_read)
-        return PartsResponse(parts, media_type="application/json")
+        return PartsResponse(parts, media_type="application/json", headers=dropped_headers(dropped))
     else:  # decoded in a worker thread (see PartitionLog.read_records), written in another
         with gc_paused():
             result = await log.read_records(offset, max_records, max_bytes)
             count = len(result.records)
-            parts = await _records_answer(_fetch_body, result, kf, vf)
+            dropped = log.dropped_in(offset, result.next_offset - 1)
+            parts = await _records_answer(_fetch_writer(dropped), result, kf, vf)
     metrics = request.app.state.metrics
     metrics.fetched_records.labels(topic).inc(count)
     metrics.fetched_bytes.labels(topic).inc(result.bytes_read)
-    return PartsResponse(parts, media_type="application/json")
+    return PartsResponse(parts, media_type="application/json", headers=dropped_headers(dropped))
 
 
 class _Answers:
@@ -424,13 +459,21 @@ async def _records_answer(write: Callable[[RecordsResult, str, str], T], result:
     return await anyio.to_thread.run_sync(write, result, kf, vf)
 
 
-def _fetch_body(result: RecordsResult, kf: str, vf: str) -> list[bytes]:
-    """The JSON fetch answer (FetchResponse), in parts for a big one."""
-    parts = dumps_parts(result.records, functools.partial(_records_json, kf=kf, vf=vf), b'{"records":', {
+def _fetch_writer(dropped: dropped_offsets.Ranges) -> Callable[[RecordsResult, str, str], list[bytes]]:
+    return functools.partial(_fetch_body, dropped=dropped) if dropped else _fetch_body
+
+
+def _fetch_body(result: RecordsResult, kf: str, vf: str, dropped: dropped_offsets.Ranges = ()) -> list[bytes]:
+    """The JSON fetch answer (FetchResponse), in parts for a big one; `dropped`: the offsets
+    recovery dropped that the read covered (the field only when there are some)."""
+    tail: dict[str, Any] = {
         "next_offset": result.next_offset,
         "high_watermark": result.high_watermark,
         "log_start_offset": result.log_start_offset,
-    }, _record_bytes)
+    }
+    if dropped:
+        tail["dropped"] = dropped_json(dropped)
+    parts = dumps_parts(result.records, functools.partial(_records_json, kf=kf, vf=vf), b'{"records":', tail, _record_bytes)
     free_in_slices(result.records)  # here: in the worker thread for a big answer
     return parts
 
@@ -466,7 +509,8 @@ def stream_start(log: Any, offset: int | None, last_event_id: int | None) -> int
     responses={
         200: {
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
-            "description": "one `record` event per record: `id` is its offset, `data` the record as JSON",
+            "description": "one `record` event per record: `id` is its offset, `data` the record as JSON; a `dropped` "
+            "event (`data` {first, last}) ahead of the records after offsets recovery dropped with a damaged batch",
         },
         **_auth_problems,
         404: {"model": Problem, "description": "topic_not_found, partition_not_found"},

@@ -161,11 +161,26 @@ class FetchedRecord(BaseModel):
     headers: list[RecordHeader]
 
 
+class DroppedRange(BaseModel):
+    """Offsets recovery dropped with a damaged batch (records that may have been acknowledged are
+    missing there; docs/RELIABILITY.md, "Damaged files")."""
+
+    first: int = Field(description="the first dropped offset the read covered")
+    last: int = Field(description="the last dropped offset the read covered (inclusive)")
+
+
+DROPPED_DOC = (
+    "only when the read covered offsets that recovery dropped with damaged batches: those offsets, in ascending "
+    "inclusive ranges (also in the Eventlog-Dropped-Offsets header); absent otherwise"
+)
+
+
 class FetchResponse(BaseModel):
     records: list[FetchedRecord]
     next_offset: int
     high_watermark: int
     log_start_offset: int
+    dropped: list[DroppedRange] = Field(default_factory=list, description=DROPPED_DOC)
 
 
 class KeyRecord(BaseModel):
@@ -198,6 +213,9 @@ class KeyRecordsResponse(BaseModel):
     latest_offset: int = Field(description="the offset of the key's latest record (its version, also the ETag); -1 when it has none")
     high_watermark: int
     log_start_offset: int
+    dropped: list[DroppedRange] = Field(
+        default_factory=list, description=DROPPED_DOC + "; the key's records there, if it had any, are missing from the page",
+    )
 
 
 class PartitionOffsets(BaseModel):

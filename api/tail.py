@@ -6,7 +6,8 @@ record arrives, the first of them to wake reads it and encodes it as events; the
 the same bytes (Tails.chunk: the encoding in flight is shared, then kept for a while). A chunk
 covers offsets [position, next_offset) as they were when it was read, and records never change
 once written, so a chunk stays right for whoever asks for that position later; it only stops
-being wanted, and the few latest per partition are kept (CHUNKS_KEPT).
+being wanted, and the few latest per partition are kept (CHUNKS_KEPT). A chunk that covers
+offsets recovery dropped starts with a `dropped` event per range (engine/dropped.py).
 
 Writing (Fanout). A subscriber that has caught up with the partition's end is parked: its
 coroutine sleeps until it is handed back, and one pusher per partition and format waits for the
@@ -84,6 +85,10 @@ class Tails:
         try:
             result = await log.read_records(position, records.SSE_CHUNK_RECORDS, records.SSE_CHUNK_BYTES)
             events = await records._records_answer(records._sse_events, result, kf, vf)
+            if log.dropped_offsets:  # a `dropped` event ahead of the records, per range the chunk covers
+                dropped = log.dropped_in(position, result.next_offset - 1)
+                if dropped:
+                    events = records.dropped_events(dropped) + events
         except BaseException as exc:
             if cache.get(key) is future:
                 del cache[key]

@@ -107,7 +107,10 @@ def serve(
 
 @cli.command("dump-log")
 def dump_log(
-    files: list[Path] = typer.Argument(..., exists=True, dir_okay=False, help=".log, .index or .timeindex files"),
+    files: list[Path] = typer.Argument(
+        ..., exists=True, dir_okay=False,
+        help=".log, .index, .timeindex or .keyindex files, or a partition's dropped-offsets-checkpoint",
+    ),
     verify: bool = typer.Option(False, "--verify", help="check every batch's CRC and every index entry against the log"),
     records: bool = typer.Option(False, "--records", help="print each record, not only batches"),
     values: bool = typer.Option(False, "--print-values", help="with --records, print keys and values too"),

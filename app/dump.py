@@ -1,4 +1,6 @@
-"""`eventlog dump-log`: print batches, records and index entries; --verify checks them all."""
+"""`eventlog dump-log`: print batches, records and index entries; --verify checks them all. A
+.log is followed by the offsets recovery dropped within it (its partition's
+dropped-offsets-checkpoint), and that file can be dumped too."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
+from engine import dropped as dropped_offsets
 from engine import filenames, key_index
 from engine.control_records import ABORT, COMMIT, TYPE_NAMES, control_type, coordinator_epoch
 from engine.dump import (
@@ -21,6 +24,7 @@ from engine.dump import (
     verify_offset_index,
     verify_time_index,
 )
+from engine.errors import StorageError
 from engine.format import CODEC_NAMES, CONTROL_BIT, NO_TIMESTAMP, BatchHeader
 from engine.producer_state import last_sequence
 from engine.records import Record
@@ -105,7 +109,47 @@ def _dump_log_file(path: Path, *, verify: bool, records: bool, values: bool) -> 
             progress.stop()
     if dump.valid_bytes < dump.size:
         emit(f"Found {dump.size - dump.valid_bytes} invalid bytes at the end of {path.name}")
+    _dropped_in_segment(path, dump.base_offset)
     return dump
+
+
+def _dropped_in_segment(path: Path, base: int) -> None:
+    """The offsets recovery dropped within this segment's offsets (from its base offset up to the
+    next segment's), from its partition's dropped-offsets-checkpoint when there is one."""
+    try:
+        ranges = dropped_offsets.read(path.parent)
+    except (ValueError, StorageError) as exc:
+        emit(f"note: {dropped_offsets.DROPPED_OFFSETS} beside it does not parse ({exc}); recovery rebuilds it")
+        return
+    if not ranges:
+        return
+    bases = [b for name in _names(path.parent) if (parsed := filenames.parse_segment_file(name)) and parsed[1] == filenames.LOG_SUFFIX
+             and parsed[2] == "" and (b := parsed[0]) > base]
+    end = min(bases, default=None)
+    mine = tuple(r for r in ranges if r[1] >= base and (end is None or r[0] < end))
+    if mine:
+        emit(f"Offsets recovery dropped ({dropped_offsets.DROPPED_OFFSETS}): {dropped_offsets.describe(mine)}")
+
+
+def _names(directory: Path) -> list[str]:
+    try:
+        return [p.name for p in directory.iterdir()]
+    except OSError:
+        return []
+
+
+def _dump_dropped(path: Path, *, verify: bool) -> list[str]:
+    """A partition's dropped-offsets-checkpoint (docs/FORMAT.md): its ranges, one a line."""
+    emit(f"Dumping {path}")
+    try:
+        ranges = dropped_offsets.parse(path.read_bytes())
+    except ValueError as exc:
+        return [f"{path.name}: does not parse ({exc}); recovery rebuilds it from the .damaged files at the next start"]
+    if not ranges:
+        emit("no offsets dropped")
+    for first, last in ranges:
+        emit(f"dropped offsets: {first}-{last} ({last - first + 1} offsets)")
+    return []
 
 
 def _sibling_log(path: Path) -> Path:
@@ -189,8 +233,10 @@ def run_dump(files: list[Path], *, verify: bool, records: bool, values: bool) ->
             problems += _dump_index(path, verify=verify, time_index=True)
         elif path.name.endswith(key_index.KEY_INDEX_SUFFIX):
             problems += _dump_key_index(path, verify=verify)
+        elif path.name == dropped_offsets.DROPPED_OFFSETS:
+            problems += _dump_dropped(path, verify=verify)
         else:
-            problems.append(f"{path}: not a .log, .index, .timeindex or .keyindex file")
+            problems.append(f"{path}: not a .log, .index, .timeindex, .keyindex or {dropped_offsets.DROPPED_OFFSETS} file")
     for problem in problems:
         err.print(f"[red]problem:[/red] {escape(problem)}")
     if verify and not problems:

@@ -134,7 +134,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             app, allow_origins=list(settings.cors_origins), allow_methods=["GET", "HEAD", "POST", "PATCH", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "If-Match", "If-None-Match", "Idempotency-Key", "Last-Event-ID"],
             expose_headers=["ETag", "Idempotent-Replayed", "X-Next-Offset", "X-High-Watermark", "X-Log-Start-Offset",
-                            "Retry-After", "Allow"],
+                            "Eventlog-Dropped-Offsets", "Retry-After", "Allow"],
             max_age=600,
         )
     app.lane = HotLane(

@@ -14,7 +14,9 @@ generation the slot showed meanwhile (the owner publishes the new one first). A 
 that went away under a reader is found under its .deleted name (the owner unlinks those
 only after file.delete.delay.ms).
 
-Nothing here writes a file: an index that fails its sanity check is rebuilt in memory.
+Nothing here writes a file: an index that fails its sanity check is rebuilt in memory. The
+offset ranges recovery dropped (reads say when they cross one) come from the owner's
+dropped-offsets-checkpoint (dropped.py), read on first use after each listing.
 
 Writes (appends, delete-records, rolls) are calls to the owner over the shard channel;
 wait_for_data is woken by the owner's notes (LogManager._on_wake).
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import anyio
 
-from . import filenames
+from . import dropped, filenames
 from .config import LogConfig
 from .descriptors import BUDGET
 from .errors import (
@@ -244,6 +246,7 @@ class FollowedPartition(LogReads):
         self._state: SlotState | None = None
         self._view: LogView | None = None
         self._listed_generation: int | None = None  # the generation _view's segments were listed at
+        self._dropped: dropped.Ranges | None = None  # the owner's dropped-offsets-checkpoint, once read
         self._active_built_end = -1
         self._closed = False
         self._deleted = False
@@ -261,6 +264,16 @@ class FollowedPartition(LogReads):
 
     def __repr__(self) -> str:
         return f"FollowedPartition({self.name}, owner shard {self.owner})"
+
+    @property
+    def dropped_offsets(self) -> dropped.Ranges:  # type: ignore[override]
+        """The offsets recovery dropped, from the owner's dropped-offsets-checkpoint: read on
+        first use after each segment listing (the owner writes it only while it loads the
+        partition, before it publishes the partition's slot)."""
+        ranges = self._dropped
+        if ranges is None:
+            ranges = self._dropped = dropped.read_quietly(self.directory)
+        return ranges
 
     # -- the view -----------------------------------------------------------------------------
 
@@ -362,6 +375,7 @@ class FollowedPartition(LogReads):
                     if id(seg) not in kept:
                         seg.release_descriptors()
             self._state = state
+            self._dropped = None  # read again on next use
             # a listing made while the owner renames files may miss some: list again after
             self._listed_generation = None if state.flags & CHANGING else state.generation
             return LogView.build(tuple(segments), max(state.log_start_offset, segments[0].base_offset), state.high_watermark, state.active_end)

@@ -471,6 +471,7 @@ class LogManager:
             schedule_delete=self._schedule_delete,
             on_fsync=self._on_fsync,
             producer_state=producers,
+            dropped_offsets=loaded.dropped_offsets,
         )
         log.corrupt_batches["recovery"] += loaded.stats.corrupt_batches
         self._partition_dir[log] = log_dir

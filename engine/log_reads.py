@@ -4,7 +4,7 @@ time lookups, each on the event loop when small and cached, in a worker thread o
 the state its waiters (long-polls, streams) look at: closed, deleted, stop_waiting.
 
 A class using it provides `view` (the LogView reads work from), `name`, `topic`, `directory`,
-`corrupt_batches`, `waiters` and the flags `_closed`, `_deleted`, `_stop_waiting` with
+`corrupt_batches`, `waiters`, `dropped_offsets` and the flags `_closed`, `_deleted`, `_stop_waiting` with
 `_data_event` (an asyncio.Event replaced at each wake-up that finds waiters); a follower also overrides `_on_view` to read again on a
 fresh view when a file went away under the one it had.
 """
@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import anyio
 
-from . import reader
+from . import dropped, reader
 from .errors import CorruptDataError, LogClosedError, StorageError, TopicDeletedError
 from .reader import FetchSlice
 from .segments import LogView
@@ -37,6 +37,8 @@ class LogReads:
     topic: str
     directory: Path
     corrupt_batches: dict[str, int]
+    # offset ranges recovery dropped (dropped.py), ascending: an immutable tuple, () nearly always
+    dropped_offsets: dropped.Ranges = ()
     _closed: bool
     _deleted: bool
     _stop_waiting: bool
@@ -60,6 +62,14 @@ class LogReads:
     @property
     def log_end_offset(self) -> int:
         return self.view.high_watermark
+
+    def dropped_in(self, first: int, last: int) -> dropped.Ranges:
+        """The offsets in [first, last] that recovery dropped (at or above the log start
+        offset): what a read that covered them must say it could not answer."""
+        ranges = self.dropped_offsets
+        if not ranges:
+            return ()
+        return dropped.crossing(ranges, max(first, self.log_start_offset), last)
 
     def check_offset(self, offset: int, view: LogView | None = None) -> LogView:
         return reader.check_offset(view or self.view, offset)

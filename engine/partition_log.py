@@ -254,6 +254,7 @@ class PartitionLog(LogReads):
         schedule_delete: Callable[[PartitionLog, list[LogSegment]], None] | None = None,
         on_fsync: Callable[[PartitionLog, float], None] | None = None,
         producer_state: ProducerStateManager | None = None,
+        dropped_offsets: tuple[tuple[int, int], ...] = (),
     ) -> None:
         assert segments, "a log always has an active segment"
         self.topic = topic
@@ -296,6 +297,9 @@ class PartitionLog(LogReads):
         # damaged batches met (eventlog_corrupt_batches_total): dropped by recovery at start-up,
         # refused by reads since
         self.corrupt_batches = {"recovery": 0, "read": 0}
+        # offset ranges recovery dropped (recovery.LoadedLog.dropped_offsets): set at load, never
+        # changed after (reads filter by the log start offset): an immutable tuple
+        self.dropped_offsets = dropped_offsets
         self.view = LogView.build(self._segments, self._log_start_offset, self._next_offset, active.size)
         self.key_index = KeyIndex(directory)
         # for the other shards of a family (LogManager._publish_slot): bumped whenever the

@@ -25,6 +25,11 @@ Steps, in order (Kafka's LogLoader does the same):
 8. The last segment becomes the active one (indexes preallocated again, .log opened for
    writing). A failure here or above raises StorageError: the log manager takes the partition
    offline.
+9. The offsets dropped in step 5 (between the valid batches around damaged bytes, up to the
+   next segment at a closed segment's end, or what a dropped tail's header claims) and the
+   gap of step 6 are merged into dropped-offsets-checkpoint (dropped.py), which reads report
+   ranges from; ranges wholly below the log start offset leave it. A damaged file there is
+   rebuilt with a warning; a failed write is logged, never a reason to stop.
 
 Blocking; the log manager runs it in worker threads, before the partition takes any request.
 """
@@ -36,7 +41,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import filenames
+from . import dropped, filenames
 from .config import LogConfig
 from .errors import CorruptIndexError, StorageError
 from .fileutil import fsync_dir, io_errors
@@ -58,6 +63,7 @@ class LoadStats:
     rebuilt_indexes: int = 0
     corrupt_batches: int = 0  # damaged batches (or bytes that were no batch) dropped, not torn tails
     offset_gap: tuple[int, int] | None = None  # [from, to): offsets left unused to never reuse one
+    dropped_offsets: tuple[tuple[int, int], ...] = ()  # what this recovery dropped (dropped.py)
     resolved_files: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -69,6 +75,9 @@ class LoadedLog:
     log_start_offset: int
     recovery_point: int
     stats: LoadStats
+    # every offset range recovery ever dropped (this time and before), at or above the log
+    # start offset: dropped-offsets-checkpoint (dropped.py)
+    dropped_offsets: tuple[tuple[int, int], ...] = ()
 
 
 def resolve_transient_files(directory: Path, config: LogConfig, stats: LoadStats | None = None) -> None:
@@ -147,6 +156,7 @@ def load_log(
     stats = LoadStats()
     directory.mkdir(parents=True, exist_ok=True)
     resolve_transient_files(directory, config, stats)
+    recorded = dropped.load(directory)  # before this scan keeps anything aside (step 9)
     bases = sorted(
         parsed[0]
         for name in os.listdir(directory)
@@ -175,6 +185,7 @@ def load_log(
             if segment.base_offset <= recovery_point:
                 first_unflushed = i
     acknowledged_end = 0  # the log end must not fall below this (step 6)
+    lost: list[tuple[int, int]] = []  # offset ranges dropped (step 9)
     for i, segment in enumerate(segments):
         last = i == len(segments) - 1
         if i >= first_unflushed or segment.base_offset in needs_rebuild:
@@ -192,6 +203,11 @@ def load_log(
                 _report_damage(directory, segment, damaged, last, stats)
                 if damaged.last_offset is not None:
                     acknowledged_end = max(acknowledged_end, damaged.last_offset + 1)
+                offsets = damaged.lost_offsets
+                if damaged.tail and next_base is not None and damaged.floor is not None and next_base > damaged.floor:
+                    offsets = (damaged.floor, next_base - 1)  # a closed segment's end: up to the next one
+                if offsets is not None:
+                    lost.append(offsets)
 
     if not segments:
         base = max(log_start_offset, 0)
@@ -216,9 +232,33 @@ def load_log(
     if start > next_offset:
         logger.warning("%s: log start offset %d is past the log end %d; clamping", directory.name, start, next_offset)
         start = next_offset
+    if stats.offset_gap is not None:
+        lost.append((stats.offset_gap[0], stats.offset_gap[1] - 1))
+    dropped_offsets = _record_dropped(directory, recorded, lost, start, stats)
     # Everything below next_offset is now on disk and verified: either flushed before the
     # shutdown, or scanned and fsynced by recover().
-    return LoadedLog(segments, next_offset, start, next_offset, stats)
+    return LoadedLog(segments, next_offset, start, next_offset, stats, dropped_offsets)
+
+
+def _record_dropped(
+    directory: Path, before: tuple[dropped.Ranges, bool], lost: list[tuple[int, int]], start: int, stats: LoadStats,
+) -> dropped.Ranges:
+    """Step 9: the offset ranges recovery dropped, this time merged with those recorded before
+    (`before`: dropped.load's answer), less those wholly below the log start offset; written to
+    dropped-offsets-checkpoint if that changes it. A failed write is logged and the partition
+    serves on (its reads still say so until the next start)."""
+    stats.dropped_offsets = dropped.merge(lost)
+    recorded, rewrite = before
+    ranges = tuple(r for r in dropped.merge(recorded, lost) if r[1] >= start)
+    if ranges != recorded or rewrite:
+        try:
+            dropped.write(directory, ranges)
+        except StorageError as exc:
+            logger.warning("%s: the offsets recovery dropped (%s) were not recorded: %s", directory.name, dropped.describe(ranges), exc)
+        else:
+            if stats.dropped_offsets:
+                logger.warning("%s: offsets recovery dropped: %s (%s)", directory.name, dropped.describe(stats.dropped_offsets), dropped.DROPPED_OFFSETS)
+    return ranges
 
 
 def _tail_is_clean(directory: Path, active: LogSegment, tail: CleanTail | None) -> bool:

@@ -18,8 +18,9 @@ them, in these steps:
    indexes are rebuilt from the new file either way.
 4. `save_aside` copies dropped bytes that may have held acknowledged records (a batch whose
    framing is whole, or anything with valid batches after it) to
-   `<base>.log.<position>.damaged`, for an operator. Nothing reads those files; Kafka ignores
-   them too. A torn tail (an incomplete batch, garbage or zeros at the very end) is not kept.
+   `<base>.log.<position>.damaged`, for an operator. No read serves them (Kafka ignores them
+   too); only a rebuild of the partition's record of dropped offsets reads their headers
+   (dropped.py). A torn tail (an incomplete batch, garbage or zeros at the very end) is not kept.
 
 Offsets are never reused: a dropped batch leaves a gap in the offsets (readers step over gaps
 as they do after compaction), and `claimed_offsets` says what a damaged batch's header claims
@@ -63,6 +64,21 @@ class DamagedRange:
     last_offset: int | None
     framed: bool  # a whole batch frame starts there (it may have held acknowledged records)
     tail: bool  # nothing valid follows it in its file
+    # the offset the valid batches before it end at (the segment's base offset if none), and
+    # the base offset of the valid batch after it (None: a tail): the offsets in between are
+    # what it took (recovery records them: dropped.py)
+    floor: int | None = None
+    resume_offset: int | None = None
+
+    @property
+    def lost_offsets(self) -> tuple[int, int] | None:
+        """(first, last) offsets missing where these bytes were: between the valid batches
+        around them, or, for a tail, what its header claims; None if none or unknown."""
+        if self.resume_offset is not None and self.floor is not None:
+            return (self.floor, self.resume_offset - 1) if self.resume_offset > self.floor else None
+        if self.first_offset is not None and self.last_offset is not None:
+            return self.first_offset, self.last_offset
+        return None
 
     @property
     def offsets(self) -> str:
@@ -88,6 +104,11 @@ def claimed_offsets(fd: int, position: int, end: int, floor: int, limit: int) ->
     if header.base_offset < floor or header.last_offset_delta < 0 or header.last_offset >= limit:
         return None
     return header.base_offset, header.last_offset
+
+
+def base_offset_at(fd: int, position: int) -> int:
+    """The base offset of the batch at `position` (one found by find_next_batch)."""
+    return _FIELDS.unpack(pread(fd, _FIELDS.size, position))[0]
 
 
 def is_framed(fd: int, position: int, end: int) -> bool:
@@ -177,4 +198,4 @@ def _copy(src: int, dst: int, position: int, count: int) -> None:
         count -= len(data)
 
 
-__all__ = ["DAMAGED_SUFFIX", "DamagedRange", "claimed_offsets", "find_next_batch", "is_framed", "rewrite", "save_aside"]
+__all__ = ["DAMAGED_SUFFIX", "DamagedRange", "base_offset_at", "claimed_offsets", "find_next_batch", "is_framed", "rewrite", "save_aside"]

@@ -608,6 +608,7 @@ class LogSegment:
                     position, end - position, error,
                     None if claimed is None else claimed[0], None if claimed is None else claimed[1],
                     repair.is_framed(fd, position, size), resume is None,
+                    floor, None if resume is None else repair.base_offset_at(fd, resume),
                 ))
                 if resume is None:
                     break

@@ -52,7 +52,7 @@ async def running_log(
     log = PartitionLog(
         "t", 0, directory, config, loaded.segments, log_start_offset=loaded.log_start_offset,
         recovery_point=loaded.recovery_point, clock=clock, schedule_delete=schedule_delete,
-        producer_state=producers, on_fsync=on_fsync,
+        producer_state=producers, on_fsync=on_fsync, dropped_offsets=loaded.dropped_offsets,
     )
     log.load_stats = loaded.stats  # type: ignore[attr-defined]
     async with anyio.create_task_group() as tg:
