@@ -74,7 +74,7 @@ class Settings(BaseSettings):
     default_partitions: int = Field(1, ge=1, le=10_000, description="num.partitions for new topics")
     max_partitions: int = Field(
         4096, ge=1, le=1_000_000,
-        description="partitions of user topics on this server (each active one holds three file descriptors)",
+        description="partitions of user topics on this server (the open-files limit caps each process's too, at one descriptor each)",
     )
     topic_defaults: dict[str, Any] = Field(
         default_factory=dict,

@@ -12,9 +12,20 @@ starts with any number of partitions whatever its limit (as Kafka opens indexes 
 
 Budget: the soft RLIMIT_NOFILE, which open_engine() first raises to the hard limit, minus a
 reserve for descriptors that are not the engine's (client connections, pipes, the cleaner's
-worker process, transient opens): a quarter of the limit, at least 256. Topic changes that would
-give the server more partitions than the budget keeps open at once (3 descriptors each) are
-refused up front (log_manager.py).
+worker process, transient opens, the process's own ~20): a quarter of the limit, at least 64 and
+at most 16,384 (256 -> 192 for the engine, 1024 -> 768, 65,536 -> 49,152).
+
+What a partition truly needs. An idle partition holds nothing, and one in use holds up to three
+(an active segment's .log, .index and .timeindex) that the budget takes back once it is idle. The
+one descriptor the budget cannot take back is the active .log's between a write and its fsync
+(the fsync must go through the descriptor the write did, or a write-back error could go unseen):
+for a commit in flight under the default flush.messages=1, but for as long as writes stay
+unflushed under flush.messages > 1, on every partition written meanwhile. So a process serves up
+to budget - 3 partitions (max_partitions: one descriptor each, and one append's three still
+free), whatever their configs; more would let unflushed partitions use up the descriptors other
+appends and connections need (503 too_many_open_files). Topic changes past that are refused up
+front (log_manager.py); internal topics never are. In a shard family each process has its own
+limit and pins only the partitions it owns. Partitions past budget / 3 take turns.
 
 Thread-safe: owners are touched from the event loop, writer threads and reader threads.
 """
@@ -32,7 +43,9 @@ from typing import Protocol
 logger = logging.getLogger("eventlog.engine")
 
 DESCRIPTORS_PER_PARTITION = 3  # an active segment's .log, .index and .timeindex
-MIN_RESERVE = 256
+PINNED_PER_PARTITION = 1  # the active .log, between a write and its fsync
+MIN_RESERVE = 64
+MAX_RESERVE = 16_384
 # A hard limit of "unlimited" is not a number setrlimit takes for RLIMIT_NOFILE on Linux
 # (fs.nr_open caps it, 1,048,576 by default): ask for that much at most.
 UNLIMITED_CAP = 1 << 20
@@ -63,15 +76,39 @@ def open_files_limit() -> int:
     return UNLIMITED_CAP if soft == resource.RLIM_INFINITY else int(soft)
 
 
+def reserve_for(limit: int) -> int:
+    """Descriptors kept for what is not the engine's (connections above all): a quarter."""
+    return min(max(limit // 4, MIN_RESERVE), MAX_RESERVE)
+
+
 def budget_for(limit: int) -> int:
     """Descriptors the engine may keep open under an open-files limit of `limit`."""
-    return max(limit - max(MIN_RESERVE, limit // 4), DESCRIPTORS_PER_PARTITION)
+    return max(limit - reserve_for(limit), DESCRIPTORS_PER_PARTITION)
+
+
+def max_partitions_for(limit: int) -> int:
+    """Partitions one process serves under an open-files limit of `limit`, whatever their
+    configs: one descriptor each that unflushed writes may keep, one append's three still free."""
+    return max(budget_for(limit) - DESCRIPTORS_PER_PARTITION, 0) // PINNED_PER_PARTITION
+
+
+def limit_for(partitions: int) -> int:
+    """The lowest open-files limit under which one process serves `partitions`."""
+    low, high = 1, partitions + DESCRIPTORS_PER_PARTITION + MAX_RESERVE + 1
+    while low < high:
+        mid = (low + high) // 2
+        if max_partitions_for(mid) >= partitions:
+            high = mid
+        else:
+            low = mid + 1
+    return low
 
 
 class DescriptorBudget:
     def __init__(self, limit: int) -> None:
         self._lock = threading.Lock()
         self.limit = limit
+        self.reserve = reserve_for(limit)
         self.budget = budget_for(limit)
         self.open = 0  # FileHandles currently open
         self.evictions = 0
@@ -80,11 +117,17 @@ class DescriptorBudget:
     def configure(self, limit: int) -> None:
         with self._lock:
             self.limit = limit
+            self.reserve = reserve_for(limit)
             self.budget = budget_for(limit)
 
     @property
     def max_partitions(self) -> int:
-        """Partitions whose active segments fit the budget at once."""
+        """Partitions this process serves (max_partitions_for): creates past it are refused."""
+        return max_partitions_for(self.limit)
+
+    @property
+    def active_partitions(self) -> int:
+        """Partitions whose active segments stay open at once; past it they take turns."""
         return self.budget // DESCRIPTORS_PER_PARTITION
 
     def touch(self, owner: Owner) -> None:

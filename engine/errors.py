@@ -413,18 +413,23 @@ class TooManyOpenFilesError(TransientStorageError):
 
 
 class OpenFilesLimitError(EngineError):
-    """Raised when a topic change would give the server more partitions than its open-files
-    limit can keep open at once (each active partition holds three descriptors)."""
+    """Raised when a topic change would give a server process more partitions than its
+    open-files limit serves: one descriptor each that unflushed writes keep open, within the
+    limit less a reserve for connections (descriptors.max_partitions_for). `partitions`: what
+    the process would own; `needed`: the lowest limit that serves them."""
 
-    def __init__(self, partitions: int, max_partitions: int, limit: int) -> None:
+    def __init__(self, partitions: int, max_partitions: int, limit: int, needed: int | None = None) -> None:
+        raise_to = f" to at least {needed}" if needed is not None else ""
         super().__init__(
-            f"{partitions} partitions would pass what the open-files limit of {limit} descriptors allows "
-            f"({max_partitions} partitions, 3 descriptors each plus a reserve for connections); "
-            "raise the limit (ulimit -n, LimitNOFILE) and restart"
+            f"{partitions} partitions on one server process would pass what its open-files limit of {limit} "
+            f"serves ({max_partitions} partitions: one descriptor each that unflushed writes keep open, after a "
+            "reserve for connections; idle partitions' other descriptors are taken back as needed); "
+            f"raise the limit{raise_to} (ulimit -n, LimitNOFILE) and restart"
         )
         self.partitions = partitions
         self.max_partitions = max_partitions
         self.limit = limit
+        self.needed = needed
 
 
 class CorruptIndexError(StorageError):

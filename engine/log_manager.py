@@ -26,8 +26,10 @@ Deleting a topic appends its event first, then removes the directories; start-up
 removal a crash interrupted.
 
 Descriptors (descriptors.py): open_engine() raises the soft open-files limit to the hard one;
-partitions open their files lazily, so a server starts with any number of them; topic changes
-that would pass what the limit keeps open at once are refused (OpenFilesLimitError).
+partitions open their files lazily and idle ones give them back, so a server starts with any
+number of them; topic changes that would give a process more partitions than its limit serves
+(one descriptor each that unflushed writes keep, descriptors.max_partitions_for) are refused
+(OpenFilesLimitError); internal topics never are.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from .config import (
     validate_new_topic_name,
     validate_topic_name,
 )
-from .descriptors import BUDGET, raise_open_files_limit
+from .descriptors import BUDGET, limit_for, raise_open_files_limit
 from .errors import (
     DataDirError,
     EngineError,
@@ -142,7 +144,7 @@ class EngineConfig:
     recovery_threads: int = 2
     checkpoint_interval_ms: int = 60_000
     default_partitions: int = 1
-    # partitions of user topics on this server: each costs three open descriptors while active
+    # partitions of user topics on this server (the open-files limit caps each process's too)
     max_partitions: int = 4096
     # idempotent producers (and Idempotency-Key requests) are remembered this long after
     # their last batch's timestamp (Kafka's producer.id.expiration.ms)
@@ -311,16 +313,11 @@ class LogManager:
         partitions = len(self.all_partitions())
         logger.info(
             "engine ready: %d topic(s), %d partition(s), %d offline, %s; open-files limit %d "
-            "(%d partitions at once)",
+            "(%d partitions, %d active at once)",
             len(self.image.topics), partitions, len(self._offline), self._last_shutdown(clean),
-            BUDGET.limit, BUDGET.max_partitions,
+            BUDGET.limit, BUDGET.max_partitions, BUDGET.active_partitions,
         )
-        if partitions > BUDGET.max_partitions:
-            logger.warning(
-                "%d partitions, but the open-files limit of %d keeps only %d open at once: idle partitions' "
-                "descriptors are closed and reopened as needed, and no partitions can be added; raise the limit",
-                partitions, BUDGET.limit, BUDGET.max_partitions,
-            )
+        self._log_open_files_limit()
 
     async def _load_topics(self) -> list[tuple[TopicState, int, PartitionLog]]:
         """Publish a topic state for every topic of the image: the partitions this process owns
@@ -572,7 +569,7 @@ class LogManager:
             if name in self.topics or (name in INTERNAL_TOPICS and not internal):
                 raise TopicExistsError(name)
             self._check_collision(name)
-            self._check_partition_budget(count, internal=internal)
+            self._check_partition_budget(count, internal=internal, topic=name)
             state = await self._new_topic(name, new_topic_id(), count, overrides, config)
             await self._sync_family()
             return state
@@ -710,7 +707,7 @@ class LogManager:
             current = len(state.partitions)
             if isinstance(count, bool) or not isinstance(count, int) or count <= current or count > MAX_PARTITIONS:
                 raise InvalidPartitionsError(count if isinstance(count, int) else -1, current)
-            self._check_partition_budget(count - current)
+            self._check_partition_budget(count - current, topic=name, first=current)
             logs = await self._create_partition_logs(state, range(current, count))
             try:
                 await self._append_event(
@@ -795,7 +792,7 @@ class LogManager:
             if name in self.topics or name in INTERNAL_TOPICS:
                 raise TopicExistsError(name)
             self._check_collision(name)
-            self._check_partition_budget(count)
+            self._check_partition_budget(count, topic=name)
             topic_id = new_topic_id()
             planned: dict[LogDir, int] = {}
             for p in range(count):
@@ -827,20 +824,63 @@ class LogManager:
         await self.checkpoint()
         return state, stats
 
-    def _check_partition_budget(self, adding: int, *, internal: bool = False) -> None:
+    def _check_partition_budget(self, adding: int, *, internal: bool = False, topic: str = "", first: int = 0) -> None:
         """Refuse, before anything is created, partitions past EVENTLOG_MAX_PARTITIONS (user
-        topics) or past what the open-files limit keeps open at once (all partitions)."""
-        if not internal:
-            in_use = sum(len(s.partitions) for name, s in self.topics.items() if name not in INTERNAL_TOPICS)
-            if in_use + adding > self.config.max_partitions:
-                raise InvalidPartitionsError(
-                    adding,
-                    reason=f"the server holds {in_use} partitions; {adding} more would pass its limit of "
-                    f"{self.config.max_partitions} (EVENTLOG_MAX_PARTITIONS)",
-                )
-        total = sum(len(s.partitions) for s in self.topics.values()) + adding
-        if total > BUDGET.max_partitions:
-            raise OpenFilesLimitError(total, BUDGET.max_partitions, BUDGET.limit)
+        topics) or past what the open-files limit serves (all partitions count): partitions
+        `first` .. `first + adding - 1` of `topic` would be added. Internal topics are never
+        refused (the server creates them at start, whatever its limit).
+
+        The open-files rule is per process, on the partitions it owns (each shard of a family
+        has its own limit and writes only its own): one descriptor each that unflushed writes
+        keep, within the budget (descriptors.max_partitions_for). Partitions past what the
+        budget keeps open at once are served all the same, taking turns."""
+        if internal:
+            return
+        in_use = sum(len(s.partitions) for name, s in self.topics.items() if name not in INTERNAL_TOPICS)
+        if in_use + adding > self.config.max_partitions:
+            raise InvalidPartitionsError(
+                adding,
+                reason=f"the server holds {in_use} partitions; {adding} more would pass its limit of "
+                f"{self.config.max_partitions} (EVENTLOG_MAX_PARTITIONS)",
+            )
+        counts = self._partitions_per_process(topic, range(first, first + adding))
+        most = max(counts)
+        if most > BUDGET.max_partitions:
+            raise OpenFilesLimitError(most, BUDGET.max_partitions, BUDGET.limit, needed=limit_for(most))
+
+    def _partitions_per_process(self, topic: str = "", adding: range = range(0)) -> list[int]:
+        """Partitions each process of the family owns (one entry for a single process), with
+        partitions `adding` of `topic` counted as if created."""
+        counts = [0] * max(self.shard_count, 1)
+        for name, state in self.topics.items():
+            for p in range(len(state.partitions)):
+                counts[owner_of(name, p, self.shard_count)] += 1
+        for p in adding:
+            counts[owner_of(topic, p, self.shard_count)] += 1
+        return counts
+
+    def _log_open_files_limit(self) -> None:
+        """At start: what the open-files limit allows, and what to raise when it is low (each
+        shard of a family of its own partitions; the limit's line once, from shard 0)."""
+        most = self._partitions_per_process()[self.shard_index]
+        # what EVENTLOG_MAX_PARTITIONS lets a process own (a family spreads user topics)
+        wanted = -(-self.config.max_partitions // max(self.shard_count, 1)) + len(INTERNAL_TOPICS)
+        if most > BUDGET.max_partitions:
+            logger.warning(
+                "%d partitions on this process, more than its open-files limit of %d serves (%d): they start and serve, "
+                "but appends may answer 503 too_many_open_files while many have unflushed writes, and no "
+                "partitions can be added; raise the limit to at least %d (ulimit -n, systemd LimitNOFILE=, "
+                "docker --ulimit nofile=) and restart",
+                most, BUDGET.limit, BUDGET.max_partitions, limit_for(max(most, wanted)),
+            )
+        elif BUDGET.max_partitions < wanted and self.shard_index == 0:
+            logger.warning(
+                "open-files limit %d is low: it serves %d partitions%s (EVENTLOG_MAX_PARTITIONS allows %d), "
+                "%d of them active at once (the others take turns), after %d descriptors kept for connections; "
+                "raise it to at least %d (ulimit -n, systemd LimitNOFILE=, docker --ulimit nofile=) and restart",
+                BUDGET.limit, BUDGET.max_partitions, " per process" if self.shard_count > 1 else "", self.config.max_partitions,
+                BUDGET.active_partitions, BUDGET.reserve, limit_for(wanted),
+            )
 
     def _check_collision(self, name: str) -> None:
         """Kafka refuses names that equal an existing one once '.' is read as '_' (metric
@@ -1143,16 +1183,11 @@ class LogManager:
         self.ready = True
         logger.info(
             "shard %d of %d ready: %d topic(s), %d partition(s) owned here, %d offline, %s; "
-            "open-files limit %d", me, self.shard_count, len(self.image.topics), len(self.all_partitions()),
-            len(self._offline), self._last_shutdown(clean), BUDGET.limit,
+            "open-files limit %d (%d partitions a process, %d active at once)", me, self.shard_count,
+            len(self.image.topics), len(self.all_partitions()), len(self._offline), self._last_shutdown(clean),
+            BUDGET.limit, BUDGET.max_partitions, BUDGET.active_partitions,
         )
-        partitions = sum(len(state.partitions) for state in self.topics.values())  # each shard may read all
-        if partitions > BUDGET.max_partitions:
-            logger.warning(
-                "%d partitions, but the open-files limit of %d keeps only %d open at once: idle partitions' "
-                "descriptors are closed and reopened as needed, and no partitions can be added; raise the limit",
-                partitions, BUDGET.limit, BUDGET.max_partitions,
-            )
+        self._log_open_files_limit()
 
     def _offline_note(self, shard: int) -> Path:
         assert self.config.shard is not None

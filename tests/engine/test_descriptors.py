@@ -13,7 +13,14 @@ import pytest
 
 from engine import reader
 from engine.config import LogConfig
-from engine.descriptors import BUDGET, MIN_RESERVE, budget_for
+from engine.descriptors import (
+    BUDGET,
+    MIN_RESERVE,
+    budget_for,
+    limit_for,
+    max_partitions_for,
+    reserve_for,
+)
 
 from .helpers import running_log
 from .test_faults import put, values
@@ -36,8 +43,22 @@ def open_descriptors() -> int:
 
 
 def test_the_budget_keeps_a_reserve() -> None:
-    assert budget_for(1024) == 768 and budget_for(4096) == 3072 and budget_for(1 << 20) == 786_432
-    assert budget_for(100) == 3  # never below one partition
+    # a quarter of the limit, at least 64 and at most 16,384 (issue 23: it was at least 256,
+    # which left a limit of 256 one partition; and a quarter of 1 << 20 without a bound)
+    assert [reserve_for(n) for n in (100, 256, 1024, 65_536, 1 << 20)] == [64, 64, 256, 16_384, 16_384]
+    assert budget_for(256) == 192 and budget_for(1024) == 768 and budget_for(4096) == 3072
+    assert budget_for(1 << 20) == (1 << 20) - 16_384
+    assert budget_for(60) == 3  # never below one partition in use
+
+
+def test_a_process_serves_a_partition_per_descriptor_of_its_budget() -> None:
+    """One descriptor each that unflushed writes keep, and one append's three left free; the
+    other descriptors of idle partitions are taken back (issue 23: it was three each)."""
+    assert max_partitions_for(256) == 189 and max_partitions_for(1024) == 765
+    assert max_partitions_for(67) == 0 and max_partitions_for(68) == 1
+    for partitions in (1, 189, 190, 4098, 100_000):
+        limit = limit_for(partitions)
+        assert max_partitions_for(limit) >= partitions > max_partitions_for(limit - 1)
 
 
 async def test_reads_across_many_segments_stay_within_the_budget(tmp_path: Path, small_budget: int) -> None:
