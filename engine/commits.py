@@ -20,18 +20,26 @@ files take 2.9 ms to fdatasync one after the other, 1.3 ms in parallel, 0.33 ms 
 syncfs; under one-record appends over 100 partitions the syncfs took the server from ~5,600 to
 ~7,300 appends/s, the fdatasyncs' kernel time being most of the commit threads' CPU.
 
-Why a syncfs is as safe as the fdatasyncs it replaces. It writes and flushes every dirty page
-and inode of the filesystem, so each .log's appended bytes (written before it began) and its
-size are durable when it returns 0. Errors: since Linux 5.8 a syncfs reports any write-back
-error met on the filesystem since the descriptor it is called on last reported one. That
-descriptor is opened once per filesystem (register()), before any partition on it writes, so no
-error after its opening goes unseen. A syncfs that fails says nothing of which file lost data,
-so the job's flushes on that filesystem fall back to each partition's own fdatasync (whose
-descriptor was open when the error happened, and reports it), and that filesystem is synced
-file by file from then on, for the life of the process. A kernel older than 5.8, and
-EVENTLOG_SHARED_SYNC=false, never use it. What it costs: a syncfs waits for whatever else is
-dirty on the filesystem; on a filesystem shared with heavy writers, set
-EVENTLOG_SHARED_SYNC=false (docs/OPERATIONS.md).
+Where a syncfs is as safe as the fdatasyncs it replaces: only on the filesystems known to make
+every file's dirty data durable in it, ext2/3/4, xfs and btrfs (fileutil.SYNCFS_FLUSHES_FILES),
+decided per filesystem by its statfs type when register() first sees it. Elsewhere each file
+gets its own fdatasync, whatever EVENTLOG_SHARED_SYNC says: on a FUSE mount syncfs(2) returns 0
+and asks the daemon for nothing (the kernel sends no FUSE_FSYNC; only virtiofs gets a
+FUSE_SYNCFS), so acknowledged records were lost in a power cut and their offsets handed out
+again (issue 23; tests/powercut/ holds the test); NFS, overlayfs, tmpfs and any filesystem not
+named are treated the same way. Start-up says which a log dir gets (one log line per log dir).
+
+On those filesystems: a syncfs writes and flushes every dirty page and inode of the
+filesystem, so each .log's appended bytes (written before it began) and its size are durable
+when it returns 0. Errors: since Linux 5.8 a syncfs reports any write-back error met on the
+filesystem since the descriptor it is called on last reported one. That descriptor is opened
+once per filesystem (register()), before any partition on it writes, so no error after its
+opening goes unseen. A syncfs that fails says nothing of which file lost data, so the job's
+flushes on that filesystem fall back to each partition's own fdatasync (whose descriptor was
+open when the error happened, and reports it), and that filesystem is synced file by file from
+then on, for the life of the process. A kernel older than 5.8, and EVENTLOG_SHARED_SYNC=false,
+never use it. What it costs: a syncfs waits for whatever else is dirty on the filesystem; on a
+filesystem shared with heavy writers, set EVENTLOG_SHARED_SYNC=false (docs/OPERATIONS.md).
 
 A failure stays with its own partition (each commit has its own outcome). A partition has at
 most one commit in flight, so no two jobs touch one partition; jobs of later turns run in other
@@ -53,7 +61,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import faults
-from .fileutil import syncfs
+from .fileutil import filesystem_magic, filesystem_name, syncfs, syncfs_flushes_files
 
 logger = logging.getLogger("eventlog.engine")
 
@@ -114,18 +122,58 @@ class CommitBatcher:
         self.shared_sync = kernel_reports_syncfs_errors() if shared_sync is None else shared_sync
         self._sync_fds: dict[int, int] = {}  # st_dev -> a descriptor on that filesystem (syncfs)
         self._sync_failed: set[int] = set()  # filesystems synced file by file after a failed syncfs
+        # st_dev -> (the filesystem's name, whether a syncfs makes its files durable: its statfs type)
+        self._filesystems: dict[int, tuple[str, bool]] = {}
+        self._described: set[Path] = set()  # log dirs whose sync was logged
         self._lock = threading.Lock()
 
     def register(self, directory: Path) -> int:
         """A partition in `directory` is about to write: its filesystem's st_dev. The first
-        partition on a filesystem opens the descriptor its syncfs calls go through (before any
-        of them writes, so it sees every write-back error from then on)."""
+        partition on a filesystem decides whether a syncfs may stand for its files' fdatasyncs
+        (its statfs type: filesystem_sync()) and, where it may, opens the descriptor its syncfs
+        calls go through (before any of them writes, so it sees every write-back error from
+        then on). The first partition of a log dir (`directory`'s parent) logs which sync the
+        dir gets."""
         device = os.stat(directory).st_dev
-        if self.shared_sync and device not in self._sync_fds:
+        if device not in self._filesystems or (
+            self.shared_sync and self._filesystems[device][1] and device not in self._sync_fds
+        ):
             with self._lock:
-                if device not in self._sync_fds:
+                if device not in self._filesystems:
+                    magic = filesystem_magic(directory)
+                    self._filesystems[device] = (filesystem_name(magic), syncfs_flushes_files(magic))
+                if self.shared_sync and self._filesystems[device][1] and device not in self._sync_fds:
                     self._sync_fds[device] = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        log_dir = directory.parent
+        if log_dir not in self._described:
+            self._described.add(log_dir)
+            logger.info("log dir %s %s", log_dir, self.filesystem_sync(device))
         return device
+
+    def filesystem_sync(self, device: int) -> str:
+        """How the commits on a registered filesystem are made durable, in words: "on ext4:
+        one syncfs ..." or "on fuse: fdatasync per file (why)"."""
+        name, flushes_files = self._filesystems[device]
+        if not flushes_files:
+            why = "syncfs is not known to flush files there"
+            if self.shared_sync:
+                why += "; EVENTLOG_SHARED_SYNC=true does not change that"
+            return f"on {name}: fdatasync per file ({why})"
+        if device in self._sync_fds and self.shared_sync:
+            if device in self._sync_failed:
+                return f"on {name}: fdatasync per file (a syncfs failed there)"
+            return f"on {name}: one syncfs for the commits of many partitions at once (shared sync)"
+        if not kernel_reports_syncfs_errors():
+            return f"on {name}: fdatasync per file (Linux < 5.8: its syncfs reports no write-back errors)"
+        return f"on {name}: fdatasync per file (EVENTLOG_SHARED_SYNC=false)"
+
+    def filesystems(self) -> dict[int, tuple[str, bool]]:
+        """Every registered filesystem: st_dev -> (its name, whether one syncfs makes its
+        commits durable now)."""
+        return {
+            device: (name, flushes and self.shared_sync and device in self._sync_fds and device not in self._sync_failed)
+            for device, (name, flushes) in list(self._filesystems.items())
+        }
 
     def submit(self, write: WritePhase) -> asyncio.Future[None]:
         """Carry out `write` (and the flush it returns) in this turn's job; the future is done

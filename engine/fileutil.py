@@ -51,6 +51,27 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def make_dirs(directory: Path) -> None:
+    """mkdir -p whose new directories are durable: the parent of each one it creates is
+    fsynced (as Kafka's LogManager does after creating a log dir), so a power cut cannot take a
+    directory, and all that was made durable inside it, back out of existence. Raises OSError."""
+    missing = []
+    path = directory
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+            continue  # made meanwhile by another process: its maker fsyncs the parent
+        fsync_dir(path.parent)
+
+
 def replace_file(path: Path, data: bytes | bytearray | memoryview, *, sync_dir: bool = True) -> None:
     """Atomically replace `path` with `data`: "<name>.tmp" written and fsynced, renamed over
     `path`, directory fsynced (unless the caller fsyncs it once for several files). After a
@@ -103,6 +124,73 @@ def syncfs(fd: int) -> None:
 
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
+
+
+# statfs(2)'s f_type of the filesystems eventlog names (linux/magic.h); others show as hex
+FILESYSTEM_NAMES = {
+    0xEF53: "ext4",  # ext2, ext3 and ext4 share the magic
+    0x58465342: "xfs",
+    0x9123683E: "btrfs",
+    0x65735546: "fuse",
+    0x6969: "nfs",
+    0x794C7630: "overlayfs",
+    0x01021994: "tmpfs",
+    0x858458F6: "ramfs",
+    0x2FC12FC1: "zfs",
+    0xF2F52010: "f2fs",
+    0xFF534D42: "cifs",
+    0xFE534D42: "smb2",
+    0x01021997: "9p",
+    0x00C36400: "ceph",
+    0x5346544E: "ntfs",
+    0x4D44: "vfat",
+}
+# where a syncfs(2) is known to write and flush every file's dirty data and size, as an
+# fdatasync of each would (commits.py): ext2/3/4, xfs, btrfs. Not on FUSE (the kernel asks the
+# daemon nothing: syncfs returns 0 and the files stay in its hands), NFS, overlayfs (syncs the
+# upper layer only from Linux 5.8 on, and nothing of a FUSE or NFS upper), tmpfs, nor anything
+# unknown: there each file gets its own fdatasync.
+SYNCFS_FLUSHES_FILES = frozenset({0xEF53, 0x58465342, 0x9123683E})
+
+
+def filesystem_name(magic: int | None) -> str:
+    """A filesystem's name from its statfs magic: "ext4", "fuse", ..., or "0x..." (None: "unknown")."""
+    if magic is None:
+        return "unknown"
+    return FILESYSTEM_NAMES.get(magic, f"0x{magic:x}")
+
+
+def syncfs_flushes_files(magic: int | None) -> bool:
+    """Whether a syncfs of a filesystem of this statfs magic makes its files durable."""
+    return magic in SYNCFS_FLUSHES_FILES
+
+
+_statfs: Any = None
+
+
+def filesystem_magic(path: Path | str) -> int | None:
+    """statfs(2)'s f_type of the filesystem holding `path` (os.statvfs has no f_type), through
+    libc; None where it cannot be had (no such call, or it failed)."""
+    global _statfs
+    import ctypes
+
+    if _statfs is None:
+        try:
+            _statfs = ctypes.CDLL(None, use_errno=True).statfs
+        except (OSError, AttributeError):
+            _statfs = False
+        else:
+            _statfs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+            _statfs.restype = ctypes.c_int
+    if not _statfs:
+        return None
+    # struct statfs begins with f_type, a long (__fsword_t) on every 64-bit Linux eventlog runs
+    # on (an unsigned int on s390x, whose magic the low 32 bits hold too); 256 bytes hold the
+    # whole struct (120 on x86-64 and arm64)
+    buf = ctypes.create_string_buffer(256)
+    if _statfs(os.fsencode(path), buf) != 0:
+        return None
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
 
 
 def pread(fd: int, size: int, position: int) -> bytes:

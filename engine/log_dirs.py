@@ -28,7 +28,7 @@ import orjson
 from . import filenames
 from .checkpoints import CHECKPOINT_NAMES, read_checkpoint, write_checkpoint
 from .errors import DataDirError, DataDirLockedError
-from .fileutil import fsync_dir, replace_file
+from .fileutil import fsync_dir, make_dirs, replace_file
 from .metadata import new_topic_id
 
 logger = logging.getLogger("eventlog.engine")
@@ -124,7 +124,7 @@ class LogDir:
         descriptor of the lock its supervisor took (and handed down), so it takes no lock of
         its own; the family holds the dir until its last process exits."""
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.path)  # durable: a power cut must not take the dir back
         except OSError as exc:
             raise DataDirError(self.path, f"cannot create: {exc}") from exc
         if family_lock_fd is None:

@@ -1,21 +1,42 @@
 #!/bin/sh
-# Installs what the browser tests drive when it is missing: Debian's chromium (tests/console/,
-# through Playwright's Python package from the dev extra; Playwright's own browser download is
-# never used). Idempotent; does nothing when chromium is present. Needs root or passwordless
-# sudo and Debian's package mirror; without them it says so and the browser tests skip with
-# the reason.
+# Installs what some tests drive when it is missing, from Debian's packages: chromium for the
+# browser tests (tests/console/, through Playwright's Python package from the dev extra;
+# Playwright's own browser download is never used), and libfuse2 for the power-cut tests
+# (tests/powercut/: fusepy, from the dev extra, loads it to mount their FUSE layer).
+# Idempotent; does nothing when both are present. Needs root or passwordless sudo and Debian's
+# package mirror; without them it says so and those tests skip with the reason.
 set -eu
-if command -v chromium >/dev/null 2>&1 || [ -n "${EVENTLOG_CHROMIUM:-}" ]; then exit 0; fi
+need=""
+if ! command -v chromium >/dev/null 2>&1 && [ -z "${EVENTLOG_CHROMIUM:-}" ]; then need="chromium"; fi
+have_fuse=""
+for lib in /usr/lib/*/libfuse.so.2 /lib/*/libfuse.so.2 /usr/lib/libfuse.so.2 /usr/lib64/libfuse.so.2; do
+    if [ -e "$lib" ]; then have_fuse=1; fi
+done
+if [ -z "$have_fuse" ]; then need="$need libfuse2"; fi
+if [ -z "$need" ]; then exit 0; fi
+
+which_tests() {
+    case "$1" in
+        chromium) echo "the browser tests (tests/console)" ;;
+        libfuse2) echo "the power-cut tests (tests/powercut)" ;;
+    esac
+}
+
 if ! command -v apt-get >/dev/null 2>&1; then
-    echo "no chromium and no apt-get: the browser tests (tests/console) are skipped" >&2
+    for pkg in $need; do echo "no $pkg and no apt-get: $(which_tests "$pkg") are skipped" >&2; done
     exit 0
 fi
 if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo -n"; else
-    echo "no chromium and no root to install it: the browser tests (tests/console) are skipped" >&2
+    for pkg in $need; do echo "no $pkg and no root to install it: $(which_tests "$pkg") are skipped" >&2; done
     exit 0
 fi
-echo "installing chromium for the browser tests" >&2
-if ! { $sudo apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null; }; then
-    echo "apt-get could not install chromium: the browser tests (tests/console) are skipped" >&2
+if ! $sudo apt-get update -qq >/dev/null; then
+    echo "apt-get update failed: $(for pkg in $need; do which_tests "$pkg"; done | paste -sd' ' -) may be skipped" >&2
 fi
+for pkg in $need; do
+    echo "installing $pkg for $(which_tests "$pkg")" >&2
+    if ! DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$pkg" >/dev/null; then
+        echo "apt-get could not install $pkg: $(which_tests "$pkg") are skipped" >&2
+    fi
+done
 exit 0

@@ -13,6 +13,7 @@ import pytest
 
 from engine import commits, segment
 from engine.errors import StorageError
+from engine.fileutil import filesystem_magic, filesystem_name, syncfs_flushes_files
 from engine.partition_log import prepare_batches
 
 from .helpers import running_log
@@ -97,10 +98,17 @@ async def test_a_full_disk_in_a_job_undoes_that_commit_only(tmp_path: Path, inje
         assert [v[:5] for v in values(logs[1])] == [b"first"] * 5 + [b"third"] * 5
 
 
-async def test_flushes_on_one_filesystem_share_one_syncfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    batcher = commits.batcher_for(asyncio.get_running_loop())
+def _skip_without_shared_sync(batcher: commits.CommitBatcher, directory: Path) -> None:
     if not batcher.shared_sync:
         pytest.skip("this kernel's syncfs does not report write-back errors (Linux < 5.8)")
+    magic = filesystem_magic(directory)
+    if not syncfs_flushes_files(magic):
+        pytest.skip(f"{directory} is on {filesystem_name(magic)}, where syncfs is not used (not known to flush files)")
+
+
+async def test_flushes_on_one_filesystem_share_one_syncfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    batcher = commits.batcher_for(asyncio.get_running_loop())
+    _skip_without_shared_sync(batcher, tmp_path)
     fdatasyncs = []
     flush = segment.LogSegment.flush
     monkeypatch.setattr(segment.LogSegment, "flush", lambda self: (fdatasyncs.append(self), flush(self))[1])
@@ -116,8 +124,7 @@ async def test_flushes_on_one_filesystem_share_one_syncfs(tmp_path: Path, monkey
 
 async def test_a_failed_syncfs_leaves_each_partition_to_its_own_fdatasync(tmp_path: Path, inject) -> None:  # noqa: F811
     batcher = commits.batcher_for(asyncio.get_running_loop())
-    if not batcher.shared_sync:
-        pytest.skip("this kernel's syncfs does not report write-back errors (Linux < 5.8)")
+    _skip_without_shared_sync(batcher, tmp_path)
     async with AsyncExitStack() as stack:
         logs = await _logs(stack, tmp_path, 4)
         # the syncfs fails (it cannot say which file lost data); p2's own fdatasync fails too

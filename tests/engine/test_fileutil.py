@@ -6,7 +6,10 @@ import os
 import time
 from pathlib import Path
 
-from engine.fileutil import pwrite_all
+import pytest
+
+from engine import fileutil
+from engine.fileutil import make_dirs, pwrite_all
 
 
 def test_pwrite_all_writes_many_small_buffers_in_linear_time(tmp_path: Path) -> None:
@@ -45,3 +48,21 @@ def test_pwrite_all_resumes_inside_a_buffer_after_a_short_write(tmp_path: Path, 
         os.close(fd)
     assert path.read_bytes() == b"abcdefghijklm"
     assert calls == [0, 5, 10]
+
+
+def test_make_dirs_fsyncs_the_parent_of_each_directory_it_creates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log dir `eventlog serve` creates is named durably in its parent (as Kafka's LogManager
+    flushes the parent of a log dir it creates): without it a power cut took the whole dir
+    away (tests/powercut/test_power_cut.py found it)."""
+    synced: list[Path] = []
+    real = fileutil.fsync_dir
+    monkeypatch.setattr(fileutil, "fsync_dir", lambda d: (synced.append(d), real(d))[1])
+    make_dirs(tmp_path / "a" / "b" / "c")
+    assert (tmp_path / "a" / "b" / "c").is_dir()
+    assert synced == [tmp_path, tmp_path / "a", tmp_path / "a" / "b"]
+    synced.clear()
+    make_dirs(tmp_path / "a" / "b" / "c")  # there already: nothing to make durable
+    assert synced == []
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(OSError):
+        make_dirs(tmp_path / "file")
