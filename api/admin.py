@@ -55,6 +55,8 @@ async def _on_every_shard(request: Request, what: str, body: MaintenanceRequest 
     if channel is not None:
         for shard in range(engine.shard_count):
             if shard != engine.shard_index:
+                # a shard that is down answers 503 (ShardUnavailableError): the pass ran
+                # on the others, and runs on its partitions once it is back
                 results += await channel.call(shard, what, topic, partition)
     return sorted(results, key=lambda r: (r.topic, r.partition))
 

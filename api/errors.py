@@ -188,7 +188,8 @@ def engine_problem(exc: e.EngineError, paths: ServerPaths | None = None) -> Resp
         extra = {"topic": exc.topic, "partition": exc.partition, "reason": exc.reason}
     elif isinstance(exc, e.OpenFilesLimitError):
         extra = {"partitions": exc.partitions, "max_partitions": exc.max_partitions, "open_files_limit": exc.limit}
-    headers = {"Retry-After": "1"} if isinstance(exc, e.TooManyOpenFilesError) else None
+    # both pass: a shard restarting is back in seconds (its supervisor starts it at once)
+    headers = {"Retry-After": "1"} if isinstance(exc, (e.TooManyOpenFilesError, e.ShardUnavailableError)) else None
     if status == 507:
         # a full disk refuses every append until space returns: the engine logs each undone
         # commit once; one line per refused request would flood the log

@@ -37,6 +37,8 @@ from prometheus_client.parser import text_string_to_metric_families
 MAX_GAUGES = frozenset({
     "eventlog_cleanup_last_pass_seconds", "eventlog_log_dir_free_bytes", "eventlog_log_dir_total_bytes",
     "eventlog_build_info", "python_info", "process_start_time_seconds", "process_max_fds",
+    # the shard family's health: every shard reads it from the same table
+    "eventlog_shard_up", "eventlog_shard_crash_looping", "eventlog_shard_restarts",
 })
 
 _Labels = tuple[tuple[str, str], ...]

@@ -44,6 +44,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.commits import CommitBatcher, batcher_for
 from engine.groups import GroupOffsets
+from engine.shards import CRASH_LOOP
 
 from . import console, docs
 from .auth import Authenticator
@@ -112,6 +113,8 @@ class Metrics:
         self.registry.register(_CommitJobCollector(batcher_for(asyncio.get_running_loop())))
         if workers is not None:
             self.registry.register(_WorkerCollector(workers))
+        if getattr(engine, "table", None) is not None:
+            self.registry.register(_ShardCollector(engine))
 
     def _on_commit(self, log: Any, requests: int, records: int, size: int) -> None:
         self.commit_requests.observe(requests)
@@ -121,6 +124,33 @@ class Metrics:
 
     def _on_fsync(self, _log: Any, seconds: float) -> None:
         self.fsync.observe(seconds)
+
+
+class _ShardCollector:
+    """A shard family's health, as the supervisor keeps it in the partition table: every shard
+    reads the same table, so /metrics takes the largest of their answers (metrics_merge)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def collect(self):  # noqa: ANN201 -- prometheus-client's collector protocol
+        table = self.engine.table
+        up = GaugeMetricFamily(
+            "eventlog_shard_up", "1 if the shard serves and answers, 0 while it is down, restarting or silent",
+            labels=["shard"],
+        )
+        looping = GaugeMetricFamily(
+            "eventlog_shard_crash_looping", "1 while the shard dies again soon after each start", labels=["shard"]
+        )
+        restarts = CounterMetricFamily(
+            "eventlog_shard_restarts", "times the supervisor started the shard again", labels=["shard"]
+        )
+        for shard in range(self.engine.shard_count):
+            labels = [str(shard)]
+            up.add_metric(labels, 1 if table.answering(shard) else 0)
+            looping.add_metric(labels, 1 if table.health(shard) & CRASH_LOOP else 0)
+            restarts.add_metric(labels, table.restarts(shard))
+        return [up, looping, restarts]
 
 
 class _InFlightCollector:

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from api.observability import Metrics
 from engine import snapshots
-from engine.errors import EngineError
+from engine.errors import EngineError, ShardUnavailableError
 from engine.log_manager import LogManager, open_engine
 from workers.manager import Workers
 
@@ -83,10 +83,15 @@ def _serve_family(app: FastAPI, engine: LogManager, workers: Workers, metrics: M
         return generate_latest(metrics.registry)
 
     async def peer_metrics() -> list[bytes]:
+        """The other shards' expositions; a shard that is down or not answering is left out
+        (its health is in every shard's own: eventlog_shard_up)."""
         out = []
         for shard in range(engine.shard_count):
             if shard != engine.shard_index:
-                out.append(await channel.call(shard, "metrics"))
+                try:
+                    out.append(await channel.call(shard, "metrics"))
+                except ShardUnavailableError:
+                    continue
         return out
 
     quotas = app.state.quotas

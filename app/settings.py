@@ -61,6 +61,11 @@ class Settings(BaseSettings):
             "affinity, capped by a container's CPU quota; 1: a single process)"
         ),
     )
+    shard_heartbeat_timeout_ms: int = Field(
+        5_000, ge=500, le=600_000,
+        description="a shard whose event loop has not beaten for this long is killed and started again (the "
+        "others stop sending it work after 2 s of silence already)",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     log_dirs: Annotated[tuple[Path, ...], NoDecode] = Field(

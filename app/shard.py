@@ -4,7 +4,9 @@ What it gets from its supervisor (app/supervisor.py says how the family lives):
 
     EVENTLOG_SHARD           JSON {"index": 0.., "count": N, "run_dir": "/tmp/eventlog-shards-..",
                              "listen_fd": fd, "lock_fds": [fd, ..], "ready_fd": fd,
-                             "supervisor_pid": pid}; lock_fds follow Settings.effective_log_dirs
+                             "supervisor_pid": pid, "rejoin": bool}; lock_fds follow
+                             Settings.effective_log_dirs; rejoin: started again alone, into
+                             a family that has served
     EVENTLOG_SHARD_SETTINGS  the supervisor's Settings.to_json()
 
 It dies with its supervisor (PR_SET_PDEATHSIG, set before anything else; a supervisor gone
@@ -25,10 +27,6 @@ import os
 import signal
 import sys
 from types import FrameType
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import socket
 
 PR_SET_PDEATHSIG = 1
 
@@ -69,44 +67,30 @@ def main() -> int:
     ready_fd = identity["ready_fd"]
     for fd in (listen_fd, ready_fd, *lock_fds):  # ours; not for processes this one starts
         os.set_inheritable(fd, False)
-    settings = Settings.from_json(os.environ["EVENTLOG_SHARD_SETTINGS"]).for_shard(
-        ShardSpec(index, identity["count"], Path(identity["run_dir"]), lock_fds)
-    )
+    settings = Settings.from_json(os.environ["EVENTLOG_SHARD_SETTINGS"])
+    settings = settings.for_shard(ShardSpec(
+        index, identity["count"], Path(identity["run_dir"]), lock_fds, rejoin=identity.get("rejoin", False),
+        call_timeout_s=settings.request_timeout_ms / 1000,
+    ))
     configure_logging(settings.log_level, f"shard-{index}")
 
     def ready() -> None:
         os.write(ready_fd, b"R")
         os.close(ready_fd)
 
+    # Every shard accepts on the family's one listening socket: a shard that is stopped or
+    # hung accepts nothing, so no new connection waits on it (a socket of its own in a
+    # SO_REUSEPORT group would keep taking its share of them). Which shard wakes first takes a
+    # connection; the balancer (app/balance.py) evens the counts out.
     listener = socket.socket(fileno=listen_fd)
     try:
-        own = _own_listener(listener, settings.backlog)
-        serve(settings, sockets=[own, listener], on_started=ready, early_signals=early)
+        serve(settings, sockets=[listener], on_started=ready, early_signals=early)
     except CannotStart as exc:
         if exc.message is not None:
             print(f"eventlog: cannot start: {exc.message}", file=sys.stderr, flush=True)
         logging.shutdown()
         return exc.status
     return 0
-
-
-def _own_listener(shared: socket.socket, backlog: int) -> socket.socket:
-    """This shard's own listening socket in the family's SO_REUSEPORT group (see
-    supervisor.listen): the kernel gives each shard its share of new connections."""
-    import socket
-
-    own = socket.socket(shared.family, socket.SOCK_STREAM)
-    try:
-        own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if shared.family == socket.AF_INET6:
-            own.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, shared.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY))
-        own.bind(shared.getsockname())
-        own.listen(backlog)
-    except OSError:
-        own.close()
-        raise
-    return own
 
 
 if __name__ == "__main__":

@@ -74,6 +74,7 @@ from .errors import (
     OpenFilesLimitError,
     PartitionNotFoundError,
     PartitionOfflineError,
+    ShardUnavailableError,
     StorageError,
     TopicExistsError,
     TopicNotFoundError,
@@ -100,6 +101,7 @@ from .records import encode_batch
 from .recovery import LoadStats, load_log
 from .segment import LogSegment
 from .shards import (
+    BEAT_S,
     CHANGING,
     DELETED,
     LIVE,
@@ -110,6 +112,7 @@ from .shards import (
     SlotState,
     owner_of,
     slot_key,
+    table_path,
 )
 
 logger = logging.getLogger("eventlog.engine")
@@ -132,6 +135,11 @@ class ShardSpec:
     run_dir: Path
     # the supervisor's lock descriptors, one per log dir in the order of log_dirs
     lock_fds: tuple[int, ...] = ()
+    # a shard started again alone, into a family that has served: it waits for no other shard
+    # to start (only, if it is not the controller, for shard 0 to serve)
+    rejoin: bool = False
+    # the deadline of every call to another shard (the request timeout)
+    call_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -502,7 +510,9 @@ class LogManager:
         self.groups = GroupOffsets(self.partition(CONSUMER_OFFSETS_TOPIC, 0))
         await self.groups.load()
 
-    def _remove_deleted_topic_dirs(self) -> None:
+    def _remove_deleted_topic_dirs(self, own_only: bool = False) -> None:
+        """Remove what deleted topics and unfinished topic changes left in the log dirs;
+        `own_only`: only the partition directories this shard owns."""
         for d in self.dirs:
             for entry in os.scandir(d.path):
                 if not entry.is_dir():
@@ -512,6 +522,8 @@ class LogManager:
                     continue
                 parsed = filenames.parse_partition_dir(entry.name)
                 if parsed is None or parsed[0] == METADATA_TOPIC:
+                    continue
+                if own_only and not self.owns(*parsed):
                     continue
                 topic_id = _read_partition_topic_id(Path(entry.path))
                 meta = self.image.topics.get(parsed[0])
@@ -1081,7 +1093,11 @@ class LogManager:
         if self.table is None:
             return
         key = slot_key(log.topic, topic_id, log.partition)
-        self._slots[log] = (self.table.claim(self.shard_index, key), key)
+        index = self.table.claim(self.shard_index, key)
+        # a slot this shard's previous process wrote: go on from its generation, so that no
+        # follower takes this process's segment list for the one it already holds
+        log.generation = max(log.generation, self.table.generation(self.shard_index, index) + 1)
+        self._slots[log] = (index, key)
         log.on_publish = self._publish_slot
         self._publish_slot(log)
 
@@ -1151,34 +1167,46 @@ class LogManager:
         me = self.shard_index
         table, channel = self.table, self.channel
         assert table is not None and channel is not None
+        rejoin = self.config.shard.rejoin
         clean = all(d.had_clean_shutdown for d in self.dirs)
         if self.is_controller:
             await self._load_metadata(tg)
-            await anyio.to_thread.run_sync(self._remove_deleted_topic_dirs)
+            # alone again in a family that serves: only its own partitions' leftovers are its to
+            # remove (the others' shards may be creating theirs right now)
+            await anyio.to_thread.run_sync(self._remove_deleted_topic_dirs, rejoin)
             assert self.metadata_log is not None
             self._register_owned(self.metadata_log, "")
         else:
             await self._follow_metadata_log()
+            if rejoin:  # topics deleted while it was down: their leftovers here are its own
+                await anyio.to_thread.run_sync(self._remove_deleted_topic_dirs, True)
         loaded = await self._load_topics()
         for state, p, log in loaded:
             await tg.start(log.run)
             self._register_owned(log, state.meta.topic_id)
         await anyio.to_thread.run_sync(self._write_offline_note)
         table.set_state(me, LOADED)
-        forever = 365 * 86400.0  # a shard that dies while starting takes the family down
-        await table.wait_states(LOADED, forever)
+        # A family's first start: every shard waits for the others (shard 0 clears the clean-
+        # shutdown markers only once each has read them); a shard that dies meanwhile is
+        # started again by the supervisor, and the others go on waiting for it. A shard that
+        # rejoins waits for nobody but, if it is not the controller, shard 0.
+        forever = 365 * 86400.0
+        if not rejoin:
+            await table.wait_states(LOADED, forever)
         await anyio.to_thread.run_sync(self._read_offline_notes)
         if self.is_controller:
             await self._open_group_offsets()
-            for d in self.dirs:
-                await anyio.to_thread.run_sync(d.clear_clean_shutdown)
+            if not rejoin:
+                for d in self.dirs:
+                    await anyio.to_thread.run_sync(d.clear_clean_shutdown)
         else:
             await table.wait_states(SERVING, forever, range(0, 1))
             self.groups = RemoteGroups(self)  # type: ignore[assignment]
             await self.catch_up_metadata()
             tg.start_soon(self._metadata_loop)
         table.set_state(me, SERVING)
-        await table.wait_states(SERVING, forever)
+        if not rejoin:
+            await table.wait_states(SERVING, forever)
         tg.start_soon(self._checkpoint_loop)
         self.ready = True
         logger.info(
@@ -1188,6 +1216,16 @@ class LogManager:
             BUDGET.limit, BUDGET.max_partitions, BUDGET.active_partitions,
         )
         self._log_open_files_limit()
+
+    async def _heartbeat(self) -> None:
+        """Stamp this shard's beat in the table every BEAT_S, from the event loop: the
+        supervisor kills a shard whose loop stops beating (a stopped or hung process), and the
+        others stop sending it work. Each beat also sweeps the channel's overdue requests."""
+        assert self.table is not None and self.channel is not None
+        while True:
+            self.table.beat(self.shard_index)
+            self.channel.sweep()
+            await anyio.sleep(BEAT_S)
 
     def _offline_note(self, shard: int) -> Path:
         assert self.config.shard is not None
@@ -1378,9 +1416,19 @@ class LogManager:
             return
         assert self.metadata_log is not None
         until = self.metadata_log.high_watermark
+        channel = self.channel
+
+        async def sync(shard: int) -> None:
+            try:
+                await channel.call(shard, "sync_metadata", until)
+            except ShardUnavailableError as exc:
+                # the change is in the metadata log: a shard that is down replays it when it
+                # starts again, one that stopped answering is killed and does the same
+                logger.warning("shard %d did not confirm metadata up to offset %d: %s", shard, until, exc)
+
         async with anyio.create_task_group() as tg:
             for shard in range(1, self.shard_count):
-                tg.start_soon(self.channel.call, shard, "sync_metadata", until)
+                tg.start_soon(sync, shard)
 
     async def _forward_topic_change(self, what: str, *args: Any, **kwargs: Any) -> Any:
         """A follower: the controller makes the change (and every shard applies it first)."""
@@ -1565,12 +1613,16 @@ async def open_engine(config: EngineConfig, clock: Callable[[], int] = wall_cloc
     manager = LogManager(config, clock)
     await anyio.to_thread.run_sync(manager._open_dirs)
     if config.shard is not None:
-        manager.table = PartitionTable(config.shard.run_dir / "partitions.table", config.shard.count)
-        manager.channel = ShardChannel(config.shard.run_dir, config.shard.index, config.shard.count)
+        spec = config.shard
+        manager.table = PartitionTable(table_path(spec.run_dir), spec.count)
+        manager.table.begin(spec.index)
+        manager.channel = ShardChannel(spec.run_dir, spec.index, spec.count, manager.table, spec.call_timeout_s)
         manager.register_handlers()
         await manager.channel.start()
     try:
         async with anyio.create_task_group() as tg:
+            if manager.table is not None:
+                tg.start_soon(manager._heartbeat)
             await manager._open(tg)
             try:
                 yield manager

@@ -12,8 +12,17 @@ pickled tuples, batches as bytes.
 
 Partition table layout (little-endian; a file of HEADER_BYTES + count * REGION_SLOTS * 64):
 
-    shard header, 64 bytes per shard (up to MAX_SHARDS):  u64 state, u64 pid, 48 bytes unused
-        state: 0 starting, 1 loaded (its partitions take requests), 2 serving
+    shard header, 64 bytes per shard (up to MAX_SHARDS):
+        u64 state      0 starting, 1 loaded (its partitions take requests), 2 serving
+        u64 pid        the shard process that wrote state (a restarted shard has a new one)
+        u64 beat_ns    CLOCK_MONOTONIC of the shard's last heartbeat (its event loop's, every
+                       BEAT_S): the supervisor kills a shard whose beat is older than its
+                       deadline, and everyone treats one whose beat is older than SILENT_S as
+                       not answering
+        u64 health     written by the supervisor only: DOWN (exited, a new process on the way),
+                       SILENT (beats stopped: not answering), CRASH_LOOP (dying again and again)
+        u64 restarts   written by the supervisor only: how many times it restarted this shard
+        24 bytes unused
     then one region of REGION_SLOTS slots per shard, written only by that shard:
         slot (64 bytes): u64 seq, u64 key, i64 high_watermark, i64 log_start_offset,
                          u64 generation, i64 active_base_offset, i64 active_end, u64 flags
@@ -28,6 +37,7 @@ CHANGING (segment files are being renamed: readers keep their previous segment l
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import hashlib
 import itertools
@@ -53,6 +63,7 @@ REGION_SLOTS = 16_384
 SLOT = struct.Struct("<QQqqQqqQ")
 SLOT_BYTES = 64
 SHARD_HEADER = struct.Struct("<QQ")
+_U64 = struct.Struct("<Q")
 
 LIVE = 1
 DELETED = 2
@@ -60,6 +71,17 @@ CHANGING = 4  # the owner is renaming segment files: keep reading the previous l
 
 STARTING, LOADED, SERVING = 0, 1, 2
 READ_PATIENCE_S = 2.0  # a slot half written this long: its owner died mid-write
+
+# the shard header's health bits (the supervisor's word on a shard)
+DOWN = 1  # exited; the supervisor starts it again
+SILENT = 2  # alive, but its event loop has not beaten for a while: not answering
+CRASH_LOOP = 4  # it died soon after each of its last starts
+UNAVAILABLE = DOWN | SILENT
+BEAT_S = 0.1  # how often a shard's event loop stamps beat_ns
+# a shard whose last beat is older than this is not answering: calls to it fail at once
+# (503), the connection balancer hands it nothing; the supervisor kills it later, at its
+# deadline (Settings.shard_heartbeat_timeout_ms)
+SILENT_S = 2.0
 
 
 def owner_of(topic: str, partition: int, count: int) -> int:
@@ -125,6 +147,49 @@ class PartitionTable:
     def state(self, shard: int) -> int:
         return SHARD_HEADER.unpack_from(self._map, shard * 64)[0]
 
+    def pid(self, shard: int) -> int:
+        return SHARD_HEADER.unpack_from(self._map, shard * 64)[1]
+
+    def begin(self, shard: int) -> None:
+        """A shard process starts: its header says so (starting, its pid, a first beat)."""
+        self.set_state(shard, STARTING)
+        self.beat(shard)
+
+    def beat(self, shard: int) -> None:
+        _U64.pack_into(self._map, shard * 64 + 16, time.monotonic_ns())
+
+    def beat_age_s(self, shard: int, now_ns: int | None = None) -> float:
+        """Seconds since the shard's last heartbeat (its event loop's)."""
+        beat = _U64.unpack_from(self._map, shard * 64 + 16)[0]
+        return ((now_ns if now_ns is not None else time.monotonic_ns()) - beat) / 1e9
+
+    def health(self, shard: int) -> int:
+        return _U64.unpack_from(self._map, shard * 64 + 24)[0]
+
+    def set_health(self, shard: int, health: int) -> None:
+        _U64.pack_into(self._map, shard * 64 + 24, health)
+
+    def restarts(self, shard: int) -> int:
+        return _U64.unpack_from(self._map, shard * 64 + 32)[0]
+
+    def set_restarts(self, shard: int, restarts: int) -> None:
+        _U64.pack_into(self._map, shard * 64 + 32, restarts)
+
+    def unavailable(self, shard: int) -> str | None:
+        """Why calls to `shard` cannot be answered now (None: they can): it exited and is
+        being restarted, or its event loop stopped beating (a stopped or hung process)."""
+        health = self.health(shard)
+        if health & DOWN:
+            return "it exited; the supervisor is restarting it"
+        if health & SILENT or self.beat_age_s(shard) > SILENT_S:
+            return "it is not answering (no heartbeat)"
+        return None
+
+    def answering(self, shard: int, within_s: float = SILENT_S) -> bool:
+        """Serving, neither down nor silent, and beating within `within_s`: new work may go
+        to it."""
+        return self.state(shard) == SERVING and self.unavailable(shard) is None and self.beat_age_s(shard) <= within_s
+
     async def wait_states(self, state: int, timeout_s: float, shards: range | None = None) -> None:
         """Wait until every shard (of `shards`) reached `state` or beyond."""
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -178,6 +243,11 @@ class PartitionTable:
             state.active_base, state.active_end, state.flags,
         )
 
+    def generation(self, shard: int, index: int) -> int:
+        """The slot's generation as it stands (0 for a new slot), seqlock or not: for the
+        owner, which alone writes it."""
+        return SLOT.unpack_from(self._map, self._offset(shard, index))[4]
+
     def find(self, shard: int, key: int) -> int | None:
         """The slot index of `key` in `shard`'s region, None if the owner has not claimed it."""
         found = self._slots.get((shard, key))
@@ -227,6 +297,11 @@ FRAME = struct.Struct("!I")
 Handler = Callable[..., Awaitable[Any]]
 
 
+def table_path(run_dir: Path) -> Path:
+    """The family's partition table (the supervisor creates it before any shard starts)."""
+    return run_dir / "partitions.table"
+
+
 def socket_path(run_dir: Path, shard: int) -> Path:
     return run_dir / f"shard-{shard}.sock"
 
@@ -270,12 +345,15 @@ class _Peer:
         self.shard = shard
         self.transport: asyncio.Transport | None = None
         self.pending: dict[int, asyncio.Future | Reply] = {}
+        # (deadline, request id) in the order sent: the sweep fails what is overdue
+        self.deadlines: collections.deque[tuple[float, int]] = collections.deque()
         self.connecting: asyncio.Lock = asyncio.Lock()
         self.writable = asyncio.Event()
         self.writable.set()
         # a peer whose connection broke has died (a Unix socket does not drop a live peer): its
-        # calls fail at once until the supervisor's new family replaces every shard
+        # calls fail at once until the supervisor has started it again (a new pid, serving)
         self.dead = False
+        self.pid = 0  # the process this connection reached (the table's word when it was made)
 
     @property
     def connected(self) -> bool:
@@ -397,9 +475,15 @@ class ShardChannel:
     comes, from the protocol that reads it (no task wakes in between). A kind may also have a
     quick handler on the serving side, quick(reply, *args), which starts the work as the
     request is read and answers through reply. note(shard, kind, *args) sends without waiting;
-    a note's handler is a plain function, run as the note is read. A peer that goes away fails
-    its requests in flight with ShardUnavailableError (503 `unavailable`); its supervisor
-    restarts the family.
+    a note's handler is a plain function, run as the note is read.
+
+    Failures (ShardUnavailableError, 503 `unavailable`): a peer that goes away fails its
+    requests in flight at once, and new ones until its supervisor has started it again (the
+    table shows it serving under a new pid; the next call connects to the new process). A
+    peer that stops answering (its heartbeat in the table is older than SILENT_S, or the
+    supervisor marked it SILENT or DOWN) fails its requests in flight at the next sweep and new
+    ones at once. Every request has a deadline (`timeout_s`, the request timeout): the sweep,
+    run with each heartbeat, fails what is overdue.
 
     Both ends are protocols that parse frames in data_received: a forwarded append is queued
     to its writer in the same loop step that reads it, and its answer completes the request
@@ -407,10 +491,14 @@ class ShardChannel:
     loop turn, and a loop busy parsing produce bodies makes a turn milliseconds long.)
     """
 
-    def __init__(self, run_dir: Path, index: int, count: int) -> None:
+    def __init__(
+        self, run_dir: Path, index: int, count: int, table: PartitionTable | None = None, timeout_s: float = 30.0,
+    ) -> None:
         self.run_dir = run_dir
         self.index = index
         self.count = count
+        self.table = table
+        self.timeout_s = timeout_s
         self.handlers: dict[str, Handler] = {}
         self.quick_handlers: dict[str, Callable[..., None]] = {}
         self._peers = {i: _Peer(i) for i in range(count) if i != index}
@@ -456,7 +544,7 @@ class ShardChannel:
             self._check_usable(peer)
             path = str(socket_path(self.run_dir, peer.shard))
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + 30
+            deadline = loop.time() + self.timeout_s
             while True:
                 try:
                     transport, _ = await loop.create_unix_connection(lambda: _Replies(self, peer), path)
@@ -465,45 +553,89 @@ class ShardChannel:
                     if loop.time() > deadline:
                         raise ShardUnavailableError(peer.shard, f"cannot connect: {exc}") from None
                     await asyncio.sleep(0.02)
+                    self._check_usable(peer)
             peer.transport = transport  # type: ignore[assignment]
+            peer.pid = self.table.pid(peer.shard) if self.table is not None else 0
             return peer.transport  # type: ignore[return-value]
 
     def _check_usable(self, peer: _Peer) -> None:
+        """Raise ShardUnavailableError if a request to `peer` cannot be answered now. A peer
+        that died is usable again once the table shows its new process serving."""
         if self.closing:
             raise ShardUnavailableError(peer.shard, "shutting down")
+        table = self.table
         if peer.dead:
-            raise ShardUnavailableError(peer.shard, "it exited; the family is restarting")
+            if table is None or not table.answering(peer.shard) or table.pid(peer.shard) == peer.pid:
+                raise ShardUnavailableError(peer.shard, "it exited; the supervisor is restarting it")
+            peer.dead = False  # its new process serves: the next request connects to it
+            peer.transport = None
+        if table is not None:
+            why = table.unavailable(peer.shard)
+            if why is not None:
+                raise ShardUnavailableError(peer.shard, why)
 
-    async def call(self, shard: int, kind: str, *args: Any) -> Any:
+    async def call(self, shard: int, kind: str, *args: Any, timeout_s: float | None = None) -> Any:
+        """The handler's result on `shard`; ShardUnavailableError if the shard is gone, not
+        answering, or the answer is not there within `timeout_s` (default: the channel's)."""
         peer = self._peers[shard]
+        if peer.connected:
+            self._check_usable(peer)
         transport = await self._connected(peer)
         rid = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         peer.pending[rid] = future
         _send(transport, (rid, kind, args))
         try:
-            if not peer.writable.is_set():
-                await peer.writable.wait()
-            return await future
+            async with asyncio.timeout(timeout_s if timeout_s is not None else self.timeout_s):
+                if not peer.writable.is_set():
+                    await peer.writable.wait()
+                return await future
+        except TimeoutError:
+            raise ShardUnavailableError(shard, f"no answer to {kind!r} in time") from None
         finally:
             peer.pending.pop(rid, None)
 
     def call_soon(self, shard: int, kind: str, reply: Reply, *args: Any) -> None:
         """Send a request now (if connected: else once connected) and call reply(ok, value) as
-        its answer is read; a peer that is gone answers ShardUnavailableError."""
+        its answer is read; a peer that is gone, not answering or too slow (the channel's
+        timeout) answers ShardUnavailableError."""
         peer = self._peers[shard]
+        try:
+            self._check_usable(peer)
+        except ShardUnavailableError as exc:
+            _call_back(reply, False, exc)
+            return
         if not peer.connected:
-            try:
-                self._check_usable(peer)
-            except ShardUnavailableError as exc:
-                _call_back(reply, False, exc)
-                return
             self._spawn(self._call_later(peer, kind, reply, args))
             return
         assert peer.transport is not None
         rid = next(self._ids)
         peer.pending[rid] = reply
+        peer.deadlines.append((time.monotonic() + self.timeout_s, rid))
         _send(peer.transport, (rid, kind, args))
+
+    def sweep(self) -> None:
+        """Fail the requests that can no longer be answered in time: all of a peer that is not
+        answering (the table's word), and any past its deadline. Run with each heartbeat."""
+        now = time.monotonic()
+        for peer in self._peers.values():
+            if not peer.pending:
+                peer.deadlines.clear()
+                continue
+            why = self.table.unavailable(peer.shard) if self.table is not None else None
+            if why is not None:
+                peer.deadlines.clear()
+                self._fail(peer, why)
+                continue
+            deadlines, pending = peer.deadlines, peer.pending
+            while deadlines:  # answers come in order, mostly: the answered go from the front
+                deadline, rid = deadlines[0]
+                if rid in pending and deadline > now:
+                    break
+                deadlines.popleft()
+                waiter = pending.pop(rid, None)
+                if waiter is not None and not isinstance(waiter, asyncio.Future):
+                    _call_back(waiter, False, ShardUnavailableError(peer.shard, "no answer in time"))
 
     async def _call_later(self, peer: _Peer, kind: str, reply: Reply, args: tuple) -> None:
         try:

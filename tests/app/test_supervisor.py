@@ -90,27 +90,39 @@ def test_a_sigkilled_supervisor_takes_its_shards_with_it(server_factory) -> None
     assert again.stop() == 0
 
 
-def test_a_killed_shard_restarts_the_family(server_factory) -> None:
+def test_a_killed_shard_is_restarted_alone(server_factory) -> None:
     server = server_factory()
     server.processes = 2
     server.start()
     first = server.shard_pids()
-    os.kill(first[1], signal.SIGKILL)
-    wait_until(lambda: _ready_lines(server) == 2, what="the family's restart")
+    by_index = {_identity(pid)["index"]: pid for pid in first}
+    os.kill(by_index[1], signal.SIGKILL)
+    wait_until(lambda: "is back after restart 1" in server.log(), what="shard 1's restart")
     log = server.log()
-    assert f"(pid {first[1]}) was killed by SIGKILL" in log
-    assert "restarting the shard family (restart 1)" in log
+    assert f"shard 1 (pid {by_index[1]}) was killed by SIGKILL" in log
+    assert "restarting it alone" in log
     second = server.shard_pids()
-    assert len(second) == 2 and not set(first) & set(second)
-    assert not pid_alive(first[0])  # the whole family was replaced
+    assert len(second) == 2 and by_index[0] in second and by_index[1] not in second  # shard 0 served on
+    new = next(pid for pid in second if pid != by_index[0])
+    assert _identity(new)["index"] == 1 and _identity(new)["rejoin"] is True
     with server.client() as client:
         assert client.get("/readyz").status_code == 200
-    # a family that dies soon after it started waits before the next, longer each time
-    os.kill(second[0], signal.SIGKILL)
-    wait_until(lambda: _ready_lines(server) == 3, what="the second restart")
+    # a shard that dies soon after it started waits before the next start, longer each time
+    os.kill(new, signal.SIGKILL)
+    wait_until(lambda: "is back after restart 2" in server.log(), what="the second restart")
+    newer = next(pid for pid in server.shard_pids() if pid != by_index[0])
+    os.kill(newer, signal.SIGKILL)
+    wait_until(lambda: "is back after restart 3" in server.log(), what="the third restart")
     log = server.log()
-    assert "restart 2" in log
-    assert log.index("starting a new family in 0.5 s") < log.index("starting a new family in 1.0 s")
+    assert log.index("restarting it alone in 0.5 s") < log.index("restarting it alone in 1.0 s")
+    # each death came within SHARD_STABLE_S of its start: the third makes a crash loop, said once
+    assert log.count("shard 1 is crash-looping: 3 deaths in a row") == 1
+    assert by_index[0] in server.shard_pids()
+    with server.client() as client:
+        metrics = client.get("/metrics").text
+    assert 'eventlog_shard_restarts_total{shard="1"} 3.0' in metrics
+    assert 'eventlog_shard_crash_looping{shard="1"} 1.0' in metrics
+    assert 'eventlog_shard_up{shard="0"} 1.0' in metrics and 'eventlog_shard_up{shard="1"} 1.0' in metrics
     assert server.stop() == 0
 
 
@@ -282,7 +294,7 @@ def test_settings_cross_to_a_shard_unchanged(tmp_path: Path) -> None:
         ssl_keyfile_password="pw", quota_produce_bytes_per_sec=100, quota_fetch_bytes_per_sec=200, quota_window_num=3,
         quota_window_size_ms=20, snapshot_dir=tmp_path / "snaps", snapshot_max_count=4, snapshot_max_bytes=12345,
         retention_check_interval_ms=1005, cleaner_enabled=False, cleaner_backoff_ms=11, cleaner_dedupe_buffer_size=2 << 20,
-        cleaner_run_in="thread", cleaner_io_max_bytes_per_sec=1.5,
+        cleaner_run_in="thread", cleaner_io_max_bytes_per_sec=1.5, shard_heartbeat_timeout_ms=1006,
     )
     assert set(given) == set(Settings.model_fields)
     settings = Settings(**given)
@@ -322,10 +334,9 @@ def test_records_acknowledged_before_a_shard_dies_are_served_after_the_restart(s
         for i in range(40):
             assert client.post("/v1/topics/t/records", json={"records": [{"key": f"k{i}", "value": f"v{i}"}]}).status_code == 200
             expected.append(f"v{i}")
-    for index in (0, 1):  # the controller (metadata, groups), then a plain owner
+    for restart, index in enumerate((0, 1), 1):  # the controller (metadata, groups), then a plain owner
         os.kill(_shard_pid(server, index), signal.SIGKILL)
-        ready = _ready_lines(server)
-        wait_until(lambda ready=ready: _ready_lines(server) == ready + 1, what="the family's restart")
+        wait_until(lambda restart=restart: server.log().count("is back after restart 1") == restart, what="the restart")
         with server.client() as client:
             assert _values(client, 4) == sorted(expected)
             for i in range(10):
@@ -386,8 +397,8 @@ def _request(sock: socket.socket, head: bytes, body: bytes = b"") -> bytes:
 
 
 def test_new_connections_are_spread_evenly_over_the_shards(server_factory) -> None:
-    """The kernel's SO_REUSEPORT hash puts connections on shards at random; a shard with more
-    hands a new one to a shard with fewer, socket and all, before reading it. Each connection
+    """Whichever shard wakes first accepts a connection on the family's one socket; a shard with
+    more hands a new one to a shard with fewer, socket and all, before reading it. Each connection
     sends its request at once (the bytes are in flight when it changes hands), then keeps
     serving requests on the same connection, whichever shard took it."""
     server = server_factory()
