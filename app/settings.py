@@ -88,7 +88,8 @@ class Settings(BaseSettings):
     recovery_threads: int = Field(2, ge=1, le=64)
     shared_sync: bool = Field(
         True, description="make the commits of many partitions on one filesystem durable with one syncfs "
-        "(Linux >= 5.8) instead of an fdatasync each; false: one fdatasync per partition commit",
+        "(Linux >= 5.8) instead of an fdatasync each, on ext2/3/4, xfs and btrfs only (where syncfs is known to "
+        "flush files; never on FUSE, NFS, overlay, tmpfs or unknown filesystems); false: one fdatasync per partition commit",
     )
     producer_id_expiration_ms: int = Field(
         86_400_000, ge=1000, description="producer.id.expiration.ms: how long after its last append an idempotent "
