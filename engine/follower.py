@@ -335,10 +335,17 @@ class FollowedPartition(LogReads):
                         parsed = filenames.parse_segment_file(entry.name)
                         if parsed is None or parsed[2] != "":
                             continue
+                        # the inode stat() gives, which fstat() of the opened file is compared
+                        # with: a listing's d_ino (entry.inode()) is not the file's inode on
+                        # every filesystem (FUSE's high-level API without use_ino makes its own)
+                        try:
+                            inode = entry.stat(follow_symlinks=False).st_ino
+                        except FileNotFoundError:
+                            continue  # renamed away since the listing
                         if parsed[1] == filenames.LOG_SUFFIX:
-                            bases.append((parsed[0], entry.inode()))
+                            bases.append((parsed[0], inode))
                         else:
-                            index_inodes.setdefault(parsed[0], {})[parsed[1]] = entry.inode()
+                            index_inodes.setdefault(parsed[0], {})[parsed[1]] = inode
             except FileNotFoundError:
                 raise TopicDeletedError(self.name, self.topic) from None
             bases.sort()

@@ -36,9 +36,9 @@ At mount, everything not reachable from the root through durable entries is dele
 
 Inode numbers are this layer's own, stable across remounts as on a disk filesystem, and readdir
 gives each entry's (d_ino = st_ino; use_ino). Without that libfuse gives readdir 0xffffffff and
-numbers a file anew when the kernel forgets it, and a shard family's readers, which tell a
-segment file from a replaced one by comparing scandir's d_ino with fstat's st_ino
-(engine/follower.py), answered 500 `the listed segment file is gone`.
+numbers a file anew when the kernel forgets it: a shard family's readers tell a segment file
+from a replaced one by its inode (engine/follower.py: stat at the listing, fstat once opened),
+and answered 500 `the listed segment file is gone` when they compared readdir's d_ino.
 
 Hard links are supported; symlinks, special files, xattrs and locks are not (file locks are the
 kernel's local ones: the daemon implements neither lock operation).
