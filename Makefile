@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= ./data
 
-.PHONY: install run test test-fast test-peers console-screenshots bench clean
+.PHONY: install run test test-fast test-peers console-screenshots diagram bench clean
 
 install: $(STAMP)
 
@@ -35,6 +35,11 @@ test-peers:
 # docs/console/*.png, the screenshots docs/CONSOLE.md shows, from the browser tests
 console-screenshots: install test-peers
 	EVENTLOG_CONSOLE_SCREENSHOTS=docs/console $(BIN)/python -m pytest -q tests/console
+
+# docs/architecture.svg, the picture in docs/ARCHITECTURE.md, from its source (standard library
+# only; tests/test_architecture_doc.py fails when the two differ)
+diagram:
+	$(PYTHON) docs/architecture_diagram.py
 
 bench: install
 	sh bench/install-peers.sh

@@ -1,4 +1,5 @@
-"""A local SparkSession set up as ../shared/SPARK.md found reliable on small machines.
+"""A local SparkSession set up to be quiet, offline and reliable on small machines: what each
+setting is for is in docs/ANALYTICS.md, "The local session".
 
 `local_session()` is for the nightly job run on one machine and for tests; on a cluster,
 spark-submit makes the session and `analytics/nightly.py` only registers the data source.

@@ -1,9 +1,9 @@
 """The shard family's shared state: who owns a partition, the partition table in shared
 memory, and the channel between shards.
 
-eventlog serve --processes N runs N shard processes over one data dir (DESIGN.md, "Using
-every core"). Every partition has one owner shard (owner_of), its single writer. The others
-read its files directly and learn how far they may read from the partition table: a file in
+eventlog serve --processes N runs N shard processes over one data dir (docs/ARCHITECTURE.md,
+"The paths", each at N shards). Every partition has one owner shard (owner_of), its single
+writer. The others read its files directly and learn how far they may read from the partition table: a file in
 the family's private run dir, mapped by every shard, holding per partition its high
 watermark, log start offset, active segment (base offset, readable end) and a generation
 that moves whenever its segment list changes. Wake-ups, forwarded appends and everything

@@ -1,8 +1,30 @@
 """kafka-python (pinned) as an independent encoder and decoder of v2 record batches.
 
-Gotchas handled here (see ../shared/KAFKA-FORMAT.md): the builder writes baseOffset 0 and
-leader epoch 0, never sets LogAppendTime, silently falls back to no compression when that is
-not smaller, and iteration does not check CRCs.
+What kafka-python 3.0.12 does that a test must know (checked against its record codec; the
+version is pinned in pyproject.toml because its kafka.record modules are internal):
+
+1. The builder never writes the base offset: it packs baseOffset 0 and partitionLeaderEpoch 0,
+   and the offset given to append() becomes the record's offsetDelta. build_batch patches bytes
+   0-7 afterwards; neither field is covered by the CRC, so no CRC is recomputed.
+2. The builder never sets the timestamp type (CreateTime, attribute bit 3 clear). For
+   LogAppendTime, build_batch sets bit 3 and maxTimestamp and recomputes the CRC (attributes
+   are inside it). On read, kafka-python reports every record's timestamp as maxTimestamp for
+   LogAppendTime batches, as Java does.
+3. A timestamp must be an int (a float raises TypeError); None means now.
+4. Compression falls back silently: if the compressed records are not smaller, the batch is
+   written uncompressed (attributes & 7 == 0). Check the attributes, not what was asked for.
+5. Iteration never checks the CRC: decode_all calls validate_crc() before iterating (it asserts
+   the batch has not been decompressed yet). v2 records have no CRC of their own.
+6. A torn tail is silent: MemoryRecords stops before a trailing partial batch without an error,
+   so decode_all compares valid_bytes() with the length. A zero-filled tail (length 0) raises
+   CorruptRecordError from next_batch() instead.
+7. Header keys must be str (the builder encodes them as UTF-8); header values bytes or None.
+8. The builder refuses (returns None) a record after the first that would pass batch_size:
+   build_batch passes a huge batch_size.
+9. Attribute bit 6 (hasDeleteHorizonMs, set by compaction) is ignored; when it is set,
+   baseTimestamp is the delete horizon, so baseTimestamp + timestampDelta is not the
+   producer's timestamp.
+10. next_batch() also accepts magic 0 and 1 (legacy) batches: decode_all asserts magic == 2.
 """
 
 from __future__ import annotations

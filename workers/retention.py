@@ -15,7 +15,7 @@ segment that does not qualify:
 The order is Kafka's (log start offset, size, time); it matters, since a later rule starts past
 segments an earlier one took even where it would itself have stopped. Each deleted segment is
 credited to the rule that took it. Unlike Kafka, which rolls and then deletes an expired active
-segment, the active segment is never deleted (DESIGN.md).
+segment, the active segment is never deleted (docs/OPERATIONS.md, "Retention and compaction").
 
 plan_retention is pure. run_retention gathers the facts in a worker thread, plans, and hands
 the segments to PartitionLog.delete_segments, whose numbered steps (rename to .deleted, raise

@@ -178,7 +178,8 @@ def snapshot(tmp_path_factory) -> Snapshot:
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local SparkSession per pytest process, set up as ../shared/SPARK.md says."""
+    """One local SparkSession per pytest process, set up as analytics/session.py sets up its own
+    (docs/ANALYTICS.md, "The local session", says why each setting)."""
     pytest.importorskip("pyspark")
     if not Path(JAVA_HOME, "bin", "java").exists():
         pytest.skip(f"Java 17 not found at {JAVA_HOME}")

@@ -71,7 +71,7 @@ def test_produce_places_keys_like_kafka_and_fetches_them_back(client: httpx.Clie
     r = client.post("/v1/topics/t/records", json={"records": [{"key": k, "value": f"v-{k}"} for k in keys]})
     assert r.status_code == 200
     offsets = r.json()["offsets"]
-    assert [o["partition"] for o in offsets] == [0, 6, 3, 8, 4, 9]  # KAFKA-FORMAT.md vectors, 12 partitions
+    assert [o["partition"] for o in offsets] == [0, 6, 3, 8, 4, 9]  # docs/FORMAT.md's murmur2 vectors, 12 partitions
     assert [o["partition"] for o in offsets] == [partition_for_key(k.encode(), 12) for k in keys]
     for key, o in zip(keys, offsets):
         got = client.get(f"/v1/topics/t/partitions/{o['partition']}/records", params={"offset": o["offset"]}).json()

@@ -16,14 +16,15 @@ from engine.format import (
 )
 from engine.records import decode_batch, encode_batch
 
-# ../shared/KAFKA-FORMAT.md: the golden batch
+# docs/FORMAT.md, "Test vectors": the golden batch
 GOLDEN = bytes.fromhex(
     "0000000000000005 00000044 00000000 02 16c8334a 0000 00000000"
     "0000018bcfe56800 0000018bcfe56800 ffffffffffffffff ffff ffffffff 00000001"
     "24 00 00 00 06 6b6579 0a 76616c7565 02 02 68 02 31".replace(" ", "")
 )
-# Two null-key records, CRC 0x27132472. The hex in KAFKA-FORMAT.md has one stray '0' nibble
-# after lastOffsetDelta (155 hex digits for 77 bytes); this is the 77-byte batch its CRC fits.
+# Two null-key records, CRC 0x27132472 (docs/FORMAT.md, "Test vectors"). The hex first
+# written down for it had one stray '0' nibble after lastOffsetDelta (155 hex digits for 77
+# bytes); this is the 77-byte batch its CRC fits.
 TWO_NULL_KEYS = bytes.fromhex(
     "0000000000000000000000410000000002271324720000000000010000018bcfe568000000018bcfe56801"
     "ffffffffffffffffffffffffffff000000020e000000010261000e00020201026200"

@@ -1,4 +1,4 @@
-"""Kafka's default partitioner: the vectors of ../shared/KAFKA-FORMAT.md."""
+"""Kafka's default partitioner: the vectors of docs/FORMAT.md, "Kafka's default partitioner"."""
 
 from __future__ import annotations
 

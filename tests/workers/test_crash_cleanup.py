@@ -1,6 +1,7 @@
-"""Compaction and retention against real servers that die mid-pass (DESIGN.md "Retention and
-compaction", "Recovery"): a crash at any step leaves either the old or the new segments, the
-next start resolves every .cleaned/.swap/.deleted file, and what was acknowledged is still there.
+"""Compaction and retention against real servers that die mid-pass (docs/FORMAT.md, "Deletion
+and compaction file protocols", "Recovery, step by step"): a crash at any step leaves either the
+old or the new segments, the next start resolves every .cleaned/.swap/.deleted file, and what
+was acknowledged is still there.
 
 The model is what the server acknowledged: offset -> (key, value). After each crash and
 restart, a read of the whole partition over HTTP must have strictly increasing offsets, hold
