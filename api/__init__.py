@@ -58,8 +58,8 @@ def _document_problems(schema: dict[str, Any]) -> None:
     """Every error is application/problem+json (errors.py), not the application/json FastAPI
     documents for `responses={...: {"model": Problem}}`; request validation answers a Problem
     with code validation_error, not FastAPI's own HTTPValidationError; any request body may
-    meet the middleware's size and time limits (observability.py, limits.py), any GET its answer
-    time limit, and produce and fetch their quotas (quotas.py)."""
+    meet the request policy's size and time limits (policy.py), any GET its answer time limit,
+    and produce and fetch their quotas (quotas.py)."""
     problem = {"schema": {"$ref": "#/components/schemas/Problem"}}
     optional: list[dict[str, Any]] = []
     for path_item in schema.get("paths", {}).values():
@@ -67,10 +67,10 @@ def _document_problems(schema: dict[str, Any]) -> None:
             responses = operation["responses"]
             if "requestBody" in operation:
                 responses.setdefault("413", {"description": "request_too_large", "content": {PROBLEM_JSON: problem}})
-                # limits.py: a body that does not arrive within EVENTLOG_REQUEST_TIMEOUT_MS
+                # policy.py: a body that does not arrive within EVENTLOG_REQUEST_TIMEOUT_MS
                 responses.setdefault("408", {"description": "request_timeout", "content": {PROBLEM_JSON: problem}})
             if method == "get" and operation.get("operationId") not in ("streamRecords", "streamKeyRecords"):
-                # limits.py: a GET that has not started its answer within EVENTLOG_REQUEST_TIMEOUT_MS
+                # policy.py: a GET that has not started its answer within EVENTLOG_REQUEST_TIMEOUT_MS
                 if "503" in responses:
                     responses["503"]["description"] += "; request_timeout: no answer in time"
                 else:

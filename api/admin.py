@@ -11,6 +11,7 @@ from engine.errors import LogClosedError
 from .auth import Admin
 from .deps import Engine
 from .errors import ApiError
+from .policy import PolicyRoute
 from .schemas import (
     CompactionPartition,
     CompactionRun,
@@ -20,7 +21,7 @@ from .schemas import (
     RetentionRun,
 )
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=PolicyRoute)
 
 _problems: dict[int | str, dict[str, Any]] = {
     400: {"model": Problem, "description": "invalid_json"},

@@ -28,12 +28,13 @@ the prefixes cover: /v1/groups lists the groups a token's group prefixes cover t
 offsets committed on a topic its topic prefixes cover.
 
 Every request but GET /healthz needs `Authorization: Bearer <token>` when the file is set:
-401 `unauthorized` without a valid one (authentication happens in the middleware), 403
-`forbidden` when the role or the prefixes do not cover the request (route dependencies).
+401 `unauthorized` without a valid one, 403 `forbidden` when the role or the prefixes do not
+cover the request: both checked by the request policy (api/policy.py) before a route's handler
+runs, the right being the one the route declares with its require() dependency.
 Without an auth file every request acts as an anonymous admin.
 
 The file is reloaded while the server runs (AuthFileWatcher): a valid new version replaces the
-whole token table at once, in the one Authenticator the middleware and the hot lane share; a
+whole token table at once, in the one Authenticator the request policy holds (api/policy.py); a
 version that cannot be read or is invalid leaves the table as it was (and is logged), so a
 mistake never locks everyone out nor opens the server. Requests already authenticated (an open
 event stream, a long-poll) keep the principal they started with.
@@ -309,6 +310,7 @@ def require(action: str) -> Callable[..., Principal]:
     ) -> Principal:
         return authorize(request, action)
 
+    check.eventlog_right = action  # type: ignore[attr-defined]  # the policy checks it first (api/policy.py)
     return check
 
 

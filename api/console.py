@@ -20,6 +20,8 @@ import anyio
 from fastapi import APIRouter, HTTPException
 from starlette.responses import RedirectResponse, Response
 
+from .policy import PolicyRoute
+
 ASSETS_PREFIX = "/console/assets"
 PUBLIC_PATHS = frozenset({"/", "/console", "/console/"})  # with ASSETS_PREFIX/*: open even with auth on
 _DIR = Path(__file__).parent / "console_assets"
@@ -40,7 +42,7 @@ _HEADERS = {
     "Cache-Control": "no-cache",  # the page names its assets; a new version is fetched at once
 }
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, route_class=PolicyRoute)
 _loaded: dict[str, bytes] = {}
 
 

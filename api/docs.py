@@ -21,6 +21,8 @@ from fastapi import APIRouter, HTTPException
 from fastapi.openapi.docs import get_swagger_ui_oauth2_redirect_html
 from starlette.responses import HTMLResponse, Response
 
+from .policy import PolicyRoute
+
 ASSETS_PREFIX = "/static/docs"
 PUBLIC_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc"})  # open even with auth on
 
@@ -38,7 +40,7 @@ ASSETS = {
     "favicon.png": "image/png",
 }
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, route_class=PolicyRoute)
 
 _TOKEN_BAR = """<div id="eventlog-token" style="font: 14px sans-serif; padding: 8px 16px; background: #f4f4f4;
  border-bottom: 1px solid #ddd">

@@ -214,6 +214,10 @@ async def _api_handler(_request: Request, exc: Exception) -> Response:
 
 async def _validation_handler(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
+    return validation_problem(exc)
+
+
+def validation_problem(exc: RequestValidationError) -> Response:
     invalid_json = next((err for err in exc.errors() if err.get("type") == "json_invalid"), None)
     if invalid_json is not None:  # a body that is not JSON: as produce answers it
         reason = (invalid_json.get("ctx") or {}).get("error") or invalid_json.get("msg", "invalid JSON")
@@ -229,6 +233,10 @@ async def _validation_handler(_request: Request, exc: Exception) -> Response:
 
 async def _http_handler(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
+    return http_problem(exc, _request.app, _request.scope)
+
+
+def http_problem(exc: StarletteHTTPException, app: Any, scope: dict[str, Any]) -> Response:
     codes = {
         400: "invalid_json",  # FastAPI: a JSON body it cannot decode (a BOM, then bytes that are not UTF-8)
         404: "not_found", 405: "method_not_allowed", 406: "not_acceptable", 413: "request_too_large", 415: "unsupported_media_type",
@@ -237,10 +245,25 @@ async def _http_handler(_request: Request, exc: Exception) -> Response:
     response = problem(exc.status_code, code, str(exc.detail))
     if exc.headers:
         response.headers.update(exc.headers)
-    if exc.status_code == 405:
+    if exc.status_code == 405 and app is not None:
         # every method some route of this path takes (Starlette names only the first route's)
-        response.headers["Allow"] = ", ".join(allowed_methods(_request.app, _request.scope))
+        response.headers["Allow"] = ", ".join(allowed_methods(app, scope))
     return response
+
+
+def problem_for(exc: Exception, state: Any, scope: dict[str, Any]) -> Response:
+    """The one mapping, for code that answers an exception itself (api/policy.py): what the
+    exception handlers below answer; anything unexpected is logged and answers 500."""
+    if isinstance(exc, ApiError):
+        return problem(exc.status, exc.code, exc.detail, headers=exc.headers, **exc.extra)
+    if isinstance(exc, e.EngineError):
+        return engine_problem(exc, ServerPaths.for_state(state))
+    if isinstance(exc, RequestValidationError):
+        return validation_problem(exc)
+    if isinstance(exc, StarletteHTTPException):
+        return http_problem(exc, scope.get("app"), scope)
+    logger.error("%s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)
+    return problem(500, "internal_error", "internal error")
 
 
 def allowed_methods(app: Any, scope: dict[str, Any]) -> list[str]:

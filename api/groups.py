@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -12,9 +11,10 @@ from starlette.responses import Response
 from .auth import Describer, GroupMember, principal_of
 from .deps import Engine
 from .errors import ApiError
+from .policy import PolicyRoute
 from .schemas import CommittedGroupOffset, GroupList, GroupOffsets, GroupOffsetsCommit, Problem
 
-router = APIRouter(prefix="/v1/groups", tags=["groups"])
+router = APIRouter(prefix="/v1/groups", tags=["groups"], route_class=PolicyRoute)
 
 _problems: dict[int | str, dict[str, Any]] = {
     400: {"model": Problem, "description": "invalid_request (group id)"},

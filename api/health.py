@@ -11,10 +11,11 @@ from starlette.responses import Response
 from .auth import ROLES, Monitor, Principal
 from .errors import problem
 from .metrics_merge import merge_expositions
+from .policy import PolicyRoute
 from .schemas import Problem, ServerInfo, Status, WhoAmI
 
-router = APIRouter(tags=["health"])
-server_router = APIRouter(tags=["server"])
+router = APIRouter(tags=["health"], route_class=PolicyRoute)
+server_router = APIRouter(tags=["server"], route_class=PolicyRoute)
 
 
 @router.get("/healthz", operation_id="getHealth", response_model=Status, summary="The process is serving")

@@ -24,12 +24,13 @@ import orjson
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response, StreamingResponse
 
-from engine.errors import LogClosedError, OffsetOutOfRangeError, StorageError
+from engine.errors import LogClosedError, OffsetOutOfRangeError
 from engine.partitioner import partition_for_key
 
 from .auth import Reader, Writer
 from .deps import Engine
 from .errors import ApiError, ServerPaths
+from .policy import PolicyRoute
 from .records import (
     DROPPED_HEADER_DOC,
     IDEMPOTENCY_KEY_DOC,
@@ -42,12 +43,12 @@ from .records import (
     dropped_events,
     dropped_headers,
     dropped_json,
-    error_event,
     produce_service,
 )
 from .schemas import Format, KeyProduceResponse, KeyRecordsResponse, Problem
+from .sse import EventStreamResponse
 
-router = APIRouter(prefix="/v1/topics", tags=["keys"])
+router = APIRouter(prefix="/v1/topics", tags=["keys"], route_class=PolicyRoute)
 
 STREAM_PAGE_RECORDS = 500
 STREAM_PAGE_BYTES = 1024 * 1024
@@ -240,47 +241,57 @@ async def stream_key_records(
         after = log.high_watermark - 1
     if after >= log.high_watermark:
         raise OffsetOutOfRangeError(after + 1, log.log_start_offset, log.high_watermark)
-    compacted = log.config.compact
-    kf, vf = key_format.value, value_format.value
-    metrics = request.app.state.metrics
-    paths = ServerPaths.of(request)
     await log.read_key(data, after, 1, 1)  # the key index is on: 409 now, not in the stream
+    state = request.app.state
+    events = _KeyEvents(engine, log, topic, data, after, key_format.value, value_format.value, state.metrics.fetched_records.labels(topic))
+    return EventStreamResponse(events, state.policy, ServerPaths.of(request))
 
-    async def events():
-        nonlocal after
-        yield b": streaming " + f"{topic} key from offset {after + 1} (partition {log.partition})".encode() + b"\n\n"
-        while True:
-            await anyio.lowlevel.checkpoint()
-            try:
-                if engine.stopping or log.waiting_stopped:
-                    raise LogClosedError(log.name)
-                log.check_open()
-                page = await log.read_key(data, after, STREAM_PAGE_RECORDS, STREAM_PAGE_BYTES)
-            except (ApiError, OffsetOutOfRangeError, StorageError, LogClosedError) as exc:
-                yield error_event(exc, after + 1, paths)
-                return
-            dropped = log.dropped_in(after + 1, page.next_after)
-            if dropped:
-                yield dropped_events(dropped)
-            if page.records:
-                metrics.fetched_records.labels(topic).inc(len(page.records))
-                out = []
-                for record in _records_json(page.records, kf, vf):
-                    out.append(b"id: %d\nevent: record\ndata: %s\n\n" % (record["offset"], orjson.dumps(record)))
-                    if compacted and record["value"] is None:
-                        out.append(b"event: end\ndata: " + orjson.dumps({"offset": record["offset"], "reason": "tombstone"}) + b"\n\n")
-                        yield b"".join(out)
-                        return
-                yield b"".join(out)
-            after = page.next_after
-            if page.more:
-                continue
-            try:
-                ready = await log.wait_for_data(after + 1, SSE_KEEPALIVE_S)
-            except LogClosedError as exc:
-                yield error_event(exc, after + 1, paths)
-                return
-            if not ready:
-                yield b": keepalive\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+class _KeyEvents:
+    """One key's records as events (a source of api/sse.py's core), after offset `after`; on a
+    compacted topic a tombstone ends the stream with an `end` event."""
+
+    def __init__(self, engine: Any, log: Any, topic: str, data: bytes, after: int, kf: str, vf: str, fetched: Any) -> None:
+        self.engine = engine
+        self.log = log
+        self.data = data
+        self.after = after
+        self.kf = kf
+        self.vf = vf
+        self.fetched = fetched
+        self.compacted = log.config.compact
+        self.first = b": streaming " + f"{topic} key from offset {after + 1} (partition {log.partition})".encode() + b"\n\n"
+        self._wait = False  # the last page was the end: wait for more before reading again
+        self._ended = False  # a tombstone was sent: the stream is over
+
+    @property
+    def position(self) -> int:
+        return self.after + 1
+
+    async def next(self, _stream: Any) -> bytes | None:
+        log = self.log
+        if self._ended:
+            return None
+        if self._wait:
+            self._wait = False
+            if not await log.wait_for_data(self.after + 1, SSE_KEEPALIVE_S):
+                return b""
+        if self.engine.stopping or log.waiting_stopped:
+            raise LogClosedError(log.name)
+        log.check_open()
+        page = await log.read_key(self.data, self.after, STREAM_PAGE_RECORDS, STREAM_PAGE_BYTES)
+        out = []
+        dropped = log.dropped_in(self.after + 1, page.next_after)
+        if dropped:
+            out.append(dropped_events(dropped))
+        if page.records:
+            self.fetched.inc(len(page.records))
+            for record in _records_json(page.records, self.kf, self.vf):
+                out.append(b"id: %d\nevent: record\ndata: %s\n\n" % (record["offset"], orjson.dumps(record)))
+                if self.compacted and record["value"] is None:
+                    out.append(b"event: end\ndata: " + orjson.dumps({"offset": record["offset"], "reason": "tombstone"}) + b"\n\n")
+                    self._ended = True
+                    return b"".join(out)
+        self.after = page.next_after
+        self._wait = not page.more
+        return b"".join(out)

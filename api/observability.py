@@ -1,16 +1,9 @@
-"""The ASGI middleware every request passes: body limit, authentication, metrics, access log.
+"""Metrics and the access log.
 
-One pure ASGI layer (no BaseHTTPMiddleware, which would buffer streaming responses):
-
-1. A declared Content-Length above max_request_bytes: 413 `request_too_large` at once; a
-   chunked body is counted as it is read and refused the same way when it passes the limit
-   (limits.RequestRefused, so FastAPI's own body parsing does not turn it into a 400).
-2. With an auth file, every path but /healthz needs a valid bearer token (401 otherwise); the
-   principal goes to request.state for the routes' authorization checks.
-3. Meanwhile the request counts in eventlog_http_requests_in_flight (open long-polls and event
-   streams included); afterwards: eventlog_http_requests_total and _request_duration_seconds
-   by route template, method and status, and one JSON access-log line on the eventlog.access
-   logger.
+The request policy (api/policy.py) counts every request in eventlog_http_requests_in_flight
+(open long-polls and event streams included) and afterwards in eventlog_http_requests_total and
+_request_duration_seconds by route template, method and status, and leaves one JSON access-log
+line on the eventlog.access logger (AccessLog).
 
 Metrics (prometheus-client, one registry per app) also cover the engine: group-commit sizes
 and fsync latency via the log manager's hooks, produce/fetch counters from the routes, and
@@ -25,7 +18,6 @@ import logging
 import os
 import platform
 import random
-import time
 from typing import Any
 
 import orjson
@@ -40,16 +32,10 @@ from prometheus_client import (
     disable_created_metrics,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.commits import CommitBatcher, batcher_for
 from engine.groups import GroupOffsets
 from engine.shards import CRASH_LOOP
-
-from . import console, docs
-from .auth import Authenticator
-from .errors import ApiError, problem
-from .limits import RequestRefused
 
 access_logger = logging.getLogger("eventlog.access")
 
@@ -96,7 +82,7 @@ class Metrics:
         for kind in ("produce", "fetch"):
             self.throttled.labels(kind)
         self.fsync = Histogram("eventlog_fsync_seconds", "fdatasync latency of group commits", buckets=FSYNC_BUCKETS, registry=r)
-        self.in_flight = 0  # requests being handled; the middleware counts them on the event loop
+        self.in_flight = 0  # requests being handled; the request policy counts them on the event loop
         r.register(_InFlightCollector(self))
         r.register(_StreamCollector())
         self._engine: Any = None
@@ -282,16 +268,6 @@ def _group_lag(engine: Any, lag: GaugeMetricFamily) -> None:
         lag.add_metric([group, topic, str(partition)], max(0, high_watermark - c.offset))
 
 
-def _public(path: str) -> bool:
-    """Paths open even with an auth file: the health check, the documents' and the console's
-    pages and assets (api/docs.py, api/console.py; they hold no data: the OpenAPI document and
-    everything the console shows need a token)."""
-    return (
-        path == "/healthz" or path in docs.PUBLIC_PATHS or path.startswith(docs.ASSETS_PREFIX + "/")
-        or path in console.PUBLIC_PATHS or path.startswith(console.ASSETS_PREFIX + "/")
-    )
-
-
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -386,105 +362,3 @@ class AccessLog:
                     "principal": principal,
                 }).decode()
             )
-
-
-class ObservabilityMiddleware:
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        metrics: Metrics,
-        authenticator: Authenticator | None,
-        max_request_bytes: int,
-        access_log: AccessLog,
-    ) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.authenticator = authenticator
-        self.max_request_bytes = max_request_bytes
-        self.access_log = access_log
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-        sent = 0
-        principal_name = "anonymous"
-        self.metrics.in_flight += 1
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status, sent
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            elif message["type"] == "http.response.body":
-                sent += len(message.get("body", b""))
-            await send(message)
-
-        try:
-            rejection = self._reject_early(scope)
-            if rejection is not None:
-                await rejection(scope, receive, send_wrapper)
-                return
-            if self.authenticator is not None and not _public(scope["path"]):
-                try:
-                    principal = self.authenticator.authenticate(_header(scope, b"authorization"))
-                except ApiError as exc:
-                    await problem(exc.status, exc.code, exc.detail, headers=exc.headers)(scope, receive, send_wrapper)
-                    return
-                scope.setdefault("state", {})["principal"] = principal
-                principal_name = principal.name
-            await self.app(scope, self._limited(receive), send_wrapper)
-        finally:
-            self.metrics.in_flight -= 1
-            elapsed = time.perf_counter() - started
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            method = scope["method"]
-            self.metrics.requests.labels(route, method, str(status)).inc()
-            self.metrics.latency.labels(route, method).observe(elapsed)
-            self.access_log.add(
-                method, scope["path"], scope.get("query_string", b""), route, status, elapsed, sent,
-                scope.get("client"), principal_name,
-            )
-
-    def _reject_early(self, scope: Scope):  # noqa: ANN202
-        length = _header(scope, b"content-length")
-        if length is not None:
-            try:
-                declared = int(length)
-            except ValueError:
-                return problem(400, "invalid_request", "Content-Length is not a number")
-            if declared > self.max_request_bytes:
-                return problem(
-                    413, "request_too_large",
-                    f"request body of {declared} bytes exceeds the limit of {self.max_request_bytes}",
-                    headers={"Connection": "close"}, limit=self.max_request_bytes,
-                )
-        return None
-
-    def _limited(self, receive: Receive) -> Receive:
-        limit = self.max_request_bytes
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise RequestRefused(
-                        413, "request_too_large", f"request body exceeds the limit of {limit} bytes",
-                        headers={"Connection": "close"}, limit=limit,
-                    )
-            return message
-
-        return limited
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return value.decode("latin-1")
-    return None
-

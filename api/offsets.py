@@ -15,6 +15,7 @@ from engine.shards import owner_of
 from .auth import Admin, Describer, Reader
 from .deps import Engine, refuse_internal
 from .errors import ApiError
+from .policy import PolicyRoute
 from .schemas import (
     DeleteRecordsRequest,
     DeleteRecordsResponse,
@@ -26,7 +27,7 @@ from .schemas import (
     SegmentList,
 )
 
-router = APIRouter(prefix="/v1/topics/{topic}/partitions/{partition}", tags=["offsets"])
+router = APIRouter(prefix="/v1/topics/{topic}/partitions/{partition}", tags=["offsets"], route_class=PolicyRoute)
 
 _problems: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "unauthorized"},

@@ -9,7 +9,8 @@ it must stay quiet for the rate to fall back to the quota:
 
     throttle_ms = (rate - quota) / quota * window_ms
 
-What is counted (QuotaMiddleware, a pure ASGI layer inside the authentication middleware):
+What is counted (by the request policy, api/policy.py, for the routes request_kind names at
+registration, the hot lane's included):
 
     produce   request body bytes of POST .../records (the produce operations, per-key appends too)
     fetch     response body bytes of GET .../partitions/{p}/records and .../records/stream, and
@@ -34,12 +35,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import anyio
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from .auth import ANONYMOUS_ADMIN, Principal
-from .errors import ApiError, problem
-from .responses import ZEROCOPY
+from .auth import Principal
+from .errors import ApiError
 
 PRODUCE = "produce"
 FETCH = "fetch"
@@ -47,7 +44,6 @@ KINDS = (PRODUCE, FETCH)
 
 _PRODUCE_PATH = re.compile(r"^/v1/topics/[^/]+/(?:partitions/[^/]+/|keys/.*/)?records$")
 _FETCH_PATH = re.compile(r"^/v1/topics/[^/]+/(?:partitions/[^/]+|keys/.*)/records(?:/stream)?$")
-_STREAM_SUFFIX = "/records/stream"
 
 
 def request_kind(method: str, path: str) -> str | None:
@@ -177,60 +173,3 @@ def over_quota(quotas: QuotaManager, principal: Principal, kind: str, throttle: 
         headers={"Retry-After": str(seconds)},
         throttle_time_ms=math.ceil(throttle), quota_bytes_per_sec=quota, kind=kind,
     )
-
-
-class QuotaMiddleware:
-    """Refuses over-quota produce and fetch requests (429) and records their bytes."""
-
-    def __init__(self, app: ASGIApp, *, quotas: QuotaManager, metrics: object) -> None:
-        self.app = app
-        self.quotas = quotas
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = request_kind(scope.get("method", ""), scope.get("path", "")) if scope["type"] == "http" else None
-        if kind is None:
-            await self.app(scope, receive, send)
-            return
-        principal: Principal = scope.get("state", {}).get("principal", ANONYMOUS_ADMIN)
-        quotas = self.quotas
-        if quotas.quota(principal, kind) is None:
-            await self.app(scope, receive, send)
-            return
-        throttle = quotas.throttle_ms(principal, kind)
-        if throttle > 0:
-            self.metrics.throttled.labels(kind).inc()  # type: ignore[attr-defined]
-            exc = over_quota(quotas, principal, kind, throttle)
-            await problem(exc.status, exc.code, exc.detail, headers=exc.headers, **exc.extra)(scope, receive, send)
-            return
-        if kind == PRODUCE:
-            received = 0
-
-            async def counting_receive() -> Message:
-                nonlocal received
-                message = await receive()
-                if message["type"] == "http.request":
-                    received += len(message.get("body", b""))
-                return message
-
-            try:
-                await self.app(scope, counting_receive, send)
-            finally:
-                quotas.record(principal, kind, received)
-            return
-        streaming = scope["path"].endswith(_STREAM_SUFFIX)
-
-        async def counting_send(message: Message) -> None:
-            kind_of_message = message["type"]
-            if kind_of_message in ("http.response.body", ZEROCOPY):
-                size = len(message.get("body", b"")) if kind_of_message == "http.response.body" else message["count"]
-                if streaming:
-                    # an open stream is slowed, not refused: wait out the throttle first
-                    throttle = quotas.throttle_ms(principal, kind)
-                    if throttle > 0:
-                        self.metrics.throttled.labels(kind).inc()  # type: ignore[attr-defined]
-                        await anyio.sleep(throttle / 1000)
-                quotas.record(principal, kind, size)
-            await send(message)
-
-        await self.app(scope, receive, counting_send)

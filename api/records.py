@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio
 import orjson
@@ -36,10 +37,11 @@ from . import formats
 from .auth import Principal, Reader, Writer, authorize
 from .deps import Engine, get_engine
 from .errors import ApiError, ServerPaths
+from .policy import PolicyRoute
 from .responses import FileRangeResponse, PartsResponse
-from .schemas import FetchResponse, Format, PartitionProduceResponse, ProduceResponse, Problem
+from .schemas import FetchResponse, Format, PartitionProduceResponse, Problem, ProduceResponse
 
-router = APIRouter(prefix="/v1/topics", tags=["records"])
+router = APIRouter(prefix="/v1/topics", tags=["records"], route_class=PolicyRoute)
 T = TypeVar("T")
 
 RECORD_BATCH_MEDIA_TYPE = "application/vnd.kafka.record-batch.v2"
@@ -529,48 +531,13 @@ async def stream(
     value_format: Format = Format.string,
     last_event_id: int | None = Header(None, ge=-1, description="resume after this offset (sent by EventSource on reconnect)"),
 ) -> StreamingResponse:
+    from .sse import EventStreamResponse, PartitionEvents  # (sse.py builds on this module)
+
     log = engine.partition(topic, partition)
     offset = stream_start(log, offset, last_event_id)
-    kf, vf = key_format.value, value_format.value
-    metrics = request.app.state.metrics
-
-    position = offset
-    from .tail import TAILS  # (tail.py builds on this module)
-
-    async def next_chunk() -> bytes:
-        """The next records as events, or a keep-alive comment after SSE_KEEPALIVE_S without
-        any; raises LogClosedError once the topic is deleted or the server shuts down."""
-        nonlocal position
-        if engine.stopping or log.waiting_stopped:
-            raise LogClosedError(log.name)
-        log.check_open()
-        if position >= log.high_watermark and not await log.wait_for_data(position, SSE_KEEPALIVE_S):
-            return b": keepalive\n\n"
-        chunk = await TAILS.chunk(log, position, kf, vf)  # read and encoded once for all its subscribers
-        metrics.fetched_records.labels(topic).inc(chunk.records)
-        position = chunk.next_offset
-        return chunk.events
-
-    paths = ServerPaths.of(request)
-
-    async def events():
-        yield b": streaming " + f"{topic}/{partition} from offset {position}".encode() + b"\n\n"
-        while True:
-            # uvicorn's send returns without suspending while the socket takes the bytes: every
-            # round must give the loop a turn, or a stream that always has something to send
-            # holds it
-            await anyio.lowlevel.checkpoint()
-            try:
-                chunk = await next_chunk()
-            except (ApiError, OffsetOutOfRangeError, StorageError, LogClosedError) as exc:
-                # retention passed us, bytes the format cannot show, a failed read, the topic
-                # deleted, shutdown: say why, then end the stream
-                yield error_event(exc, position, paths)
-                return
-            if chunk:
-                yield chunk
-
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    state = request.app.state
+    events = PartitionEvents(engine, log, offset, key_format.value, value_format.value, state.metrics.fetched_records.labels(topic))
+    return EventStreamResponse(events, state.policy, ServerPaths.of(request))
 
 
 # -- the hot routes without FastAPI's per-request machinery ----------------------------------------
@@ -581,10 +548,9 @@ async def stream(
 # fetch (docs/PERFORMANCE.md). A fast route takes a request only when it reads every parameter
 # as FastAPI would without converting anything (plain decimal digits within the documented
 # bounds, a format by its name); any other request goes on to the documented route, which
-# answers as before (422 validation_error and all). The middleware (authentication, limits,
-# quotas, metrics by route template, the access log) and the error handlers are the same, and
-# the checks the dependencies made (the engine open, the principal's rights) are made by the
-# same functions.
+# answers as before (422 validation_error and all). The request policy (api/policy.py: limits,
+# authentication, quotas, the engine open, the principal's rights, metrics by route template,
+# the access log, problem mapping) is the same, wrapped around both routes alike.
 
 _FETCH_QUERY = {  # name -> (lowest, highest); None: a format
     "offset": (0, None), "max_records": (1, 100_000), "max_bytes": (1, 64 * 1024 * 1024), "max_wait_ms": (0, 300_000),
@@ -606,6 +572,10 @@ def _plain_int(text: str, low: int, high: int | None) -> int | None:
 class _FastRoute(Route):
     """A route for the requests `parse(scope, path_params)` reads (it returns their parameters,
     or None to leave the request to the documented route after this one)."""
+
+    # what the request policy checks first (api/policy.py): a read, of the engine's data
+    eventlog_right = "read"
+    eventlog_engine = True
 
     def __init__(self, path: str, method: str, endpoint: Callable[..., Any], parse: Callable[[Scope, dict[str, Any]], dict[str, Any] | None]) -> None:
         super().__init__(path, endpoint, methods=[method], include_in_schema=False)

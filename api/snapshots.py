@@ -14,9 +14,10 @@ from engine.metadata import INTERNAL_TOPICS
 from .auth import Admin
 from .deps import Engine
 from .errors import ServerPaths
+from .policy import PolicyRoute
 from .schemas import Problem, Snapshot, SnapshotList, SnapshotRequest
 
-router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"])
+router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"], route_class=PolicyRoute)
 
 _problems: dict[int | str, dict[str, Any]] = {
     400: {"model": Problem, "description": "invalid_json"},

@@ -14,9 +14,10 @@ from engine.metadata import INTERNAL_TOPICS
 
 from .auth import Admin, Describer, principal_of
 from .deps import Engine
+from .policy import PolicyRoute
 from .schemas import ConfigValue, PartitionInfo, Problem, Topic, TopicCreate, TopicDetail, TopicList, TopicSummary
 
-router = APIRouter(prefix="/v1/topics", tags=["topics"])
+router = APIRouter(prefix="/v1/topics", tags=["topics"], route_class=PolicyRoute)
 
 _problems: dict[int | str, dict[str, Any]] = {
     400: {"model": Problem, "description": "invalid_request (an internal topic)"},

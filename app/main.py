@@ -15,9 +15,10 @@ from api import install_routes
 from api.auth import Authenticator, AuthFileWatcher
 from api.errors import allowed_methods
 from api.lane import HotLane
-from api.limits import LimitsMiddleware
-from api.observability import AccessLog, Metrics, ObservabilityMiddleware
-from api.quotas import QuotaManager, QuotaMiddleware
+from api.observability import AccessLog, Metrics
+from api.policy import Policy
+from api.quotas import QuotaManager
+from api.tail import TRANSPORT_SCOPE_KEY
 
 from .lifespan import make_lifespan
 from .settings import Settings
@@ -29,7 +30,8 @@ _CORS_DONE = "eventlog.cors"  # a request the CORS middleware has seen (it calls
 
 
 class EventlogApp(FastAPI):
-    """FastAPI with the hot lane (api/lane.py) ahead of its middleware stack."""
+    """FastAPI with the hot lane (api/lane.py) ahead of its router. Every route, the lane's
+    handlers included, runs under one request policy (api/policy.py), applied per route here."""
 
     lane: HotLane | None = None
     cors: ASGIApp | None = None  # CORSMiddleware around everything (hot lane included), if configured
@@ -80,7 +82,8 @@ class EventlogApp(FastAPI):
                 answered = True
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        await super().__call__({**scope, "method": "GET"}, head_receive, head_send)
+        # (no transport: an event stream must not be parked with the pusher, which writes past head_send)
+        await super().__call__({**scope, "method": "GET", TRANSPORT_SCOPE_KEY: None}, head_receive, head_send)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -115,20 +118,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.peer_metrics = None  # a shard of a family: the other shards' /metrics (lifespan)
     app.state.auth_watcher = watcher
     install_routes(app)
-    # the last added runs first: body limit and authentication, then time limits, then quotas
     quotas = QuotaManager(settings.quota_config())
     app.state.quotas = quotas
-    app.add_middleware(QuotaMiddleware, quotas=quotas, metrics=metrics)
-    app.add_middleware(LimitsMiddleware, request_timeout_ms=settings.request_timeout_ms)
     access_log = AccessLog(settings.access_log, settings.access_log_sample)
     app.state.access_log = access_log
-    app.add_middleware(
-        ObservabilityMiddleware,
-        metrics=metrics,
-        authenticator=authenticator,
-        max_request_bytes=settings.max_request_bytes,
-        access_log=access_log,
+    # one policy (limits, authentication, quotas, the engine's state, rights, metrics, the access
+    # log, problem mapping) wrapped around each route's handler, and used by the hot lane: no
+    # middleware of ours (CORS, below, answers preflights for every path, the lane's included)
+    policy = Policy(
+        app.state, metrics=metrics, authenticator=authenticator, quotas=quotas, access_log=access_log,
+        max_request_bytes=settings.max_request_bytes, request_timeout_ms=settings.request_timeout_ms,
     )
+    app.state.policy = policy
+    policy.apply(app)
     if settings.cors_origins:
         app.cors = CORSMiddleware(
             app, allow_origins=list(settings.cors_origins), allow_methods=["GET", "HEAD", "POST", "PATCH", "DELETE"],
@@ -137,11 +139,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                             "Eventlog-Dropped-Offsets", "Retry-After", "Allow"],
             max_age=600,
         )
-    app.lane = HotLane(
-        app, metrics=metrics, authenticator=authenticator, quotas=quotas, access_log=access_log,
-        max_request_bytes=settings.max_request_bytes, request_timeout_ms=settings.request_timeout_ms,
-        max_inflated_bytes=settings.max_inflated_bytes_per_request,
-    )
+    app.lane = HotLane(app, policy, max_inflated_bytes=settings.max_inflated_bytes_per_request)
     return app
 
 

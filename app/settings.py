@@ -114,7 +114,7 @@ class Settings(BaseSettings):
         description="most bytes the compressed batches of one raw produce request may inflate to while their records "
         "are checked (413 request_too_large past it); default: 64 x Kafka's default max.message.bytes",
     )
-    # -- limits and quotas (api/limits.py, api/quotas.py, app/server.py) --
+    # -- limits and quotas (api/policy.py, api/quotas.py, app/server.py) --
     request_timeout_ms: int = Field(
         30_000, ge=100, description="time to receive a request's body; for GETs also to start the answer "
         "(long-polls: plus max_wait_ms; event streams exempt); a response the client does not read for this long is dropped",

@@ -190,3 +190,92 @@ def test_the_access_log_has_a_line_per_request_soon_after(app_factory, tmp_path,
     lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "eventlog.access"]
     assert [(x["method"], x["route"], x["status"]) for x in lines] == expected
     assert all(x["ms"] >= 0 and x["principal"] == "anonymous" for x in lines)
+
+
+# -- the same policy on both paths: auth, quotas, limits, event streams -------------------------
+
+_TOKENS = {"tokens": [
+    {"name": "ops", "token": "admin-token-1", "role": "admin"},
+    {"name": "reader", "token": "reader-token-1", "role": "consumer", "topics": ["t"]},
+    {"name": "other", "token": "other-token-1", "role": "producer", "topics": ["u"]},
+    {"name": "slow", "token": "slow-token-1", "role": "admin", "quota": {"produce_bytes_per_sec": 100, "fetch_bytes_per_sec": 100}},
+]}
+_KEPT = ("content-type", "connection", "retry-after", "www-authenticate", "cache-control", "etag")
+
+
+def _bearer(token: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def _policy_answers(server) -> list:
+    """What every step of the request policy answers, request by request (fields that change
+    from run to run left out), and the metrics' route labels."""
+    out: list = []
+    body = {"records": [{"value": "v" * 150}]}
+
+    def keep(r) -> None:
+        code = r.json().get("code") if r.headers.get("content-type", "").startswith("application/problem+json") else None
+        out.append((r.request.method, r.request.url.path, r.status_code, code, {k: r.headers[k] for k in _KEPT if k in r.headers}))
+
+    with server.client(token="admin-token-1") as c:
+        assert c.post("/v1/topics", json={"name": "t", "partitions": 1}).status_code == 201
+        assert c.post("/v1/topics/t/partitions/0/records", json={"records": [{"value": "a", "timestamp": 1}, {"value": "b", "timestamp": 2}]}).status_code == 200
+        for path in ("/v1/topics/t/records", "/v1/topics/t/partitions/0/records", "/v1/topics/t/keys/k/records"):
+            for token in (None, "nope-token-1", "reader-token-1", "other-token-1", "admin-token-1"):
+                keep(c.post(path, json=body, headers={"authorization": f"Bearer {token}"} if token else {"authorization": ""}))
+            # limits: a declared size over max_request_bytes; a chunked one that passes it
+            keep(c.post(path, content=b"x" * 2048, headers={"content-type": "application/json"}))
+            keep(c.post(path, content=iter([b"{", b" " * 1500, b"}"]), headers={"content-type": "application/json"}))
+            # quotas: the second request of a principal over its produce quota
+            keep(c.post(path, json=body, headers=_bearer("slow-token-1")))
+            keep(c.post(path, json=body, headers=_bearer("slow-token-1")))
+        stream = "/v1/topics/t/partitions/0/records/stream"
+        for token, query in ((None, "?offset=0"), ("other-token-1", "?offset=0"), ("reader-token-1", "?offset=99"),
+                             ("reader-token-1", "?offset=0"), ("admin-token-1", "?offset=0&value_format=json")):
+            with c.stream("GET", stream + query, headers=_bearer(token) if token else {"authorization": ""}) as r:
+                if r.status_code != 200:
+                    r.read()
+                    keep(r)
+                    continue
+                events = b""
+                for piece in r.iter_bytes():
+                    events += piece
+                    if events.count(b"\n\n") >= 3 or b"event: error" in events:
+                        break
+                out.append((stream + query, r.status_code, {k: r.headers[k] for k in _KEPT if k in r.headers},
+                            events.split(b"\n\n")[:3]))
+        text = c.get("/metrics").text
+    out.append(sorted(
+        line.split("{", 1)[1].split("}", 1)[0] for line in text.splitlines()
+        if line.startswith("eventlog_http_requests_total{") and "/metrics" not in line
+    ))
+    return out
+
+
+@pytest.mark.in_process_only  # patches the app's routing in this process
+def test_the_lane_and_the_routes_apply_the_same_policy(app_factory, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    auth = tmp_path / "auth.json"
+    auth.write_text(json.dumps(_TOKENS))
+    settings = {"EVENTLOG_AUTH_FILE": str(auth), "EVENTLOG_MAX_REQUEST_BYTES": "1024",
+                "EVENTLOG_QUOTA_WINDOW_NUM": "2", "EVENTLOG_QUOTA_WINDOW_SIZE_MS": "1000"}
+    taken: list[str] = []
+    lane_match = lane.HotLane.match
+
+    def lane_counting(self, scope):
+        found = lane_match(self, scope)
+        if found is not None:
+            taken.append(scope["path"])
+        return found
+
+    monkeypatch.setattr(lane.HotLane, "match", lane_counting)
+    fast = _policy_answers(app_factory(tmp_path / "fast", **settings).start(token="admin-token-1"))
+    assert len(taken) > 30 and any(p.endswith("/stream") for p in taken)
+    monkeypatch.setattr(lane.HotLane, "match", lambda self, scope: None)
+    documented = _policy_answers(app_factory(tmp_path / "documented", **settings).start(token="admin-token-1"))
+    assert len(fast) == len(documented)
+    for a, b in zip(fast, documented):
+        assert a == b
+    statuses = {x[2] for x in fast if len(x) == 5}
+    assert {401, 403, 413, 429, 200} <= statuses, statuses

@@ -22,7 +22,6 @@ import pytest
 from fastapi.routing import iter_route_contexts
 
 from api.errors import ServerPaths
-from api.limits import LimitsMiddleware
 from app.main import create_app
 from app.settings import Settings
 
@@ -499,12 +498,33 @@ async def _call_asgi(app, method: str, path: str, body: list[bytes]) -> tuple[in
 
 
 async def test_a_get_without_an_answer_in_time_is_503() -> None:
-    app = LimitsMiddleware(_never, request_timeout_ms=200)
+    app = _under_policy(_never, request_timeout_ms=200)
     status, problem = await _call_asgi(app, "GET", "/v1/topics/t/partitions/0/offsets", [b""])
     assert (status, problem["code"], problem["limit_ms"]) == (503, "request_timeout", 200)
     # a long poll gets its max_wait_ms on top, and still ends
     status, problem = await _call_asgi(app, "GET", "/v1/topics/t/partitions/0/records?max_wait_ms=100", [b""])
     assert (status, problem["code"]) == (503, "request_timeout")
+
+
+def _under_policy(inner, *, request_timeout_ms: int):
+    """`inner` wrapped in the request policy as a route of the offsets' template is."""
+    from types import SimpleNamespace
+
+    from api.observability import AccessLog, Metrics
+    from api.policy import Policy, Rule
+    from api.quotas import QuotaConfig, QuotaManager
+
+    policy = Policy(
+        SimpleNamespace(engine=None, shutting_down=False), metrics=Metrics(), authenticator=None,
+        quotas=QuotaManager(QuotaConfig()), access_log=AccessLog(False), max_request_bytes=1024,
+        request_timeout_ms=request_timeout_ms,
+    )
+    rule = Rule("/v1/topics/{topic}/partitions/{partition}/offsets", frozenset({"GET"}))
+
+    async def app(scope, receive, send):
+        await policy.serve(rule, inner, scope, receive, send)
+
+    return app
 
 
 # -- TLS ---------------------------------------------------------------------------------------
