@@ -49,7 +49,7 @@ from .log_reads import LogReads
 from .offset_index import OffsetIndex
 from .segment import LogSegment
 from .segments import LogView
-from .shards import CHANGING, SlotState
+from .shards import CHANGING, SlotState, slot_key
 from .time_index import TimeIndex
 
 if TYPE_CHECKING:
@@ -241,7 +241,7 @@ class FollowedPartition(LogReads):
         self.directory = directory
         self.config = config
         self.owner = owner
-        self.key = manager.slot_key(topic, topic_id, partition)
+        self.key = slot_key(topic, topic_id, partition)
         self._slot_index: int | None = None
         self._state: SlotState | None = None
         self._view: LogView | None = None

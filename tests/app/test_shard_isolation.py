@@ -207,7 +207,7 @@ def test_a_family_of_3_serves_the_live_shards_through_a_sigkill_and_a_sigstop_of
         probes.resume()
         wait_until(lambda: "is back after restart 1" in server.log(), timeout=60, what="the victim's restart")
         time.sleep(1)
-        assert probes.victim_answers[503] > 0, "no append met the dead shard"
+        assert probes.victim_answers[503] > 0, f"no append met the dead shard: {probes.victim_answers} {probes.bad_victim_answers[:3]}"
         after_kill = _pids_by_index(server)
         assert after_kill[0] == before[0] and after_kill[1] == before[1], "a live shard was restarted"
         # -- SIGSTOP: found silent, handed nothing, killed at the deadline, started again ---------
@@ -217,7 +217,7 @@ def test_a_family_of_3_serves_the_live_shards_through_a_sigkill_and_a_sigstop_of
         probes.resume()
         wait_until(lambda: "is back after restart 2" in server.log(), timeout=60, what="the stopped shard's replacement")
         time.sleep(1)
-        assert probes.victim_answers[503] > served_503, "no append met the stopped shard"
+        assert probes.victim_answers[503] > served_503, f"no append met the stopped shard: {probes.victim_answers} {probes.bad_victim_answers[:3]}"
     finally:
         probes.stop()
     log = server.log()
