@@ -64,7 +64,6 @@ How it is vectorised (numpy + pyarrow; no per-record Python in the common case):
 
 from __future__ import annotations
 
-import struct
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -76,6 +75,7 @@ from crc32c import crc32c
 from engine import compression
 from engine.errors import CorruptBatchError
 from engine.format import (
+    BATCH_HEADER,
     COMPRESSION_MASK,
     CONTROL_BIT,
     CRC_START,
@@ -130,7 +130,6 @@ _LOCKSTEP_RECORD_S = 5e-8
 _CANDIDATE_BYTE_S = 3e-9
 _WALK_RECORD_S = 5.5e-7
 
-_HEADER = struct.Struct(">qiibIhiqqqhii")
 _MASKS = np.array([0, 0xFF, 0xFFFF, 0xFFFFFF, 0xFFFFFFFF], dtype=np.uint32)
 
 
@@ -279,7 +278,7 @@ def _iter_groups(path: str, size_bytes: int, bounds, max_rows) -> Iterator[tuple
     start_offset, end_offset, start_ts, end_ts = bounds
     max_rows = max(1, int(max_rows))
     previous_next_offset = None
-    unpack = _HEADER.unpack_from
+    unpack = BATCH_HEADER.unpack_from
     pos = 0  # file position of the window
     window_size = _WINDOW_BYTES
     with open_input(path) as f:

@@ -48,7 +48,6 @@ import errno
 import json
 import logging
 import os
-import struct
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -65,6 +64,7 @@ from engine.format import (
     LOG_OVERHEAD,
     MAGIC_V2,
     MIN_BATCH_LENGTH,
+    OFFSET_INDEX_ENTRY,
     parse_header,
 )
 
@@ -88,7 +88,6 @@ RECOVERY_POINT = "recovery-point-offset-checkpoint"
 LOG_START = "log-start-offset-checkpoint"
 _COPY_FROM = 1 << 20  # a read starting this far into a segment copies the bytes it needs first
 _OPEN_TRIES = 3
-_INDEX_ENTRY = struct.Struct(">ii")
 
 TP = tuple[str, int]
 Offsets = dict[TP, int]
@@ -497,11 +496,11 @@ def _index_hint(fd: int, index_path: str, base: int, offset: int) -> tuple[int, 
         return 0, base
     try:
         def entry(i: int) -> tuple[int, int] | None:
-            raw = os.pread(index, 8, i * 8)
-            return _INDEX_ENTRY.unpack(raw) if len(raw) == 8 else None
+            raw = os.pread(index, OFFSET_INDEX_ENTRY.size, i * OFFSET_INDEX_ENTRY.size)
+            return OFFSET_INDEX_ENTRY.unpack(raw) if len(raw) == OFFSET_INDEX_ENTRY.size else None
 
         # entries: positions > 0 (position 0 never gets one), then zeros
-        lo, hi = 0, os.fstat(index).st_size // 8
+        lo, hi = 0, os.fstat(index).st_size // OFFSET_INDEX_ENTRY.size
         while lo < hi:
             mid = (lo + hi) // 2
             e = entry(mid)

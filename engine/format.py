@@ -31,6 +31,10 @@ adds what Kafka's LogValidator asks of a client's batch: at least one record, la
 recordsCount - 1, a sequence with a producer id, and (eventlog has no transaction coordinator)
 no transactional bit. records.check_records_framing() then checks the records themselves.
 
+The layouts live here and nowhere else (tests/test_layout.py checks): BATCH_HEADER and the
+*_AT field offsets above, and Kafka's index entries, OFFSET_INDEX_ENTRY (.index: relative offset,
+position) and TIME_INDEX_ENTRY (.timeindex: timestamp, relative offset), with their numpy dtypes.
+
 Everything here is pure and thread-safe; it never touches files.
 """
 
@@ -39,6 +43,7 @@ from __future__ import annotations
 import struct
 from typing import Iterator, NamedTuple
 
+import numpy as np
 from crc32c import crc32c
 
 from .errors import CorruptBatchError, TransactionsUnsupportedError
@@ -47,7 +52,22 @@ MAGIC_V2 = 2
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength: bytes not counted by batchLength
 MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD  # 49: a batch with no records
-CRC_START = 21
+
+# where each header field starts, in bytes from the batch start (the table above)
+BASE_OFFSET_AT = 0
+BATCH_LENGTH_AT = 8
+LEADER_EPOCH_AT = 12
+MAGIC_AT = 16
+CRC_AT = 17
+ATTRIBUTES_AT = 21
+LAST_OFFSET_DELTA_AT = 23
+BASE_TIMESTAMP_AT = 27
+MAX_TIMESTAMP_AT = 35
+PRODUCER_ID_AT = 43
+PRODUCER_EPOCH_AT = 51
+BASE_SEQUENCE_AT = 53
+RECORDS_COUNT_AT = 57
+CRC_START = ATTRIBUTES_AT  # the CRC covers [CRC_START, end of batch)
 
 NO_TIMESTAMP = -1
 NO_PRODUCER_ID = -1
@@ -63,18 +83,31 @@ DELETE_HORIZON_BIT = 0x40
 CREATE_TIME = 0
 LOG_APPEND_TIME = 1
 
-_HEADER = struct.Struct(">qiibIhiqqqhii")
+# The one home of the wire layouts: every other module (engine, analytics) imports these.
+# tests/test_layout.py fails if one of their format strings is spelled anywhere else.
+BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")  # the 13 header fields, in BatchHeader's order
+BATCH_PREFIX = struct.Struct(">qi")  # baseOffset, batchLength: the LOG_OVERHEAD bytes
 _BEFORE_CRC = struct.Struct(">qiib")  # baseOffset, batchLength, partitionLeaderEpoch, magic
 _AFTER_CRC = struct.Struct(">hiqqqhii")  # attributes .. recordsCount: the start of the CRC's range
-_PREFIX = struct.Struct(">qi")  # baseOffset, batchLength
-_BASE_AND_LENGTH_AND_EPOCH = struct.Struct(">qii")
 _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")
 _U32 = struct.Struct(">I")
 _I16 = struct.Struct(">h")
-_LAST_OFFSET_DELTA = struct.Struct(">i")
 
-assert _HEADER.size == HEADER_SIZE
+assert BATCH_HEADER.size == HEADER_SIZE
+assert BATCH_PREFIX.size == LOG_OVERHEAD
+assert _BEFORE_CRC.format + "I" + _AFTER_CRC.format[1:] == BATCH_HEADER.format
+assert _BEFORE_CRC.size == CRC_AT and CRC_AT + _U32.size == CRC_START
+
+# Index entries (.index, .timeindex), Kafka's layouts, not checksummed. Offsets are relative to
+# the segment's base offset. The numpy dtypes are the same bytes, for mapped and bulk reads.
+OFFSET_INDEX_ENTRY = struct.Struct(">ii")  # relative offset of a batch's last offset, the batch's position
+TIME_INDEX_ENTRY = struct.Struct(">qi")  # timestamp, relative offset
+OFFSET_INDEX_DTYPE = np.dtype([("relative_offset", ">i4"), ("position", ">i4")])
+TIME_INDEX_DTYPE = np.dtype([("timestamp", ">i8"), ("relative_offset", ">i4")])
+
+assert OFFSET_INDEX_DTYPE.itemsize == OFFSET_INDEX_ENTRY.size == 8
+assert TIME_INDEX_DTYPE.itemsize == TIME_INDEX_ENTRY.size == 12
 
 
 class BatchHeader(NamedTuple):
@@ -142,20 +175,20 @@ def parse_header(
 
     The header records `file_position` (default `position`) as where the batch starts.
     """
-    return _make_header((*_HEADER.unpack_from(buf, position), position if file_position is None else file_position))
+    return _make_header((*BATCH_HEADER.unpack_from(buf, position), position if file_position is None else file_position))
 
 
 def read_prefix(buf: bytes | bytearray | memoryview, position: int) -> tuple[int, int]:
     """(baseOffset, batchLength) at `position`; needs 12 bytes."""
-    return _PREFIX.unpack_from(buf, position)
+    return BATCH_PREFIX.unpack_from(buf, position)
 
 
 def last_offset_delta(buf: bytes | bytearray | memoryview, position: int) -> int:
-    return _LAST_OFFSET_DELTA.unpack_from(buf, position + 23)[0]
+    return _I32.unpack_from(buf, position + LAST_OFFSET_DELTA_AT)[0]
 
 
 def max_timestamp(buf: bytes | bytearray | memoryview, position: int) -> int:
-    return _I64.unpack_from(buf, position + 35)[0]
+    return _I64.unpack_from(buf, position + MAX_TIMESTAMP_AT)[0]
 
 
 def compute_crc(buf: bytes | bytearray | memoryview, position: int, size: int) -> int:
@@ -287,20 +320,20 @@ def pack_header(
         buf, position + CRC_START, attributes, last_offset_delta, base_timestamp, max_timestamp,
         producer_id, producer_epoch, base_sequence, records_count,
     )
-    _U32.pack_into(buf, position + 17, compute_crc(buf, position, size))
+    _U32.pack_into(buf, position + CRC_AT, compute_crc(buf, position, size))
 
 
 def set_last_offset_delta(buf: bytearray | memoryview, position: int, size: int, delta: int) -> None:
     """Make the batch claim the offsets up to baseOffset + `delta` (what Kafka's cleaner does to
     a segment's last batch), then recompute the CRC."""
-    _LAST_OFFSET_DELTA.pack_into(buf, position + 23, delta)
-    _U32.pack_into(buf, position + 17, compute_crc(buf, position, size))
+    _I32.pack_into(buf, position + LAST_OFFSET_DELTA_AT, delta)
+    _U32.pack_into(buf, position + CRC_AT, compute_crc(buf, position, size))
 
 
 def set_base_offset(buf: bytearray | memoryview, position: int, base_offset: int, leader_epoch: int = 0) -> None:
     """Rewrite baseOffset and partitionLeaderEpoch in place (neither is in the CRC)."""
-    _I64.pack_into(buf, position, base_offset)
-    _I32.pack_into(buf, position + 12, leader_epoch)
+    _I64.pack_into(buf, position + BASE_OFFSET_AT, base_offset)
+    _I32.pack_into(buf, position + LEADER_EPOCH_AT, leader_epoch)
 
 
 def set_log_append_time(buf: bytearray | memoryview, position: int, size: int, timestamp_ms: int) -> None:
@@ -309,19 +342,19 @@ def set_log_append_time(buf: bytearray | memoryview, position: int, size: int, t
     As in Kafka, records keep their deltas; readers report every record's timestamp as the
     batch's maxTimestamp when the LogAppendTime bit is set.
     """
-    attributes = _I16.unpack_from(buf, position + 21)[0]
-    _I16.pack_into(buf, position + 21, attributes | TIMESTAMP_TYPE_BIT)
-    _I64.pack_into(buf, position + 35, timestamp_ms)
-    _U32.pack_into(buf, position + 17, compute_crc(buf, position, size))
+    attributes = _I16.unpack_from(buf, position + ATTRIBUTES_AT)[0]
+    _I16.pack_into(buf, position + ATTRIBUTES_AT, attributes | TIMESTAMP_TYPE_BIT)
+    _I64.pack_into(buf, position + MAX_TIMESTAMP_AT, timestamp_ms)
+    _U32.pack_into(buf, position + CRC_AT, compute_crc(buf, position, size))
 
 
 def set_producer(buf: bytearray | memoryview, position: int, size: int, producer_id: int, epoch: int, base_sequence: int) -> None:
     """Stamp producerId, producerEpoch and baseSequence (an idempotent write), then recompute
     the CRC."""
-    _I64.pack_into(buf, position + 43, producer_id)
-    _I16.pack_into(buf, position + 51, epoch)
-    _I32.pack_into(buf, position + 53, base_sequence)
-    _U32.pack_into(buf, position + 17, compute_crc(buf, position, size))
+    _I64.pack_into(buf, position + PRODUCER_ID_AT, producer_id)
+    _I16.pack_into(buf, position + PRODUCER_EPOCH_AT, epoch)
+    _I32.pack_into(buf, position + BASE_SEQUENCE_AT, base_sequence)
+    _U32.pack_into(buf, position + CRC_AT, compute_crc(buf, position, size))
 
 
 def describe_attributes(attributes: int) -> str:

@@ -13,19 +13,15 @@ no data is dropped.
 from __future__ import annotations
 
 import logging
-import struct
 from pathlib import Path
 
 from .errors import TransientStorageError
 from .fileutil import fsync_dir, io_errors, replace_file
-from .format import NO_TIMESTAMP
+from .format import NO_TIMESTAMP, OFFSET_INDEX_ENTRY, TIME_INDEX_ENTRY
 from .offset_index import OffsetIndex
 from .time_index import TimeIndex
 
 logger = logging.getLogger("eventlog.engine")
-
-_OFFSET_ENTRY = struct.Struct(">ii")
-_TIME_ENTRY = struct.Struct(">qi")
 
 
 class IndexBuilder:
@@ -49,8 +45,8 @@ class IndexBuilder:
             self.first_timestamp = max_timestamp
         if max_timestamp > self.max_timestamp:
             self.max_timestamp, self.offset_of_max_timestamp = max_timestamp, last_offset
-        if self.bytes_since_last_entry > self.interval and len(self.offset_entries) // 8 < self.max_offset_entries:
-            self.offset_entries += _OFFSET_ENTRY.pack(last_offset - self.base_offset, position)
+        if self.bytes_since_last_entry > self.interval and len(self.offset_entries) // OFFSET_INDEX_ENTRY.size < self.max_offset_entries:
+            self.offset_entries += OFFSET_INDEX_ENTRY.pack(last_offset - self.base_offset, position)
             if self._time_count < self.max_time_entries - 1:  # one slot kept for the final entry
                 self._maybe_time_entry()
             self.bytes_since_last_entry = 0
@@ -58,7 +54,7 @@ class IndexBuilder:
 
     def _maybe_time_entry(self) -> None:
         if self.max_timestamp > self._last_indexed_ts:
-            self.time_entries += _TIME_ENTRY.pack(self.max_timestamp, self.offset_of_max_timestamp - self.base_offset)
+            self.time_entries += TIME_INDEX_ENTRY.pack(self.max_timestamp, self.offset_of_max_timestamp - self.base_offset)
             self._last_indexed_ts = self.max_timestamp
             self._time_count += 1
 

@@ -1,10 +1,10 @@
 """Sparse offset index for one segment.
 
-Entry '>ii' (8 bytes): (offset - base_offset, byte position in .log) of the LAST offset of a
-batch and the position where that batch STARTS. Relative offsets strictly increase; positions
-strictly increase. An entry is added for a batch when more than index.interval.bytes were
-appended since the previous entry (checked before counting the batch), so position 0 never
-gets one and a segment under ~4 KiB has an empty index.
+Entry format.OFFSET_INDEX_ENTRY (two big-endian int32, 8 bytes): (offset - base_offset, byte
+position in .log) of the LAST offset of a batch and the position where that batch STARTS.
+Relative offsets strictly increase; positions strictly increase. An entry is added for a batch
+when more than index.interval.bytes were appended since the previous entry (checked before
+counting the batch), so position 0 never gets one and a segment under ~4 KiB has an empty index.
 
 Not checksummed: recovery rebuilds it from the .log file. Writer task only, except lookup()
 and lookup_position(), which are safe from any task or thread.
@@ -12,19 +12,16 @@ and lookup_position(), which are safe from any task or thread.
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 
 from .errors import CorruptIndexError
+from .format import OFFSET_INDEX_DTYPE, OFFSET_INDEX_ENTRY
 from .index_file import IndexFile
-
-_ENTRY = struct.Struct(">ii")
 
 
 class OffsetIndex(IndexFile):
-    ENTRY_SIZE = 8
-    DTYPE = np.dtype([("relative_offset", ">i4"), ("position", ">i4")])
+    ENTRY_SIZE = OFFSET_INDEX_ENTRY.size
+    DTYPE = OFFSET_INDEX_DTYPE
 
     @classmethod
     def read_entries(cls, data: bytes, base_offset: int) -> list[tuple[int, int]]:
@@ -40,7 +37,7 @@ class OffsetIndex(IndexFile):
                 raise CorruptIndexError(
                     self.path, f"offset {offset} is not above the last indexed offset {last + self.base_offset}"
                 )
-        self._append_raw(_ENTRY.pack(relative, position))
+        self._append_raw(OFFSET_INDEX_ENTRY.pack(relative, position))
 
     def entry(self, i: int) -> tuple[int, int]:
         """(offset, position) of entry `i`."""

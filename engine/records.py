@@ -30,7 +30,6 @@ Pure functions, safe from any thread.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
@@ -47,8 +46,10 @@ from .format import (
     BatchHeader,
     pack_header,
     parse_header,
+    set_base_offset,
     validate_batch,
 )
+from .format import max_timestamp as _max_timestamp_of
 
 Header = tuple[str, "bytes | None"]
 
@@ -61,9 +62,6 @@ except ImportError:  # pragma: no cover - a dependency; the Python encoder does 
     _CBuilder = None
 _NO_SIZE_LIMIT = 2**31 - 1
 _NO_HEADERS: list = []  # the builder takes lists only (and never changes them)
-_BASE_OFFSET = struct.Struct(">q")
-_LEADER_EPOCH = struct.Struct(">i")
-_MAX_TIMESTAMP = struct.Struct(">q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,9 +231,7 @@ def encode_batch(
     ):
         batch = _encode_native(records, compression_type, producer_id, producer_epoch, base_sequence)
         if batch is not None:
-            if base_offset:
-                _BASE_OFFSET.pack_into(batch, 0, base_offset)
-            _LEADER_EPOCH.pack_into(batch, 12, partition_leader_epoch)
+            set_base_offset(batch, 0, base_offset, partition_leader_epoch)  # the builder wrote 0 and -1
             return batch
     body, count, max_ts = encode_records(records, base_timestamp)
     attributes = compression_type
@@ -281,7 +277,7 @@ def _encode_native(
     return frame_batch(
         memoryview(batch)[HEADER_SIZE:], base_offset=0, attributes=compression_type, last_offset_delta=count - 1,
         base_timestamp=records[0].timestamp if isinstance(records[0], RecordInput) else records[0][2],
-        max_timestamp=_MAX_TIMESTAMP.unpack_from(batch, 35)[0], records_count=count, producer_id=producer_id,
+        max_timestamp=_max_timestamp_of(batch, 0), records_count=count, producer_id=producer_id,
         producer_epoch=producer_epoch, base_sequence=base_sequence,
     )
 

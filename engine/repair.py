@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,14 +42,22 @@ from crc32c import crc32c
 from . import filenames
 from .faults import crash_point
 from .fileutil import fsync_dir, pread
-from .format import CRC_START, HEADER_SIZE, LOG_OVERHEAD, MAGIC_V2, MIN_BATCH_LENGTH, parse_header
+from .format import (
+    BATCH_PREFIX,
+    CRC_START,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC_AT,
+    MAGIC_V2,
+    MIN_BATCH_LENGTH,
+    parse_header,
+)
 
 logger = logging.getLogger("eventlog.recovery")
 
 DAMAGED_SUFFIX = ".damaged"
-_MAGIC_AT = 16  # the magic byte's place in a batch header
 _COPY_CHUNK_BYTES = 8 * 1024 * 1024
-_FIELDS = struct.Struct(">qi")  # baseOffset, batchLength
+_MAGIC_BYTE = bytes((MAGIC_V2,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +115,7 @@ def claimed_offsets(fd: int, position: int, end: int, floor: int, limit: int) ->
 
 def base_offset_at(fd: int, position: int) -> int:
     """The base offset of the batch at `position` (one found by find_next_batch)."""
-    return _FIELDS.unpack(pread(fd, _FIELDS.size, position))[0]
+    return BATCH_PREFIX.unpack(pread(fd, BATCH_PREFIX.size, position))[0]
 
 
 def is_framed(fd: int, position: int, end: int) -> bool:
@@ -128,10 +135,10 @@ def find_next_batch(fd: int, start: int, end: int, floor: int, limit: int) -> in
     with mmap.mmap(fd, end, prot=mmap.PROT_READ) as mm:
         view = memoryview(mm)
         try:
-            i = mm.find(b"\x02", start + _MAGIC_AT, end - HEADER_SIZE + _MAGIC_AT + 1)
+            i = mm.find(_MAGIC_BYTE, start + MAGIC_AT, end - HEADER_SIZE + MAGIC_AT + 1)
             while i >= 0:
-                q = i - _MAGIC_AT
-                base, length = _FIELDS.unpack_from(mm, q)
+                q = i - MAGIC_AT
+                base, length = BATCH_PREFIX.unpack_from(mm, q)
                 size = length + LOG_OVERHEAD
                 if length >= MIN_BATCH_LENGTH and q + size <= end and base >= floor:
                     header = parse_header(mm, q, q)
@@ -142,7 +149,7 @@ def find_next_batch(fd: int, start: int, end: int, floor: int, limit: int) -> in
                         and crc32c(view[q + CRC_START : q + size]) == header.crc
                     ):
                         return q
-                i = mm.find(b"\x02", i + 1, end - HEADER_SIZE + _MAGIC_AT + 1)
+                i = mm.find(_MAGIC_BYTE, i + 1, end - HEADER_SIZE + MAGIC_AT + 1)
             return None
         finally:
             view.release()

@@ -1,7 +1,7 @@
 """Sparse time index for one segment.
 
-Entry '>qi' (12 bytes): (largest timestamp seen so far in the segment, offset - base_offset of
-the batch that carried it, its last offset). Written together with an offset index entry, but
+Entry format.TIME_INDEX_ENTRY (big-endian int64, int32: 12 bytes): (largest timestamp seen so far in the segment,
+offset - base_offset of the batch that carried it, its last offset). Written together with an offset index entry, but
 only when the largest timestamp grew; plus one final entry when the segment rolls or the log
 closes, so a closed segment's last entry holds its largest timestamp. Timestamps and offsets
 never decrease.
@@ -11,20 +11,16 @@ Not checksummed: recovery rebuilds it. Writer task only, except lookups (any tas
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 
 from .errors import CorruptIndexError
-from .format import NO_TIMESTAMP
+from .format import NO_TIMESTAMP, TIME_INDEX_DTYPE, TIME_INDEX_ENTRY
 from .index_file import IndexFile
-
-_ENTRY = struct.Struct(">qi")
 
 
 class TimeIndex(IndexFile):
-    ENTRY_SIZE = 12
-    DTYPE = np.dtype([("timestamp", ">i8"), ("relative_offset", ">i4")])
+    ENTRY_SIZE = TIME_INDEX_ENTRY.size
+    DTYPE = TIME_INDEX_DTYPE
 
     @classmethod
     def read_entries(cls, data: bytes, base_offset: int) -> list[tuple[int, int]]:
@@ -61,7 +57,7 @@ class TimeIndex(IndexFile):
                 raise CorruptIndexError(self.path, f"offset {offset} is below the last indexed {last_offset}")
         if not skip_full_check and self.is_full:
             raise CorruptIndexError(self.path, "time index is full")
-        self._append_raw(_ENTRY.pack(timestamp, offset - self.base_offset))
+        self._append_raw(TIME_INDEX_ENTRY.pack(timestamp, offset - self.base_offset))
         return True
 
     def lookup_before(self, timestamp: int) -> tuple[int, int]:

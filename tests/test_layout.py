@@ -52,6 +52,50 @@ def test_package_imports_follow_the_design(package: str) -> None:
         assert not bad, f"{path.relative_to(REPO)} imports {sorted(bad)}"
 
 
+# engine/format.py is the one home of the batch header's and the index entries' layouts; a
+# literal that spells one of them elsewhere is a second definition that can drift (issue 24)
+WIRE_LAYOUTS = {
+    ">qiibIhiqqqhii": "format.BATCH_HEADER",
+    ">qiib": "the header before the CRC (format.pack_header)",
+    ">hiqqqhii": "the header from the CRC's range on (format.pack_header)",
+    ">qi": "format.BATCH_PREFIX / format.TIME_INDEX_ENTRY",
+    ">ii": "format.OFFSET_INDEX_ENTRY",
+    ">i4": "format.OFFSET_INDEX_DTYPE / format.TIME_INDEX_DTYPE",
+    ">i8": "format.TIME_INDEX_DTYPE",
+}
+# (file, layout) that spell the same characters for another wire struct, and what it is
+OTHER_WIRE_STRUCTS = {
+    ("engine/compression.py", ">ii"): "snappy-java's xerial framing: version, compatible version",
+}
+
+
+def _string_literals(path: Path) -> list[tuple[int, str]]:
+    return [
+        (node.lineno, node.value) for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
+
+
+def test_wire_layouts_have_one_home() -> None:
+    from engine import format as fmt
+
+    # what the layouts above name is what engine/format.py exports
+    assert fmt.BATCH_HEADER.format == ">qiibIhiqqqhii" and fmt.BATCH_PREFIX.format == ">qi"
+    assert fmt.OFFSET_INDEX_ENTRY.format == ">ii" and fmt.TIME_INDEX_ENTRY.format == ">qi"
+    assert fmt.OFFSET_INDEX_DTYPE.descr == [("relative_offset", ">i4"), ("position", ">i4")]
+    assert fmt.TIME_INDEX_DTYPE.descr == [("timestamp", ">i8"), ("relative_offset", ">i4")]
+    found = []
+    for package in sorted(ALLOWED):
+        for path in sorted((REPO / package).rglob("*.py")):
+            where = path.relative_to(REPO).as_posix()
+            if where == "engine/format.py":
+                continue
+            for line, value in _string_literals(path):
+                if value in WIRE_LAYOUTS and (where, value) not in OTHER_WIRE_STRUCTS:
+                    found.append(f"{where}:{line}: {value!r} is {WIRE_LAYOUTS[value]}: import it from engine.format")
+    assert not found, "\n".join(found)
+
+
 def test_container_images_pin_their_debian_release() -> None:
     """python:3.11-slim follows Debian's newest release (13 ships no Java 17): each image names
     the release its packages come from."""
