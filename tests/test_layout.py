@@ -429,3 +429,32 @@ def test_curl_commands_in_the_compose_file_name_routes_of_the_app() -> None:
         m = re.search(r"curl (?:-\w+ )*-X ?(\w+) +\S*?localhost:\d+(/\S*)", line)
         if m:
             assert _has_route(m.group(1), m.group(2)), line
+
+
+# -- the repository stands alone -------------------------------------------------------------
+# The team's notes sit beside the checkout, in a folder a clone does not have: nothing tracked
+# may send a reader there. What a reader needs is in docs/ (ARCHITECTURE.md, FORMAT.md, API.md,
+# ANALYTICS.md, ...). The names are spelled in pieces so that this file does not match itself.
+_OUTSIDE = ("../" + "shared").encode()
+_TEAM_NOTES = re.compile(rb"(?<![\w/.-])(" + b"|".join([b"DESIGN", b"KAFKA-FORMAT", b"SPARK", b"STYLE"]) + rb")\.md\b")
+
+
+def test_no_tracked_file_points_outside_the_repository() -> None:
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True, timeout=60).stdout
+    names = [n.decode() for n in listed.split(b"\0") if n]
+    basenames = {PurePosixPath(n).name.encode() for n in names}
+    found = []
+    for name in names:
+        path = REPO / name
+        if not path.is_file():  # deleted in the working tree
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:8192]:  # binary
+            continue
+        for number, line in enumerate(data.splitlines(), 1):
+            notes = [m.group(0) for m in _TEAM_NOTES.finditer(line) if m.group(0) not in basenames]
+            if _OUTSIDE in line or notes:
+                found.append(f"{name}:{number}: {line.decode(errors='replace').strip()[:120]}")
+    assert not found, "point to the repository's own docs instead:\n" + "\n".join(found)
