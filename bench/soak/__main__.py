@@ -28,13 +28,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of load between SIGKILLs (each jittered by x0.75-1.25)")
     parser.add_argument("--seed", type=int, default=1, help="seeds the kill times and the load (default 1)")
     parser.add_argument("--min-restarts", type=int, default=0,
-                        help="keep going past --minutes until this many restarts were survived")
+                        help="keep going past --minutes until this many fault cycles were survived")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "soak.json",
                         help="results file; the plot goes next to it as .png (default bench/results/soak.json)")
     parser.add_argument("--work-dir", type=Path, default=REPO / "bench" / "work" / "soak",
                         help="the data dir and server log (default bench/work/soak, emptied first)")
     parser.add_argument("--processes", type=int, default=1,
-                        help="eventlog serve --processes (default 1); with 2 or more every other kill is one shard's")
+                        help="eventlog serve --processes (default 1); with 2 or more the faults rotate: SIGKILL of "
+                             "the server, SIGKILL of one shard, SIGSTOP of one shard")
     parser.add_argument("--keep", action="store_true", help="keep the work dir afterwards (default: removed on success)")
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.kill_every <= 0:
@@ -51,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     report.write(document, args.out, command, args.work_dir)
     report.plot(document, args.out.with_suffix(".png"))
     r = document["results"]
-    summary = {k: r[k] for k in ("passed", "duration_seconds", "restarts_survived", "shard_kills", "requests_per_second_total",
+    summary = {k: r[k] for k in ("passed", "duration_seconds", "faults_by_kind", "restarts_survived", "shard_stops_resumed",
+                                 "answered_503_during_shard_faults", "requests_per_second_total",
                                  "records_acknowledged", "records_verified", "records_expired",
                                  "records_in_doubt", "lost", "duplicated", "failure_counts")}
     log(f"results in {args.out}: {json.dumps(summary)}")

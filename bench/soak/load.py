@@ -117,15 +117,24 @@ class Stats:
         self.timeline: dict[int, Counter] = defaultdict(Counter)
         self.errors: Counter = Counter()
         self.events: Counter = Counter()  # not requests: 507s, retries, replays (also in the timeline)
-        # a shard was killed and its supervisor is restarting the family: the surviving shards
-        # shut down cleanly meanwhile, answering reads 503 `unavailable` (as any server that
-        # is stopping does); those are counted, not failures, while this holds
-        self.restarting = False
+        # one shard is down or stopped (a single-shard fault, --processes >= 2) and the others
+        # serve on: requests that need it answer 503 `unavailable` at once (Retry-After: 1);
+        # writers put such a request in doubt and retry it like any 5xx; readers and the
+        # admin and snapshot tasks count it and retry, not a failure, while this is set
+        self.shard_fault = False
+        self.answered_503: Counter = Counter()  # by request kind: during single-shard faults
+        self.answered_503_otherwise: Counter = Counter()  # writers' 503s at other times (in doubt)
 
-    def unavailable(self, reader: str, status: int, code: str | None) -> bool:
-        """A 503 `unavailable` during a family restart: count it and say so."""
-        if self.restarting and status == 503 and code in ("unavailable", None):
-            self.errors[f"{reader}_503_restarting"] += 1
+    def note_503(self, kind: str) -> None:
+        (self.answered_503 if self.shard_fault else self.answered_503_otherwise)[kind] += 1
+
+    def unavailable(self, reader: str, status: int, code: str | None, counted: bool = False) -> bool:
+        """A 503 `unavailable` during a single-shard fault: count it (unless Load._request did)
+        and say so."""
+        if self.shard_fault and status == 503 and code in ("unavailable", None):
+            if not counted:
+                self.note_503(reader)
+            self.errors[f"{reader}_503_shard_fault"] += 1
             return True
         return False
 
@@ -191,7 +200,10 @@ class Load(ExactWriters):
         if gated:
             await self.gate.enter()
         try:
-            return await self.client.request(method, url, **kwargs)
+            r = await self.client.request(method, url, **kwargs)
+            if r.status_code == 503:
+                self.stats.note_503(kind)
+            return r
         except REFUSED:
             self.stats.errors[f"{kind}_refused"] += 1
             return "refused"
@@ -324,7 +336,7 @@ class Load(ExactWriters):
             if isinstance(outcome, str):
                 continue
             if outcome.status_code != 200:
-                if not self.stats.unavailable(kind, outcome.status_code, _code(outcome)):
+                if not self.stats.unavailable(kind, outcome.status_code, _code(outcome), counted=True):
                     self.model.fail("unexpected_status", f"{kind}: {outcome.status_code} {outcome.text[:300]}")
                 continue
             answer = outcome.json()
@@ -357,15 +369,15 @@ class Load(ExactWriters):
         if isinstance(outcome, str):
             return
         if outcome.status_code != 201:
-            if not self.stats.unavailable("snapshot", outcome.status_code, _code(outcome)):
+            if not self.stats.unavailable("snapshot", outcome.status_code, _code(outcome), counted=True):
                 self.model.fail("unexpected_status", f"snapshot: {outcome.status_code} {outcome.text[:300]}")
             return
         answer = outcome.json()
         path = self.data_dir / answer["path"]
         check_snapshot(path, topics, self.partitions, floor, self.model)
         outcome = await self._request("snapshot", "DELETE", f"/v1/snapshots/{answer['id']}", gated=False)
-        if isinstance(outcome, str):
-            return  # the runner deletes leftovers after the restart
+        if isinstance(outcome, str) or self.stats.unavailable("snapshot", outcome.status_code, _code(outcome), counted=True):
+            return  # the runner deletes leftovers after the restart (or the shard fault)
         if outcome.status_code != 204:
             self.model.fail("snapshot", f"delete {answer['id']}: {outcome.status_code} {outcome.text[:300]}")
         elif path.exists():
@@ -585,7 +597,7 @@ class Load(ExactWriters):
                     state["position"] = self._out_of_range(reader, topic, partition, state["position"], data)
                     return
                 elif event == "error" and self.stats.unavailable(reader, 503, data.get("code")):
-                    return  # the shard is stopping: reconnect (to the next family)
+                    return  # a shard is down: reconnect
                 else:
                     self.model.fail("unexpected_event", f"{reader}: {event} {data}")
                 event, data = None, None

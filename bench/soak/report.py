@@ -1,6 +1,6 @@
 """The soak's results file (JSON, with provenance) and its plot (operations per second over
-time, kills marked, verification pauses and fault phases shaded, 507 answers and retries of
-exact writers drawn)."""
+time, faults marked by kind, verification pauses and fault phases shaded, 507 answers and
+retries of exact writers drawn)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,12 @@ PLOT_GROUPS = {
     "records acknowledged / 10": (("records_acked",), "tab:purple"),
 }
 SCALE = {"records acknowledged / 10": 0.1}
+FAULT_LINES = {  # a cycle's fault: its line's label and color
+    "server_kill": ("SIGKILL of the server", "red"),
+    "shard_kill": ("SIGKILL of one shard", "magenta"),
+    "shard_stop": ("SIGSTOP of one shard (killed at its deadline)", "darkviolet"),
+    "shard_stop_cont": ("SIGSTOP of one shard, then SIGCONT", "teal"),
+}
 
 
 def write(document: dict[str, Any], out: Path, command: str, work_dir: Path) -> None:
@@ -52,8 +58,11 @@ def plot(document: dict[str, Any], path: Path) -> None:
         scale = SCALE.get(label, 1.0)
         ys = [sum(ops.get(k, 0) for k in kinds) * scale for _, ops in r["timeline"]]
         ax.plot(seconds, _smooth(ys), label=label, linewidth=1, color=color)
+    drawn: set[str] = set()
     for i, cycle in enumerate(r["cycles"]):
-        ax.axvline(cycle["kill_at"], color="red", linewidth=0.8, label="SIGKILL" if i == 0 else None)
+        label, color = FAULT_LINES.get(cycle.get("fault", "server_kill"), ("fault", "red"))
+        ax.axvline(cycle["kill_at"], color=color, linewidth=0.8, label=None if label in drawn else label)
+        drawn.add(label)
         ax.axvspan(cycle["verify_started"], cycle["verify_started"] + cycle["verify_seconds"],
                    color="grey", alpha=0.25, linewidth=0, label="writers held: verifying" if i == 0 else None)
     shaded: set[str] = set()
@@ -68,7 +77,8 @@ def plot(document: dict[str, Any], path: Path) -> None:
     verdict = "passed" if r["passed"] else "FAILED"
     x = r.get("exact", {})
     ax.set_title(
-        f"soak: {r['duration_seconds']:.0f} s, {r['restarts_survived']} SIGKILLs survived, "
+        f"soak: {r['duration_seconds']:.0f} s, {r.get('faults', r['restarts_survived'])} faults survived "
+        f"({', '.join(f'{n} {k}' for k, n in r.get('faults_by_kind', {}).items())}), "
         f"{r['records_acknowledged']:,} records acknowledged, lost {r['lost']}, duplicated {r['duplicated']} ({verdict})\n"
         f"idempotent/conditional requests in doubt {x.get('in_doubt', 0)}, resolved {x.get('resolved', 0)} "
         f"({x.get('resolved_by_replay', 0)} by replay); {r.get('records_refused_507', 0):,} records refused 507 in "

@@ -1,8 +1,19 @@
 """One soak: start the server, create the topics, run the load, and every `kill_every` seconds
 (jittered by the seed) SIGKILL the server, decode its files, start it again and verify.
 
-With processes >= 2 (eventlog serve --processes N) every other cycle SIGKILLs one shard instead
-of the supervisor (step 2), skips the decode (3) and waits for the supervisor's new family (4).
+With processes >= 2 (eventlog serve --processes N) the cycles rotate through three faults:
+SIGKILL of the supervisor (the whole server, steps 2-4 as below), SIGKILL of one shard, and
+SIGSTOP of one shard. A single-shard fault replaces steps 2-4: the shard (drawn by the seed) is
+hit while the load runs on against the others, and the supervisor must restart it alone -- its
+"is back after restart K" line -- while the other shards keep their pids (a family restart is a
+failure, `family_restart`). A SIGSTOP is held until the supervisor marks the shard silent and
+kills it at its heartbeat deadline (EVENTLOG_SHARD_HEARTBEAT_TIMEOUT_MS, server.py); every
+other SIGSTOP cycle instead sends SIGCONT as soon as the shard is marked silent, and the shard
+must answer again under its old pid. Meanwhile requests that need the shard answer 503
+`unavailable`: writers put them in doubt and retry (as around a restart), readers retry; they
+are counted per cycle. A shard that dies or is restarted outside these faults is a failure
+(`shard_died`). The files are decoded only after whole-server kills (a live family may be
+writing them). Step 5 follows every fault.
 
 A cycle:
 1. load runs for kill_every x U(0.75, 1.25) seconds (the seed's random stream); in cycles 1, 4,
@@ -28,7 +39,9 @@ import contextlib
 import functools
 import os
 import random
+import re
 import shutil
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +51,7 @@ import httpx
 from .load import Gate, Load, Stats, drain
 from .model import AGGREGATES, FULL, LEDGER, MANY, PLAIN, RETAINED, TABLE, Model
 from .phases import PHASES, fault_phase, write_rules
-from .server import SERVER_ENV, SoakServer
+from .server import SERVER_ENV, ShardFault, SoakServer
 from .verify import DiskCache, decode_files, verify_api, verify_disk_final
 
 PARTITIONS = {PLAIN: 4, RETAINED: 2, TABLE: 2, FULL: 1, LEDGER: 1, MANY: 32, AGGREGATES: 3}
@@ -60,6 +73,12 @@ TOPIC_CONFIGS: dict[str, dict[str, Any]] = {
 LOST_KINDS = ("lost", "table_mismatch", "refused_written")
 DUPLICATED_KINDS = ("duplicated",)
 SETTLE_TIMEOUT_S = 90.0  # the exact writers' last requests, at the end
+# with processes >= 2, cycle n's fault is FAULT_ROTATION[n % 3]; every other shard_stop is a
+# shard_stop_cont (SIGCONT once the supervisor marked the shard silent)
+FAULT_ROTATION = ("server_kill", "shard_kill", "shard_stop")
+SHARD_SIGNALS = {"shard_kill": "kill", "shard_stop": "stop", "shard_stop_cont": "stop_cont"}
+SHARD_FAULT_GRACE_S = 1.0  # 503s already on their way when the shard came back still count as the fault's
+FAMILY_TIMEOUT_S = 60.0  # a family found short of a shard gets this long to be whole again
 
 
 @dataclass
@@ -68,15 +87,19 @@ class SoakConfig:
     kill_every: float
     seed: int = 1
     work_dir: Path = Path("bench/work/soak")
-    min_restarts: int = 0  # keep going past `minutes` until this many restarts were survived
-    processes: int = 1  # eventlog serve --processes; with 2 or more every other kill is one shard's
+    min_restarts: int = 0  # keep going past `minutes` until this many fault cycles were survived
+    processes: int = 1  # eventlog serve --processes; with 2 or more the faults rotate (FAULT_ROTATION)
     log: Any = print
 
 
 @dataclass
 class Cycle:
-    kill_at: float
-    killed: str = "server"  # or "shard <i>": one shard SIGKILLed, the supervisor restarts the family
+    kill_at: float  # when the fault began (the signal)
+    fault: str = "server_kill"  # or "shard_kill", "shard_stop" (held), "shard_stop_cont"
+    killed: str = "server"  # what the signal hit: "server" or "shard <i>"
+    outcome: str = ""  # a single-shard fault: "restarted alone", "resumed", ... (ShardFault.outcome)
+    shard: dict[str, Any] = field(default_factory=dict)  # a single-shard fault: pids and timings
+    answered_503: int = 0  # requests answered 503 during a single-shard fault
     orphans: list[int] = field(default_factory=list)
     disk: dict[str, int] = field(default_factory=dict)
     ready_seconds: float = 0.0
@@ -106,6 +129,8 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     )
     cycles: list[Cycle] = []
     disk_cache = DiskCache()
+    family = server.shards_by_index()  # {index: pid}; {} with one process
+    faulted_pids: set[int] = set()  # the shards the soak hit: their supervisor lines are expected
     tasks: list[asyncio.Task] = []
     final: dict[str, Any] = {}
     load: Load | None = None
@@ -130,10 +155,14 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
                 await asyncio.sleep(interval)
             else:
                 await fault_phase(kind, interval, load.faults, model, stats, faults_file, data_dir, rng, cfg.log)
-            if cfg.processes > 1 and len(cycles) % 2 == 1:
-                cycle = await _kill_shard(server, model, stats, rng)
-            else:
+            fault = _fault_kind(cfg.processes, len(cycles))
+            family = await _check_family(server, family, model, f"before fault {len(cycles) + 1}")
+            if fault == "server_kill":
                 cycle = await _kill_and_restart(server, data_dir, model, stats, disk_cache)
+                family = server.shards_by_index()
+            else:
+                cycle, family = await _shard_fault(server, model, stats, rng, fault, family)
+                faulted_pids.add(cycle.shard["pid"])
             cycles.append(cycle)
             await gate.close()
             cycle.verify_started = stats.now()
@@ -141,8 +170,10 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
             cycle.verified = dict(await verify_api(client, model, PARTITIONS, f"restart {len(cycles)}"))
             cycle.verify_seconds = stats.now() - cycle.verify_started
             gate.open()
+            what = "" if cycle.fault == "server_kill" else f", {cycle.outcome}, {cycle.answered_503} answered 503"
             cfg.log(
-                f"restart {len(cycles)} ({cycle.killed} killed) at {cycle.kill_at:.0f} s: ready in {cycle.ready_seconds:.1f} s, "
+                f"fault {len(cycles)} ({cycle.fault} of {cycle.killed}{what}) at {cycle.kill_at:.0f} s: "
+                f"ready in {cycle.ready_seconds:.1f} s, "
                 f"verified in {cycle.verify_seconds:.1f} s: {cycle.verified.get('verified', 0)} records, "
                 f"{model.counts['acked']} acked, {model.counts['in_doubt']} in doubt, "
                 f"{len(model.failures)} failures"
@@ -162,6 +193,7 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         gate.stopping = True
         await drain(tasks)
         tasks = []
+        family = await _check_family(server, family, model, "at the end")
         if not server.alive():
             model.fail("server_died", f"the server exited with status {server.process.returncode} before the end")
         final["exit_status"] = await asyncio.to_thread(server.stop)
@@ -177,7 +209,33 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         finally:  # never leave a server behind: it would write into the next run's data dir
             if server.alive():
                 await asyncio.to_thread(server.kill)
-    return _results(cfg, model, stats, cycles, final, server, load)
+    return _results(cfg, model, stats, cycles, final, server, load, faulted_pids)
+
+
+def _fault_kind(processes: int, n: int) -> str:
+    if processes < 2:
+        return "server_kill"
+    kind = FAULT_ROTATION[n % len(FAULT_ROTATION)]
+    if kind == "shard_stop" and (n // len(FAULT_ROTATION)) % 2 == 1:
+        return "shard_stop_cont"
+    return kind
+
+
+async def _check_family(server: SoakServer, known: dict[int, int], model: Model, when: str) -> dict[int, int]:
+    """The shards still run under the pids the soak last saw (only its own faults replace one);
+    a family found short of a shard is given FAMILY_TIMEOUT_S to be whole again. Returns it."""
+    if server.processes < 2 or not server.alive():
+        return known
+    current = await asyncio.to_thread(server.shards_by_index)
+    if current == known:
+        return current
+    model.fail("shard_died", f"{when}: shards by index {known} -> {current}: a shard died or was restarted "
+                             "outside the soak's faults (see server.log)")
+    deadline = asyncio.get_running_loop().time() + FAMILY_TIMEOUT_S
+    while len(current) < server.processes and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.2)
+        current = await asyncio.to_thread(server.shards_by_index)
+    return current
 
 
 def _note_crash(model: Model, gate: Gate, task: asyncio.Task) -> None:
@@ -207,25 +265,46 @@ async def _kill_and_restart(server: SoakServer, data_dir: Path, model: Model, st
     return cycle
 
 
-async def _kill_shard(server: SoakServer, model: Model, stats: Stats, rng: random.Random) -> Cycle:
-    """SIGKILL one shard of the family; the supervisor must stop the others and start a new
-    family on the same port (the files are decoded only after whole-server kills: here the new
-    family may already be writing while they would be read)."""
-    cycle = Cycle(kill_at=stats.now())
+async def _shard_fault(server: SoakServer, model: Model, stats: Stats, rng: random.Random, fault: str,
+                       family: dict[int, int]) -> tuple[Cycle, dict[int, int]]:
+    """SIGKILL or SIGSTOP one shard while the load runs on (server.fault_shard); the supervisor
+    must bring it back alone (or see it resume after a SIGCONT), the others keeping their pids.
+    Returns the cycle and the family as it is afterwards."""
+    cycle = Cycle(kill_at=stats.now(), fault=fault)
     if not server.alive():
-        model.fail("server_died", f"the server exited with status {server.process.returncode} before kill "
+        model.fail("server_died", f"the server exited with status {server.process.returncode} before fault "
                                   f"{server.starts} (see server.log)")
-    stats.restarting = True
+    index = rng.randrange(server.processes)
+    cycle.killed = f"shard {index}"
+    answered_503 = sum(stats.answered_503.values())
+    stats.shard_fault = True
     try:
-        index, cycle.ready_seconds = await asyncio.to_thread(server.kill_shard, rng)
+        result: ShardFault = await asyncio.to_thread(server.fault_shard, SHARD_SIGNALS[fault], index)
     except RuntimeError as exc:
         model.fail("shard_restart", str(exc))
         raise
     finally:
-        await asyncio.sleep(1.0)  # answers already on their way from the old family
-        stats.restarting = False
-    cycle.killed = f"shard {index}"
-    return cycle
+        await asyncio.sleep(SHARD_FAULT_GRACE_S)  # answers already on their way
+        stats.shard_fault = False
+    cycle.answered_503 = sum(stats.answered_503.values()) - answered_503
+    for problem in result.problems:
+        model.fail("shard_restart", problem)
+    after = await asyncio.to_thread(server.shards_by_index)
+    others = {i: p for i, p in result.pids_before.items() if i != index}
+    for label, seen in (("when the shard was back", result.pids_after), (f"{SHARD_FAULT_GRACE_S:.0f} s later", after)):
+        changed = {i: seen.get(i) for i, p in others.items() if seen.get(i) != p}
+        if changed:
+            model.fail("family_restart", f"{fault} of shard {index}: the other shards' pids changed ({label}): "
+                                         f"{ {i: others[i] for i in changed} } -> {changed}")
+    if result.back_s is None and result.resumed_s is None:
+        model.fail("shard_restart", f"{fault} of shard {index} (pid {result.pid}): it neither came back nor resumed")
+    cycle.outcome = result.outcome or "not back"
+    cycle.ready_seconds = result.back_s if result.back_s is not None else (result.resumed_s or 0.0)
+    cycle.shard = {
+        k: (round(v, 2) if isinstance(v, float) else v)
+        for k, v in result.__dict__.items() if k not in ("kind", "index", "outcome", "problems")
+    }
+    return cycle, after
 
 
 async def _after_restart(client: httpx.AsyncClient, model: Model, data_dir: Path) -> None:
@@ -247,19 +326,31 @@ async def _after_restart(client: httpx.AsyncClient, model: Model, data_dir: Path
                 model.fail("snapshot", f"delete leftover {snapshot['id']}: {d.status_code}")
 
 
-def _log_problems(path: Path) -> list[str]:
-    """Lines of the server's output that report errors (tracebacks, ERROR/CRITICAL logs)."""
+def _log_problems(path: Path, faulted_pids: set[int]) -> list[str]:
+    """Lines of the server's output that report errors (tracebacks, ERROR/CRITICAL logs), but
+    for the refusals of injected faults (counted elsewhere), the supervisor's lines about the
+    shards the soak itself killed or stopped (their deaths, silence, kills), and the shards'
+    503 `unavailable` answers naming a shard down (counted as answered_503)."""
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return []
-    # the refusals of injected faults are logged as errors too; they are counted elsewhere
-    return [line[:300] for line in lines
-            if ("Traceback" in line or "ERROR" in line or "CRITICAL" in line) and "(injected)" not in line][:50]
+    expected = re.compile(r"shard \d+ \(pid (\d+)\) (.*restarting it alone|is not answering|gave no heartbeat for)")
+    out = []
+    for line in lines:
+        if not ("Traceback" in line or "ERROR" in line or "CRITICAL" in line) or "(injected)" in line:
+            continue
+        if "eventlog.api: unavailable: shard " in line:
+            continue
+        m = expected.search(line)
+        if m and int(m[1]) in faulted_pids:
+            continue
+        out.append(line[:300])
+    return out[:50]
 
 
 def _results(cfg: SoakConfig, model: Model, stats: Stats, cycles: list[Cycle], final: dict[str, Any],
-             server: SoakServer, load: Load | None) -> dict[str, Any]:
+             server: SoakServer, load: Load | None, faulted_pids: set[int]) -> dict[str, Any]:
     failure_counts = {k.removeprefix("failure_"): v for k, v in model.counts.items() if k.startswith("failure_")}
     lost = sum(failure_counts.get(k, 0) for k in LOST_KINDS)
     duplicated = sum(failure_counts.get(k, 0) for k in DUPLICATED_KINDS)
@@ -284,9 +375,18 @@ def _results(cfg: SoakConfig, model: Model, stats: Stats, cycles: list[Cycle], f
             "passed": not model.failures and final.get("exit_status") == 0,
             "duration_seconds": round(duration, 1),
             "load_seconds": round(load_seconds, 1),
-            "kills": len(cycles),
-            "shard_kills": sum(1 for c in cycles if c.killed != "server"),
-            "restarts_survived": len(cycles),
+            "faults": len(cycles),
+            "faults_by_kind": dict(Counter(c.fault for c in cycles)),
+            # a process SIGKILLed: by the soak (the server, a shard), or by the supervisor (a stopped shard)
+            "kills": sum(1 for c in cycles if c.outcome != "resumed"),
+            "shard_kills": sum(1 for c in cycles if c.fault == "shard_kill"),
+            "shard_stops": sum(1 for c in cycles if c.fault.startswith("shard_stop")),
+            "shard_stops_resumed": sum(1 for c in cycles if c.outcome == "resumed"),
+            "shards_restarted_alone": sum(1 for c in cycles if c.outcome.endswith("restarted alone")),
+            "restarts_survived": sum(1 for c in cycles if c.outcome != "resumed"),
+            "answered_503_during_shard_faults": sum(stats.answered_503.values()),
+            "answered_503_during_shard_faults_by_kind": dict(sorted(stats.answered_503.items())),
+            "answered_503_otherwise": dict(sorted(stats.answered_503_otherwise.items())),
             "server_starts": server.starts,
             "seconds_to_ready_after_kill": [round(c.ready_seconds, 2) for c in cycles],
             "verify_seconds_after_restart": [round(c.verify_seconds, 2) for c in cycles],
@@ -317,7 +417,7 @@ def _results(cfg: SoakConfig, model: Model, stats: Stats, cycles: list[Cycle], f
             "final_api": api,
             "final_disk": final.get("disk", {}),
             "final_exit_status": final.get("exit_status"),
-            "server_log_problems": _log_problems(server.log_path),
+            "server_log_problems": _log_problems(server.log_path, faulted_pids),
             "cycles": [c.__dict__ for c in cycles],
             "timeline": timeline,
         },
