@@ -69,8 +69,10 @@ STREAM_SUFFIX = "/records/stream"
 MAX_WAIT_PARAM = "max_wait_ms"
 MAX_WAIT_LIMIT_MS = 300_000  # fetch's own bound on max_wait_ms
 PREALLOCATE_BYTES = 1024 * 1024  # records.PREALLOCATE_BYTES (a body up to it is allocated at once)
-THROTTLED_KEY = "eventlog.throttled"  # scope["state"]: the principal whose fetch quota an event stream counts against
-SENT_KEY = "eventlog.stream_sent"  # scope: [bytes] an event stream wrote past the ASGI send (parked), api/sse.py
+# scope["state"]: the principal whose fetch quota an event stream counts against (api/sse.py)
+THROTTLED_KEY = "eventlog.throttled"
+# scope: [bytes] an event stream wrote past the ASGI send (parked with the pusher, api/tail.py)
+SENT_KEY = "eventlog.stream_sent"
 
 
 class RequestRefused(ApiError, StarletteHTTPException):
@@ -80,7 +82,15 @@ class RequestRefused(ApiError, StarletteHTTPException):
     a body into its own 400; an HTTPException it re-raises as it is. The ApiError handler comes
     first in the MRO, so the answer is the usual problem+json."""
 
-    def __init__(self, status: int, code: str, detail: str, *, headers: dict[str, str] | None = None, **extra: object) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        detail: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: object,
+    ) -> None:
         ApiError.__init__(self, status, code, detail, headers=headers, **extra)
         self.status_code = status
 
@@ -109,8 +119,11 @@ def public_path(path: str) -> bool:
     from . import console, docs  # (their routers are PolicyRoutes)
 
     return (
-        path == "/healthz" or path in docs.PUBLIC_PATHS or path.startswith(docs.ASSETS_PREFIX + "/")
-        or path in console.PUBLIC_PATHS or path.startswith(console.ASSETS_PREFIX + "/")
+        path == "/healthz"
+        or path in docs.PUBLIC_PATHS
+        or path.startswith(docs.ASSETS_PREFIX + "/")
+        or path in console.PUBLIC_PATHS
+        or path.startswith(console.ASSETS_PREFIX + "/")
     )
 
 
@@ -118,8 +131,15 @@ class Policy:
     """The steps above, with what they need (built once per app, from the settings)."""
 
     def __init__(
-        self, state: Any, *, metrics: Metrics, authenticator: Authenticator | None, quotas: QuotaManager,
-        access_log: AccessLog, max_request_bytes: int, request_timeout_ms: int,
+        self,
+        state: Any,
+        *,
+        metrics: Metrics,
+        authenticator: Authenticator | None,
+        quotas: QuotaManager,
+        access_log: AccessLog,
+        max_request_bytes: int,
+        request_timeout_ms: int,
     ) -> None:
         self.state = state
         self.metrics = metrics
@@ -152,7 +172,10 @@ class Policy:
     def wrap_route(self, route: BaseRoute, rule: Rule | None = None) -> None:
         """Replace `route`'s handle with the policy around it (once). For a route of this app
         only: the routes of the API's routers (shared by every app made) are PolicyRoutes."""
-        if isinstance(route, (PolicyRoute, _IncludedRouter)) or getattr(route, "eventlog_policy", None) is self:
+        if (
+            isinstance(route, (PolicyRoute, _IncludedRouter))
+            or getattr(route, "eventlog_policy", None) is self
+        ):
             return
         rule = rule or self.rule(route)
         inner = route.handle
@@ -179,9 +202,19 @@ class Policy:
         if dependant is not None:
             calls = _calls(dependant)
             engine = engine or get_engine in calls
-            right = right or next((c.eventlog_right for c in calls if hasattr(c, "eventlog_right")), None)
+            right = right or next(
+                (c.eventlog_right for c in calls if hasattr(c, "eventlog_right")), None
+            )
         kinds = {m: k for m in methods if (k := request_kind(m, template)) is not None}
-        return Rule(template, methods, kinds, right, engine, public_path(template), template.endswith(STREAM_SUFFIX))
+        return Rule(
+            template,
+            methods,
+            kinds,
+            right,
+            engine,
+            public_path(template),
+            template.endswith(STREAM_SUFFIX),
+        )
 
     # -- the steps (the hot lane calls them one by one) -----------------------------------------
 
@@ -196,16 +229,22 @@ class Policy:
         limit = self.max_request_bytes
         if declared > limit:
             raise ApiError(
-                413, "request_too_large", f"request body of {declared} bytes exceeds the limit of {limit}",
-                headers={"Connection": "close"}, limit=limit,
+                413,
+                "request_too_large",
+                f"request body of {declared} bytes exceeds the limit of {limit}",
+                headers={"Connection": "close"},
+                limit=limit,
             )
         return declared
 
     def authenticate(self, authorization: bytes | None) -> Principal:
-        """The request's principal (401 without a valid token); ANONYMOUS_ADMIN without an auth file."""
+        """The request's principal (401 without a valid token); ANONYMOUS_ADMIN without an
+        auth file."""
         if self.authenticator is None:
             return ANONYMOUS_ADMIN
-        return self.authenticator.authenticate(authorization.decode("latin-1") if authorization else None)
+        return self.authenticator.authenticate(
+            authorization.decode("latin-1") if authorization else None
+        )
 
     def within_quota(self, principal: Principal, kind: str | None) -> bool:
         """Whether `principal` has a `kind` quota (its bytes then count); 429 while over it."""
@@ -229,7 +268,9 @@ class Policy:
         return engine
 
     @staticmethod
-    def authorize(principal: Principal, right: str, path_params: dict[str, Any], query: bytes) -> None:
+    def authorize(
+        principal: Principal, right: str, path_params: dict[str, Any], query: bytes
+    ) -> None:
         """403 unless `principal` may do `right` on the path's topic and group, and on the topic a
         query names (?topic= filters group offsets)."""
         query_topic = None
@@ -242,10 +283,17 @@ class Policy:
             raise ApiError(403, "forbidden", f"{principal.name!r} has no access to group {group!r}")
 
     def admit(
-        self, rule: Rule, method: str, path: str, length: bytes | None, authorization: bytes | None,
-        path_params: dict[str, Any], query: bytes,
+        self,
+        rule: Rule,
+        method: str,
+        path: str,
+        length: bytes | None,
+        authorization: bytes | None,
+        path_params: dict[str, Any],
+        query: bytes,
     ) -> tuple[int, Principal, bool]:
-        """Steps 1 to 5: (declared body size, principal, whether its bytes count against a quota)."""
+        """Steps 1 to 5: (declared body size, principal, whether its bytes count against a
+        quota)."""
         declared = self.declared(length)
         public = rule.public if rule.public is not None else public_path(path)
         principal = ANONYMOUS_ADMIN if public else self.authenticate(authorization)
@@ -258,13 +306,17 @@ class Policy:
             self.authorize(principal, rule.right, path_params, query)
         return declared, principal, quota_on
 
-    async def body(self, receive: Receive, declared: int, started: float, received: list[int]) -> bytearray:
+    async def body(
+        self, receive: Receive, declared: int, started: float, received: list[int]
+    ) -> bytearray:
         """The whole body straight into one writable buffer (see records._read_body), within the
         request's time and size limits; received[0] follows the bytes taken."""
         limit = self.max_request_bytes
         buf = bytearray(declared) if declared <= PREALLOCATE_BYTES else bytearray()
         filled = 0
-        deadline = asyncio.get_running_loop().time() + self.timeout_s - (time.perf_counter() - started)
+        deadline = (
+            asyncio.get_running_loop().time() + self.timeout_s - (time.perf_counter() - started)
+        )
         try:
             async with asyncio.timeout_at(deadline):
                 while True:
@@ -322,14 +374,20 @@ class Policy:
     def _too_large(self) -> RequestRefused:
         limit = self.max_request_bytes
         return RequestRefused(
-            413, "request_too_large", f"request body exceeds the limit of {limit} bytes",
-            headers={"Connection": "close"}, limit=limit,
+            413,
+            "request_too_large",
+            f"request body exceeds the limit of {limit} bytes",
+            headers={"Connection": "close"},
+            limit=limit,
         )
 
     def _too_slow(self) -> RequestRefused:
         return RequestRefused(
-            408, "request_timeout", f"the request body did not arrive within {self.timeout_ms} ms",
-            headers={"Connection": "close"}, limit_ms=self.timeout_ms,
+            408,
+            "request_timeout",
+            f"the request body did not arrive within {self.timeout_ms} ms",
+            headers={"Connection": "close"},
+            limit_ms=self.timeout_ms,
         )
 
     def account(self, principal: Principal, kind: str, n: int) -> None:
@@ -346,20 +404,31 @@ class Policy:
             await asyncio.sleep(throttle / 1000)
         quotas.record(principal, kind, n)
 
-    def observe(self, scope: Scope, route: str, status: int, started: float, sent: int, principal: Principal) -> None:
+    def observe(
+        self, scope: Scope, route: str, status: int, started: float, sent: int, principal: Principal
+    ) -> None:
         """The request's metrics and access line (the in-flight gauge is the caller's)."""
         elapsed = time.perf_counter() - started
         method = scope["method"]
         counter = self._counters.get((route, method, status))
         if counter is None:
-            counter = self._counters[(route, method, status)] = self.metrics.requests.labels(route, method, str(status))
+            counter = self._counters[(route, method, status)] = self.metrics.requests.labels(
+                route, method, str(status)
+            )
         counter.inc()
         latency = self._latency.get((route, method))
         if latency is None:
             latency = self._latency[(route, method)] = self.metrics.latency.labels(route, method)
         latency.observe(elapsed)
         self.access_log.add(
-            method, scope["path"], scope.get("query_string", b""), route, status, elapsed, sent, scope.get("client"),
+            method,
+            scope["path"],
+            scope.get("query_string", b""),
+            route,
+            status,
+            elapsed,
+            sent,
+            scope.get("client"),
             principal.name,
         )
 
@@ -369,7 +438,9 @@ class Policy:
 
     # -- a route's request, start to end ----------------------------------------------------------
 
-    async def serve(self, rule: Rule, inner: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    async def serve(
+        self, rule: Rule, inner: ASGIApp, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         """Run `inner` (a route's handler) under the policy."""
         started = time.perf_counter()
         metrics = self.metrics
@@ -382,7 +453,8 @@ class Policy:
         received = [0]
         kind: str | None = None
         parked = [0]  # an event stream's bytes written past the send (api/sse.py)
-        counted = False  # fetch bytes count as they are sent (not an event stream's: api/sse.py does)
+        # fetch bytes count as they are sent (not an event stream's: api/sse.py counts those)
+        counted = False
 
         async def observed_send(message: Message) -> None:
             nonlocal status, sent, answering
@@ -395,39 +467,47 @@ class Policy:
             elif kind_of_message == "http.response.start":
                 status = message["status"]
                 answering = True
-                if deadline is not None:
-                    deadline.deadline = math.inf  # the answer has started: the body may take its time
+                if deadline is not None:  # the answer has started: the body may take its time
+                    deadline.deadline = math.inf
             elif kind_of_message == ZEROCOPY and counted:
                 self.quotas.record(principal, FETCH, message["count"])
             await send(message)
 
         deadline: anyio.CancelScope | None = None
         try:
-            length = authorization = None
-            for name, value in scope["headers"]:
-                if name == b"content-length":
-                    length = length or value
-                elif name == b"authorization":
-                    authorization = authorization or value
+            length, authorization = _length_and_authorization(scope)
             query = scope.get("query_string", b"")
             _declared, principal, quota_on = self.admit(
-                rule, method, scope["path"], length, authorization, scope.get("path_params") or {}, query,
+                rule,
+                method,
+                scope["path"],
+                length,
+                authorization,
+                scope.get("path_params") or {},
+                query,
             )
             state = scope.setdefault("state", {})
             state["principal"] = principal
             if quota_on:
                 kind = rule.kinds[method]
                 counted = kind == FETCH and not rule.stream
-                if rule.stream:
-                    state[THROTTLED_KEY] = principal  # each chunk waits out the throttle (api/sse.py)
+                if rule.stream:  # each chunk waits out the throttle (api/sse.py)
+                    state[THROTTLED_KEY] = principal
             if rule.stream:
                 scope[SENT_KEY] = parked
             if method == "GET" and not rule.stream:
-                deadline = anyio.CancelScope(deadline=asyncio.get_running_loop().time() + self.timeout_s + _max_wait_s(query))
+                deadline = anyio.CancelScope(
+                    deadline=asyncio.get_running_loop().time() + self.timeout_s + _max_wait_s(query)
+                )
                 with deadline:
                     await inner(scope, self.limited(receive, started, received), observed_send)
                 if deadline.cancelled_caught and not answering:
-                    raise ApiError(503, "request_timeout", f"no answer within {self.timeout_ms} ms", limit_ms=self.timeout_ms)
+                    raise ApiError(
+                        503,
+                        "request_timeout",
+                        f"no answer within {self.timeout_ms} ms",
+                        limit_ms=self.timeout_ms,
+                    )
             else:
                 await inner(scope, self.limited(receive, started, received), observed_send)
         except Exception as exc:
@@ -461,6 +541,17 @@ class PolicyRoute(APIRoute):
         if rule is None:
             rule = self.policy_rule = Policy.rule(self)
         await scope["app"].state.policy.serve(rule, self._handle, scope, receive, send)
+
+
+def _length_and_authorization(scope: Scope) -> tuple[bytes | None, bytes | None]:
+    """The first Content-Length and Authorization headers of the request (None: absent)."""
+    length = authorization = None
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            length = length or value
+        elif name == b"authorization":
+            authorization = authorization or value
+    return length, authorization
 
 
 def _calls(dependant: Any) -> list[Callable[..., Any]]:

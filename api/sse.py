@@ -35,7 +35,9 @@ from .records import SSE_KEEPALIVE_S, error_event
 from .tail import FANOUT, TAILS, TRANSPORT_SCOPE_KEY, Parked
 
 HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"),
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
 ]
 STREAM_ERRORS = (ApiError, OffsetOutOfRangeError, StorageError, LogClosedError)
 _KEEPALIVE = b": keepalive\n\n"
@@ -62,14 +64,24 @@ class Stream:
 
 
 async def run(
-    scope: Scope, receive: Receive, send: Send, source: Source, *, policy: Any, throttled: Principal | None,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    source: Source,
+    *,
+    policy: Any,
+    throttled: Principal | None,
     paths: ServerPaths | None,
 ) -> Stream:
     """Serve `source` as an event stream until its end or the client's; the stream's figures."""
     task = asyncio.current_task()
     assert task is not None
     # a plain HTTP/1.1 stream of no quota may be parked with the pusher (api/tail.py)
-    transport = scope.get(TRANSPORT_SCOPE_KEY) if throttled is None and scope.get("http_version") == "1.1" else None
+    transport = (
+        scope.get(TRANSPORT_SCOPE_KEY)
+        if throttled is None and scope.get("http_version") == "1.1"
+        else None
+    )
     stream = Stream(transport)
     loop = asyncio.get_running_loop()
     await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
@@ -129,7 +141,15 @@ class EventStreamResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         throttled = scope.get("state", {}).get(THROTTLED_KEY)
-        stream = await run(scope, receive, send, self.source, policy=self.policy, throttled=throttled, paths=self.paths)
+        stream = await run(
+            scope,
+            receive,
+            send,
+            self.source,
+            policy=self.policy,
+            throttled=throttled,
+            paths=self.paths,
+        )
         counter = scope.get(SENT_KEY)
         if counter is not None:
             counter[0] += stream.parked
@@ -139,14 +159,20 @@ class PartitionEvents:
     """A partition's records as events, from `position`; read and encoded once for every
     subscriber at that position (api/tail.py), a subscriber caught up parked with the pusher."""
 
-    def __init__(self, engine: Any, log: Any, position: int, kf: str, vf: str, fetched: Any) -> None:
+    def __init__(
+        self, engine: Any, log: Any, position: int, kf: str, vf: str, fetched: Any
+    ) -> None:
         self.engine = engine
         self.log = log
         self.position = position
         self.kf = kf
         self.vf = vf
         self.fetched = fetched
-        self.first = b": streaming " + f"{log.topic}/{log.partition} from offset {position}".encode() + b"\n\n"
+        self.first = (
+            b": streaming "
+            + f"{log.topic}/{log.partition} from offset {position}".encode()
+            + b"\n\n"
+        )
         self._may_park: bool | None = None
 
     async def next(self, stream: Stream) -> bytes | None:
@@ -159,7 +185,15 @@ class PartitionEvents:
         if self._may_park and position >= log.high_watermark:
             parked = Parked(stream.transport, position, stream.last_sent)
             try:
-                await FANOUT.park(log, self.kf, self.vf, parked, self.fetched, SSE_KEEPALIVE_S, lambda: engine.stopping)
+                await FANOUT.park(
+                    log,
+                    self.kf,
+                    self.vf,
+                    parked,
+                    self.fetched,
+                    SSE_KEEPALIVE_S,
+                    lambda: engine.stopping,
+                )
             finally:
                 stream.sent += parked.sent
                 stream.parked += parked.sent
