@@ -50,6 +50,7 @@ from .errors import (
 )
 from .fileutil import fsync_dir
 from .follower import FollowedPartition
+from .groups import GroupFilter, GroupPage, cut_page
 from .metadata import METADATA_TOPIC, TopicMeta, decode_event
 from .partition_log import PartitionLog, PreparedBatch
 from .shards import (
@@ -72,6 +73,9 @@ if TYPE_CHECKING:
     from .log_manager import LogManager, ShardSpec
 
 logger = logging.getLogger("eventlog.engine")
+
+# the most groups one listing call to shard 0 carries (RemoteGroups.groups_page)
+PAGE_CALL_GROUPS = 10_000
 
 
 class ShardFamily:
@@ -580,9 +584,7 @@ class ShardFamily:
 
     async def _on_groups(self, what: str, args: tuple) -> Any:
         assert self.manager.groups is not None
-        if what == "pairs":
-            return self.manager.groups.pairs()
-        if what not in ("commit", "merge", "delete", "forget_topic", "fetch"):
+        if what not in ("commit", "merge", "delete", "forget_topic", "fetch", "page"):
             raise InvalidRequestError(f"unknown group request {what!r}")
         result = getattr(self.manager.groups, what)(*args)
         if asyncio.iscoroutine(result):
@@ -640,7 +642,32 @@ class RemoteGroups:
     async def fetch(self, group: str, topic: str | None = None) -> Any:
         return await self._call("fetch", group, topic)
 
+    async def groups_page(
+        self, limit: int, after: str | None = None, accept: GroupFilter | None = None
+    ) -> GroupPage:
+        """GroupOffsets.groups_page through shard 0: the filter is a closure over the request's
+        principal, so it stays here and the groups come, with their topics, in calls of at most
+        PAGE_CALL_GROUPS (a filter that passes many over costs more calls, never a larger one)."""
+        chosen: list[str] = []
+        chunk = min(limit + 1, PAGE_CALL_GROUPS)
+        while True:
+            page = await self._call("page", after, chunk)
+            for group, topics in page:
+                if accept is None or accept(group, topics):
+                    chosen.append(group)
+                    if len(chosen) > limit:
+                        return cut_page(chosen, limit)
+            if len(page) < chunk:
+                return cut_page(chosen, limit)
+            after = page[-1][0]
+
     async def groups(self, topic_filter: Callable[[str], bool] | None = None) -> list[str]:
-        # the filter is a closure over the request's principal: it stays here, the pairs come
-        pairs = await self._call("pairs")
-        return sorted({g for g, t in pairs if topic_filter is None or topic_filter(t)})
+        """Every group (with an offset on a topic `topic_filter` accepts), page by page."""
+        accept = None if topic_filter is None else lambda _g, ts: any(map(topic_filter, ts))
+        groups: list[str] = []
+        after: str | None = None
+        while True:
+            page, after = await self.groups_page(PAGE_CALL_GROUPS, after, accept)
+            groups += page
+            if after is None:
+                return groups

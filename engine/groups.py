@@ -7,14 +7,18 @@ Record per committed (group, topic, partition):
             or null (a tombstone: the offset was deleted, e.g. with its topic)
 
 The latest record per key wins, which is exactly what compaction keeps. At start-up the log is
-replayed into a dict; a commit appends one batch holding all of its offsets (durable before the
-call returns) and then updates the dict, so readers see only acknowledged commits.
+replayed into an index (group -> topic -> partition); a commit appends one batch holding all of its
+offsets (durable before the call returns) and then updates the index, so readers see only
+acknowledged commits.
 
-Writes go through the partition's writer; reads are dictionary lookups. Safe from any task.
+Writes go through the partition's writer; reads are dictionary lookups: one group's offsets cost
+its partitions, whatever the other groups hold, and the listing pages through the sorted group
+names (a bisection, then the page). Safe from any task.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -55,9 +59,17 @@ def validate_group(group: str) -> None:
 
 
 class GroupOffsets:
+    """The committed offsets, indexed by group: one group's offsets are found without looking
+    at another's, and the listing pages through the group names in order."""
+
     def __init__(self, log: PartitionLog) -> None:
         self.log = log
-        self._offsets: dict[tuple[str, str, int], CommittedOffset] = {}
+        # group -> topic -> partition -> its committed offset
+        self._groups: dict[str, dict[str, dict[int, CommittedOffset]]] = {}
+        # topic -> the groups with an offset committed on it (a deleted topic's offsets)
+        self._topics: dict[str, set[str]] = {}
+        # the keys of _groups, sorted: a page of the listing begins with a bisection
+        self._names: list[str] = []
 
     async def load(self) -> None:
         """Replay the log into memory (called once, before any request)."""
@@ -72,21 +84,68 @@ class GroupOffsets:
                 if result.next_offset <= offset:
                     break
                 offset = result.next_offset
+            self._names = sorted(self._groups)
 
         await anyio.to_thread.run_sync(replay)
 
     def _apply(self, key: bytes | None, value: bytes | None) -> None:
+        """One replayed record (the names are sorted once the replay is done)."""
         if key is None:
             return
         group, topic, partition = orjson.loads(key)
-        k = (group, topic, partition)
         if value is None:
-            self._offsets.pop(k, None)
+            self._drop(group, topic, partition)
             return
         v = orjson.loads(value)
-        self._offsets[k] = CommittedOffset(group, topic, partition, v["offset"], v.get("metadata", ""), v.get("commit_timestamp", 0))
+        metadata, timestamp = v.get("metadata", ""), v.get("commit_timestamp", 0)
+        self._put(CommittedOffset(group, topic, partition, v["offset"], metadata, timestamp))
 
-    async def commit(self, group: str, offsets: Iterable[tuple[str, int, int, str]]) -> list[CommittedOffset]:
+    def _put(self, c: CommittedOffset) -> bool:
+        """Store one offset in the index; True when its group is new."""
+        topics = self._groups.get(c.group)
+        new = topics is None
+        if topics is None:
+            topics = self._groups[c.group] = {}
+        partitions = topics.get(c.topic)
+        if partitions is None:
+            partitions = topics[c.topic] = {}
+            self._topics.setdefault(c.topic, set()).add(c.group)
+        partitions[c.partition] = c
+        return new
+
+    def _drop(self, group: str, topic: str, partition: int) -> bool:
+        """Forget one offset; True when it was its group's last."""
+        topics = self._groups.get(group)
+        partitions = topics.get(topic) if topics is not None else None
+        if topics is None or partitions is None or partitions.pop(partition, None) is None:
+            return False
+        if partitions:
+            return False
+        del topics[topic]
+        holders = self._topics[topic]
+        holders.discard(group)
+        if not holders:
+            del self._topics[topic]
+        if topics:
+            return False
+        del self._groups[group]
+        return True
+
+    def _named(self, added: list[str], removed: list[str]) -> None:
+        """Keep the sorted names in step with _groups: O(groups) memory moves at worst."""
+        if len(added) == 1:
+            bisect.insort(self._names, added[0])
+        elif added:
+            self._names.extend(added)
+            self._names.sort()  # two sorted runs: one merge
+        for group in removed:
+            i = bisect.bisect_left(self._names, group)
+            if i < len(self._names) and self._names[i] == group:
+                del self._names[i]
+
+    async def commit(
+        self, group: str, offsets: Iterable[tuple[str, int, int, str]]
+    ) -> list[CommittedOffset]:
         """Store (topic, partition, offset, metadata) for `group` as one durable batch."""
         validate_group(group)
         now = wall_clock_ms()
@@ -101,8 +160,7 @@ class GroupOffsets:
         if not items:
             return []
         await self._append(items)
-        for c in committed:
-            self._offsets[(c.group, c.topic, c.partition)] = c
+        self._named([c.group for c in committed if self._put(c)], [])
         return committed
 
     async def merge(self, offsets: Iterable[CommittedOffset]) -> int:
@@ -117,19 +175,24 @@ class GroupOffsets:
         for i in range(0, len(items), MERGE_BATCH_RECORDS):
             chunk = items[i : i + MERGE_BATCH_RECORDS]
             await self._append([item for _c, item in chunk])
-            for c, _item in chunk:
-                self._offsets[(c.group, c.topic, c.partition)] = c
+            self._named([c.group for c, _item in chunk if self._put(c)], [])
         return len(items)
 
     async def delete(self, group: str, topic: str | None = None) -> int:
         """Tombstone a group's offsets (all, or one topic's); returns how many were removed."""
-        doomed = [k for k in self._offsets if k[0] == group and (topic is None or k[1] == topic)]
+        topics = self._groups.get(group, {})
+        doomed = [
+            (group, t, p)
+            for t in (sorted(topics) if topic is None else [topic] if topic in topics else [])
+            for p in sorted(topics[t])
+        ]
         await self._tombstone(doomed)
         return len(doomed)
 
     async def forget_topic(self, topic: str) -> int:
         """Tombstone every group's offsets for a deleted topic (as Kafka does)."""
-        doomed = [k for k in self._offsets if k[1] == topic]
+        holders = sorted(self._topics.get(topic, ()))
+        doomed = [(g, topic, p) for g in holders for p in sorted(self._groups[g][topic])]
         await self._tombstone(doomed)
         return len(doomed)
 
@@ -138,28 +201,64 @@ class GroupOffsets:
             return
         now = wall_clock_ms()
         await self._append([(_key(*k), None, now, ()) for k in keys])
-        for k in keys:
-            self._offsets.pop(k, None)
+        self._named([], [k[0] for k in keys if self._drop(*k)])
 
     async def _append(self, items: list) -> None:
         batch = encode_batch(0, items)
         await self.log.append(prepare_batches(batch, self.log.config, check_records=False))
 
     def fetch(self, group: str, topic: str | None = None) -> list[CommittedOffset]:
-        return sorted(
-            (c for (g, t, _p), c in self._offsets.items() if g == group and (topic is None or t == topic)),
-            key=lambda c: (c.topic, c.partition),
-        )
+        """One group's offsets (of one topic), by topic and partition: O(its partitions)."""
+        topics = self._groups.get(group)
+        if not topics:
+            return []
+        chosen = sorted(topics) if topic is None else [topic] if topic in topics else []
+        return [topics[t][p] for t in chosen for p in sorted(topics[t])]
 
     def committed(self) -> list[CommittedOffset]:
         """Every committed offset, by group, topic and partition."""
-        return [self._offsets[k] for k in sorted(self._offsets)]
-
-    def pairs(self) -> list[tuple[str, str]]:
-        """(group, topic) of every committed offset, without repeats."""
-        return sorted({(g, t) for g, t, _p in self._offsets})
+        return [c for g in self._names for c in self.fetch(g)]
 
     def groups(self, topic_filter: Callable[[str], bool] | None = None) -> list[str]:
         """Groups with committed offsets, sorted; with `topic_filter`, only those with an offset
-        committed on a topic it accepts."""
-        return sorted({g for g, t, _p in self._offsets if topic_filter is None or topic_filter(t)})
+        committed on a topic it accepts. Every group: the listing pages (groups_page)."""
+        if topic_filter is None:
+            return list(self._names)
+        return [g for g in self._names if any(topic_filter(t) for t in self._groups[g])]
+
+    def page(self, after: str | None, limit: int) -> list[tuple[str, list[str]]]:
+        """Up to `limit` groups named after `after` (from the first without), each with its
+        topics: what a follower shard's listing asks of shard 0, one bounded call at a time."""
+        start = 0 if after is None else bisect.bisect_right(self._names, after)
+        return [(g, sorted(self._groups[g])) for g in self._names[start : start + limit]]
+
+    def groups_page(
+        self, limit: int, after: str | None = None, accept: GroupFilter | None = None
+    ) -> GroupPage:
+        """The first `limit` groups named after `after` that `accept` takes (every group
+        without it), and the name to go on after, None on the last page. Without `accept`
+        O(limit); with it O(the groups passed over)."""
+        names = self._names
+        start = 0 if after is None else bisect.bisect_right(names, after)
+        if accept is None:
+            return cut_page(names[start : start + limit + 1], limit)
+        chosen: list[str] = []
+        for i in range(start, len(names)):
+            if accept(names[i], self._groups[names[i]]):
+                chosen.append(names[i])
+                if len(chosen) > limit:
+                    break
+        return cut_page(chosen, limit)
+
+
+# accept(group, its topics): whether a listing shows the group (the caller's prefixes)
+GroupFilter = Callable[[str, Iterable[str]], bool]
+# (groups, the name to pass as `after` for the next page: None on the last)
+GroupPage = tuple[list[str], str | None]
+
+
+def cut_page(chosen: list[str], limit: int) -> GroupPage:
+    """A page from up to limit + 1 chosen groups: one more than the limit means more remain."""
+    if len(chosen) > limit:
+        return chosen[:limit], chosen[limit - 1] if limit else None
+    return chosen, None
