@@ -3,7 +3,8 @@
 Plain files, no build step and no library: `console_assets/index.html`, `console.css` and
 `console.js` (an ES module that draws every view from the public API with fetch, the same
 requests a curl user makes). Nothing is loaded from elsewhere, so it works offline; the page's
-Content-Security-Policy allows only this server's own scripts, styles and requests.
+Content-Security-Policy (pages.py) allows only this server's own scripts, styles and requests,
+and no framing.
 
 With an auth file, the page and its assets are open (they hold no data); the page asks for a
 token, keeps it in the tab's session storage (shared with /docs) and sends it as
@@ -20,6 +21,7 @@ import anyio
 from fastapi import APIRouter, HTTPException
 from starlette.responses import RedirectResponse, Response
 
+from . import pages
 from .policy import PolicyRoute
 
 ASSETS_PREFIX = "/console/assets"
@@ -30,17 +32,10 @@ ASSETS = {
     "console.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
-# the page runs only its own module and talks only to this server; it may not be framed
-_POLICY = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-)
-_HEADERS = {
-    "Content-Security-Policy": _POLICY,
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-cache",  # the page names its assets; a new version is fetched at once
-}
+# the page runs only its own module and talks only to this server; it may not be framed (pages.py)
+_POLICY = pages.policy()
+# the page names its assets; a new version is fetched at once
+_HEADERS = pages.headers(_POLICY, "no-cache")
 
 router = APIRouter(include_in_schema=False, route_class=PolicyRoute)
 _loaded: dict[str, bytes] = {}

@@ -5,6 +5,11 @@ pages load them from the server: the files of the `fastapi-offline` package (a m
 bundle of Swagger UI's and ReDoc's release files), served at /static/docs/. Nothing else of
 that package is used.
 
+The pages and their assets are sent under pages.py's Content-Security-Policy, as the console's:
+the scripts of /static/docs/ and the pages' own inline scripts (by their SHA-256), inline styles
+(Swagger UI's and ReDoc's components inject theirs), ReDoc's search worker (a blob: URL),
+requests to this server only, and no framing (frame-ancestors 'none', X-Frame-Options DENY).
+
 With an auth file, the pages and their assets are open (they hold no data) and `/openapi.json`
 is not: each page has a token field, kept in the browser's session storage, and sends it as
 `Authorization: Bearer <token>` when it fetches the document (and, in Swagger UI, with every
@@ -21,6 +26,7 @@ from fastapi import APIRouter, HTTPException
 from fastapi.openapi.docs import get_swagger_ui_oauth2_redirect_html
 from starlette.responses import HTMLResponse, Response
 
+from . import pages
 from .policy import PolicyRoute
 
 ASSETS_PREFIX = "/static/docs"
@@ -62,9 +68,7 @@ function eventlogHeaders() {
 </script>"""
 
 
-@router.get("/docs")
-async def swagger_ui() -> HTMLResponse:
-    return HTMLResponse(f"""<!DOCTYPE html>
+_SWAGGER_UI = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>eventlog - Swagger UI</title>
 <link rel="stylesheet" href="{ASSETS_PREFIX}/swagger-ui.css">
 <link rel="icon" type="image/png" href="{ASSETS_PREFIX}/favicon.png"></head>
@@ -83,17 +87,9 @@ SwaggerUIBundle({{
   presets: [SwaggerUIBundle.presets.apis, SwaggerUIBundle.SwaggerUIStandalonePreset],
   layout: "BaseLayout"
 }});
-</script></body></html>""")
+</script></body></html>"""
 
-
-@router.get("/docs/oauth2-redirect")
-async def swagger_ui_redirect() -> HTMLResponse:
-    return get_swagger_ui_oauth2_redirect_html()
-
-
-@router.get("/redoc")
-async def redoc() -> HTMLResponse:
-    return HTMLResponse(f"""<!DOCTYPE html>
+_REDOC = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>eventlog - ReDoc</title>
 <link rel="icon" type="image/png" href="{ASSETS_PREFIX}/favicon.png"></head>
 <body style="margin: 0">{_TOKEN_BAR}
@@ -104,10 +100,41 @@ fetch("/openapi.json", {{headers: eventlogHeaders()}})
   .then(function (r) {{ if (!r.ok) throw new Error("/openapi.json answered " + r.status + ": set the token above"); return r.json(); }})
   .then(function (spec) {{ Redoc.init(spec, {{}}, document.getElementById("redoc")); }})
   .catch(function (e) {{ document.getElementById("redoc").textContent = e.message; }});
-</script></body></html>""")
+</script></body></html>"""
+
+_OAUTH2_REDIRECT = bytes(get_swagger_ui_oauth2_redirect_html().body).decode()
+
+# one policy for the three pages and their assets: their inline scripts, by hash (pages.py)
+_PAGES = (_SWAGGER_UI, _REDOC, _OAUTH2_REDIRECT)
+POLICY = pages.policy(
+    scripts=[js for page in _PAGES for js in pages.inline_scripts(page)],
+    inline_styles=True,
+    blob_workers=True,
+)
+_PAGE_HEADERS = pages.headers(POLICY, "no-cache")
+_ASSET_HEADERS = pages.headers(POLICY, "public, max-age=86400")
+
+
+@router.get("/docs")
+async def swagger_ui() -> HTMLResponse:
+    return HTMLResponse(_SWAGGER_UI, headers=_PAGE_HEADERS)
+
+
+@router.get("/docs/oauth2-redirect")
+async def swagger_ui_redirect() -> HTMLResponse:
+    return HTMLResponse(_OAUTH2_REDIRECT, headers=_PAGE_HEADERS)
+
+
+@router.get("/redoc")
+async def redoc() -> HTMLResponse:
+    return HTMLResponse(_REDOC, headers=_PAGE_HEADERS)
 
 
 _loaded: dict[str, bytes] = {}  # the assets read so far (~2.8 MB in all): they never change
+# The one thing a bundle fetches from elsewhere: ReDoc's menu shows Redocly's logo from their CDN
+# (hidden when it does not load). The policy would block it, a violation on every load: it is
+# pointed at an image that fails at once instead, as with no internet; the link stays.
+_OFFSITE = {"redoc.standalone.js": ((b'"https://cdn.redoc.ly/redoc/logo-mini.svg"', b'"data:,"'),)}
 
 
 @router.get(ASSETS_PREFIX + "/{name}")
@@ -119,5 +146,8 @@ async def asset(name: str) -> Response:
     if data is None:  # read once, without holding the event loop (aiofiles: a worker thread)
         with anyio.CancelScope(shield=True):  # a cancel mid-open would leave the file unclosed
             async with aiofiles.open(_assets_dir() / name, "rb") as f:
-                data = _loaded[name] = await f.read()
-    return Response(data, media_type=kind, headers={"Cache-Control": "public, max-age=86400"})
+                data = await f.read()
+            for offsite, local in _OFFSITE.get(name, ()):
+                data = data.replace(offsite, local)
+            _loaded[name] = data
+    return Response(data, media_type=kind, headers=_ASSET_HEADERS)

@@ -23,6 +23,16 @@ The protocol classes made here add both limits, for httptools and h11 alike:
                    connection open for ever: uvicorn hands a whole body to the transport and
                    the request is done as far as the application can tell.
 
+    burst intake  request heads are taken at most INTAKE_PER_TURN per turn of the event
+                   loop when they start a request that will wait (a long-poll fetch, an event
+                   stream: told by the request line): beyond that, the connection's bytes wait
+                   for a coming turn of the loop's pacer (engine/wakeups.py), in order, reading
+                   paused if more come meanwhile. Thousands of long-polls opened at once were
+                   otherwise taken in one turn (each parsed and given a task, then taken through
+                   the request policy to its wait in the next): /healthz waited 0.3-0.5 s behind
+                   them (issue 23). Every other request is taken at once, as before; a client's
+                   EOF closes its connection through the pacer too (thousands leaving at once).
+
 The body and the answer have their limits in api/limits.py.
 
 serve() runs the app until SIGTERM or SIGINT: on a socket of its own (eventlog serve, one
@@ -41,6 +51,7 @@ import signal
 import socket
 import sys
 import threading
+import weakref
 from types import FrameType
 from typing import Any, Callable, Iterator, Sequence
 
@@ -48,6 +59,7 @@ import orjson
 import uvicorn
 
 from api.tail import TRANSPORT_SCOPE_KEY
+from engine.wakeups import pacer_for
 
 from .balance import Balancer
 from .settings import Settings
@@ -64,6 +76,61 @@ def _problem_bytes(status: int, reason: str, code: str, detail: str) -> bytes:
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode("latin-1") + body
+
+
+# request heads an event loop's connections take in one turn before the head of a request that
+# will wait is left for a coming turn (see "burst intake" above)
+INTAKE_PER_TURN = 64
+
+
+class _Intake:
+    """How many request heads the connections of one event loop took in its current turn."""
+
+    __slots__ = ("_armed", "loop", "taken")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.taken = 0
+        self._armed = False
+
+    def take(self) -> bool:
+        """Count a head; False once this turn has taken INTAKE_PER_TURN."""
+        if not self._armed:  # the count starts again in the next turn
+            self._armed = True
+            self.loop.call_soon(self._reset)
+        self.taken += 1
+        return self.taken <= INTAKE_PER_TURN
+
+    def _reset(self) -> None:
+        self.taken = 0
+        self._armed = False
+
+
+_intakes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Intake] = (
+    weakref.WeakKeyDictionary()
+)
+_last_intake: _Intake | None = None  # the last one asked for: a process has one loop that serves
+
+
+def _intake(loop: asyncio.AbstractEventLoop) -> _Intake:
+    global _last_intake
+    intake = _last_intake
+    if intake is None or intake.loop is not loop:
+        intake = _intakes.get(loop)
+        if intake is None:
+            intake = _intakes[loop] = _Intake(loop)
+        _last_intake = intake
+    return intake
+
+
+def _will_wait(data: bytes) -> bool:
+    """Whether `data`, the first bytes of a request, start a request that waits for records: a
+    GET of an event stream (.../stream) or one with max_wait_ms (a long-poll fetch)."""
+    if not data.startswith(b"GET "):
+        return False
+    end = data.find(b" ", 4, 8192)
+    path, _, query = (data[4:end] if end > 0 else data[4:8192]).partition(b"?")
+    return path.endswith(b"/stream") or b"max_wait_ms=" in query
 
 
 class _HeadGuard:
@@ -111,6 +178,53 @@ class _HeadGuard:
     def _refuse(self, status: int, reason: str, code: str, detail: str) -> None:
         if not self.transport.is_closing():
             self.transport.write(_problem_bytes(status, reason, code, detail))
+            self.transport.close()
+
+    # -- a burst of requests that will wait ----------------------------------------------------
+
+    cycle: Any
+    flow: Any
+    _deferred: bytes | None = None
+
+    def _receive(self, data: bytes) -> None:
+        """What data_received does with bytes taken now."""
+        raise NotImplementedError
+
+    def _defer_intake(self, data: bytes) -> bool:
+        """True when `data` is left for a coming turn: it starts a request that will wait, on a
+        connection with no request in progress, and this turn has taken its share of heads."""
+        if self._deferred is not None:  # more came meanwhile: after what waits, in order
+            self._deferred += data
+            self.flow.pause_reading()  # (a client sends a request and waits: rarely needed)
+            return True
+        if self.cycle is not None and not self.cycle.response_complete:
+            return False
+        if _intake(self.loop).take() or not _will_wait(data):
+            return False
+        self._deferred = data
+        self._unset_keepalive_if_required()  # type: ignore[attr-defined] # uvicorn's: the connection is in use
+        pacer_for(self.loop).call(self._take_deferred)
+        return True
+
+    def _take_deferred(self) -> None:
+        data, self._deferred = self._deferred, None
+        if data is None or self.transport.is_closing():
+            return
+        self.flow.resume_reading()  # if more came meanwhile
+        self._receive(data)
+
+    def eof_received(self) -> bool | None:
+        """The client closed its side: the connection closes, as uvicorn closes it, but in a
+        coming turn of the pacer (thousands of clients leaving at once close a few per turn).
+        With TLS the transport closes at once, as before (it cannot be kept half-open)."""
+        if self.transport.get_extra_info("ssl_object") is not None:
+            return None
+        if not self.transport.is_closing():
+            pacer_for(self.loop).call(self._close_after_eof)
+        return True  # the transport stays until then
+
+    def _close_after_eof(self) -> None:
+        if not self.transport.is_closing():
             self.transport.close()
 
     # -- a client that stops reading ---------------------------------------------------------
@@ -172,6 +286,11 @@ def _httptools_guarded() -> type:
             self._arm_head()
 
         def data_received(self, data: bytes) -> None:
+            if self._refused or self._defer_intake(data):
+                return
+            self._receive(data)
+
+        def _receive(self, data: bytes) -> None:
             if self._refused:
                 return
             self._read_bytes = len(data)
@@ -249,6 +368,10 @@ def _h11_guarded() -> type:
             self._arm_head()
 
         def data_received(self, data: bytes) -> None:
+            if not self._defer_intake(data):
+                self._receive(data)
+
+        def _receive(self, data: bytes) -> None:
             if self.conn.their_state is h11.IDLE:
                 self._arm_head()
             super().data_received(data)

@@ -51,6 +51,7 @@ from .segment import LogSegment
 from .segments import LogView
 from .shards import CHANGING, SlotState, slot_key
 from .time_index import TimeIndex
+from .wakeups import PacedEvent
 
 if TYPE_CHECKING:
     from .partition_log import AppendResult, PreparedBatch
@@ -251,7 +252,7 @@ class FollowedPartition(LogReads):
         self._closed = False
         self._deleted = False
         self._stop_waiting = False
-        self._data_event = asyncio.Event()
+        self._data_event = PacedEvent()
         self.waiters = 0
         self.corrupt_batches = {"recovery": 0, "read": 0}
         self.failed = None
@@ -416,16 +417,19 @@ class FollowedPartition(LogReads):
         if self.view.high_watermark > offset:
             return True
         self.check_open()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         self.waiters += 1
         try:
-            with anyio.move_on_after(timeout_s):
-                while not (self._closed or self._stop_waiting):
-                    if self.view.high_watermark > offset:
-                        break
-                    event = self._data_event
-                    # a note can be lost while the channel reconnects: look again now and then
-                    with anyio.move_on_after(1.0):
-                        await event.wait()
+            while not (self._closed or self._stop_waiting):
+                if self.view.high_watermark > offset:
+                    break
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                # a note can be lost while the channel reconnects: look again now and then (the
+                # event's own timer, released through the loop's pacer: wakeups.py)
+                await self._data_event.wait(min(left, 1.0))
         finally:
             self.waiters -= 1
         if not self._closed and self.view.high_watermark > offset:

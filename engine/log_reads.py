@@ -5,13 +5,13 @@ the state its waiters (long-polls, streams) look at: closed, deleted, stop_waiti
 
 A class using it provides `view` (the LogView reads work from), `name`, `topic`, `directory`,
 `corrupt_batches`, `waiters`, `dropped_offsets` and the flags `_closed`, `_deleted`, `_stop_waiting` with
-`_data_event` (an asyncio.Event replaced at each wake-up that finds waiters); a follower also overrides `_on_view` to read again on a
-fresh view when a file went away under the one it had.
+`_data_event` (a wakeups.PacedEvent replaced at each wake-up that finds waiters); a follower
+also overrides `_on_view` to read again on a fresh view when a file went away under the one it
+had.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 from typing import Any, Callable
@@ -22,6 +22,7 @@ from . import dropped, reader
 from .errors import CorruptDataError, LogClosedError, StorageError, TopicDeletedError
 from .reader import FetchSlice
 from .segments import LogView
+from .wakeups import PacedEvent
 
 logger = logging.getLogger("eventlog.engine")
 
@@ -42,7 +43,7 @@ class LogReads:
     _closed: bool
     _deleted: bool
     _stop_waiting: bool
-    _data_event: asyncio.Event
+    _data_event: PacedEvent
 
     def _on_view(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(view, *args) on the current view."""
@@ -142,7 +143,9 @@ class LogReads:
     def _wake_waiters(self, force: bool = False) -> None:
         if not (self.waiters or force):  # nobody waits on the event: it stays unset and in use
             return
-        event, self._data_event = self._data_event, asyncio.Event()
+        # its waiters are released a few per loop turn (wakeups.py): thousands of long-polls
+        # woken by one publish never hold the loop together
+        event, self._data_event = self._data_event, PacedEvent()
         event.set()
 
     def wake_waiters(self, force: bool = False) -> None:
@@ -150,7 +153,7 @@ class LogReads:
         also a waiter that does not count itself in `waiters`)."""
         self._wake_waiters(force)
 
-    def data_event(self) -> asyncio.Event:
+    def data_event(self) -> PacedEvent:
         """Set at the next publish (or close, shutdown, wake_waiters). Whoever waits on it
         counts itself in `waiters` meanwhile, or it may not be woken."""
         return self._data_event

@@ -72,6 +72,7 @@ from .producer_state import DEFAULT_EXPIRATION_MS, ProducerEntry, ProducerStateM
 from .records import check_records_framing, split_records
 from .segment import AppendBatch, LogSegment
 from .segments import LogView
+from .wakeups import PacedEvent
 
 logger = logging.getLogger("eventlog.engine")
 
@@ -280,7 +281,7 @@ class PartitionLog(LogReads):
         self._senders: set[asyncio.Task] = set()  # append_soon's waits for room in a full queue
         self._commits: CommitBatcher | None = None
         self._device = -1  # the filesystem of the log's directory (st_dev), once running
-        self._data_event = asyncio.Event()
+        self._data_event = PacedEvent()
         self._closed = False
         self._deleted = False
         self._stop_waiting = False
@@ -1031,11 +1032,16 @@ class PartitionLog(LogReads):
         if self.view.high_watermark > offset:
             return True
         self.check_open()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         self.waiters += 1
         try:
-            with anyio.move_on_after(timeout_s):
-                while self.view.high_watermark <= offset and not (self._closed or self._stop_waiting):
-                    await self._data_event.wait()
+            # the timeout is the event's (a timer, released through the loop's pacer like the
+            # wake-up: wakeups.py), not a cancel scope per waiter
+            while self.view.high_watermark <= offset and not (self._closed or self._stop_waiting):
+                left = deadline - loop.time()
+                if left <= 0 or not await self._data_event.wait(left):
+                    break
         finally:
             self.waiters -= 1
         if self.view.high_watermark > offset:

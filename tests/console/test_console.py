@@ -483,6 +483,108 @@ def test_the_page_runs_only_its_own_code_and_works_offline(server: ServerProcess
         assert (root.status_code, root.headers["location"]) == (302, "/console")
 
 
+DOCS_PAGES = ("/docs", "/redoc", "/docs/oauth2-redirect")
+DOCS_ASSETS = tuple(
+    f"/static/docs/{name}"
+    for name in ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js", "favicon.png")
+)
+
+
+def test_the_documents_pages_run_only_their_own_code(server: ServerProcess) -> None:
+    """/docs, /redoc (and Swagger UI's OAuth2 redirect page) and their assets are sent under
+    the console's kind of policy (api/pages.py): scripts from the server or inline ones by hash
+    (never 'unsafe-inline' scripts), requests to the server only, and no framing."""
+    with server.client() as client:
+        console_policy = client.get("/console").headers["content-security-policy"]
+        for path in DOCS_PAGES + DOCS_ASSETS:
+            answer = client.get(path)
+            assert answer.status_code == 200, path
+            given = answer.headers["content-security-policy"]
+            policy = dict(d.strip().split(" ", 1) for d in given.split(";"))
+            assert policy["default-src"] == "'none'", (path, policy)
+            assert policy["connect-src"] == "'self'", (path, policy)
+            assert policy["frame-ancestors"] == "'none'", path
+            assert answer.headers["x-frame-options"] == "DENY", path
+            assert answer.headers["x-content-type-options"] == "nosniff", path
+            scripts = policy["script-src"].split()
+            assert scripts[0] == "'self'", (path, scripts)
+            assert all(s.startswith("'sha256-") for s in scripts[1:]), (path, scripts)
+            assert "'unsafe-inline'" not in scripts and "'unsafe-eval'" not in scripts
+            for directive in ("base-uri", "form-action", "img-src"):  # the console's, as they are
+                assert directive + " " + policy[directive] in console_policy, (path, directive)
+        # the console's own policy is unchanged by the documents' needs
+        assert "'unsafe-inline'" not in console_policy and "sha256" not in console_policy
+        assert client.get("/console").headers["x-frame-options"] == "DENY"
+
+
+class DocsPage:
+    """A browser tab on one of the documents' pages: every console error, script error and CSP
+    violation it reports, and every request it makes."""
+
+    def __init__(self, browser, server: ServerProcess, path: str) -> None:
+        self.context = browser.new_context(viewport={"width": 1280, "height": 860})
+        self.context.set_default_timeout(20_000)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("pageerror", lambda error: self.errors.append(f"page error: {error}"))
+        self.page.on("console", self._console)
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        # the violations the page's own code sees (an extension's script is not subject to the CSP)
+        self.page.add_init_script(
+            "window.__violations = []; document.addEventListener('securitypolicyviolation',"
+            " e => window.__violations.push(e.violatedDirective + ' ' + e.blockedURI));"
+        )
+        self.response = self.page.goto(f"{server.url}{path}")
+        self.url = server.url
+
+    def _console(self, message) -> None:  # noqa: ANN001 -- playwright's ConsoleMessage
+        if message.type == "error":
+            self.errors.append(f"console {message.type}: {message.text}")
+
+    def check(self) -> None:
+        """No CSP violation, no error, nothing loaded from elsewhere."""
+        violations = self.page.evaluate("window.__violations")
+        self.context.close()
+        assert not violations, violations
+        assert not self.errors, self.errors
+        own = (self.url + "/", "data:", "blob:")
+        elsewhere = [u for u in self.requests if not u.startswith(own)]
+        assert not elsewhere, elsewhere
+
+
+def test_swagger_ui_and_redoc_render_under_their_policy(server: ServerProcess, browser) -> None:
+    """Swagger UI draws every operation of the document and ReDoc draws the document, search
+    included (its worker), with the CSP of api/pages.py enforced: not one violation."""
+    with server.client() as client:
+        document = client.get("/openapi.json").json()
+    operations = [op for item in document["paths"].values() for op in item.values()]
+    assert len(operations) > 20
+
+    swagger = DocsPage(browser, server, "/docs")
+    assert "content-security-policy" in swagger.response.headers
+    swagger.page.locator(".opblock").first.wait_for()
+    swagger.page.wait_for_function(
+        f"document.querySelectorAll('.opblock').length >= {len(operations)}"
+    )
+    summaries = swagger.page.locator(".opblock-summary-description").all_inner_texts()
+    fetch = next(op for op in operations if op["operationId"] == "fetchRecords")
+    assert fetch["summary"] in summaries
+    swagger.page.locator(".opblock-summary-control").first.click()  # an operation opens
+    swagger.page.locator(".opblock-body").first.wait_for()
+    swagger.check()
+
+    redoc = DocsPage(browser, server, "/redoc")
+    assert "content-security-policy" in redoc.response.headers
+    redoc.page.locator("[data-section-id^='operation/']").first.wait_for(state="attached")
+    drawn = redoc.page.locator("[data-section-id^='operation/']").count()
+    assert drawn >= len(operations), (drawn, len(operations))
+    search = redoc.page.locator("input[placeholder='Search...']")
+    search.fill("fetch records")  # searched by ReDoc's worker
+    redoc.page.locator("[data-role='search:results'] li, [role='search'] + * li").first.wait_for()
+    redoc.check()
+
+
 def test_whoami_and_maintenance_in_the_api(server: ServerProcess) -> None:
     with server.client() as client:
         me = client.get("/v1/whoami").json()
