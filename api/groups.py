@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
+
+from engine.groups import MAX_GROUP_CHARS
 
 from .auth import Describer, GroupMember, principal_of
 from .deps import Engine
 from .errors import ApiError
 from .policy import PolicyRoute
 from .schemas import CommittedGroupOffset, GroupList, GroupOffsets, GroupOffsetsCommit, Problem
+
+DEFAULT_GROUPS_PAGE = 1000
+MAX_GROUPS_PAGE = 10_000
 
 router = APIRouter(prefix="/v1/groups", tags=["groups"], route_class=PolicyRoute)
 
@@ -91,18 +97,32 @@ async def delete_offsets(
     "",
     operation_id="listGroups",
     response_model=GroupList,
-    responses={401: _problems[401], 403: _problems[403]},
-    summary="Consumer groups with committed offsets",
+    responses={401: _problems[401], 403: _problems[403], 422: _problems[422]},
+    summary="Consumer groups with committed offsets, by name, a page at a time",
     description=(
         "An admin sees every group. Any other token sees the groups its group prefixes cover that "
-        "have offsets committed on at least one topic its topic prefixes cover."
+        "have offsets committed on at least one topic its topic prefixes cover. At most `limit` "
+        "groups, sorted by name, after `after`; `next_after` is what to pass as `after` for the "
+        "next page, null on the last."
     ),
 )
-async def list_groups(request: Request, engine: Engine, _principal: Describer) -> GroupList:
+async def list_groups(
+    request: Request, engine: Engine, _principal: Describer,
+    limit: int = Query(
+        DEFAULT_GROUPS_PAGE, ge=1, le=MAX_GROUPS_PAGE, description="the most groups answered"
+    ),
+    after: str | None = Query(
+        None, min_length=1, max_length=MAX_GROUP_CHARS,
+        description="only groups named after this one (the previous page's `next_after`)",
+    ),
+) -> GroupList:
     principal = principal_of(request)
-    if principal.role == "admin":
-        return GroupList(groups=await _ready(engine.groups.groups()))
-    return GroupList(groups=[g for g in await _ready(engine.groups.groups(principal.covers_topic)) if principal.covers_group(g)])
+    accept = None
+    if principal.role != "admin":
+        def accept(group: str, topics: Iterable[str]) -> bool:
+            return principal.covers_group(group) and any(map(principal.covers_topic, topics))
+    groups, next_after = await _ready(engine.groups.groups_page(limit, after, accept))
+    return GroupList(groups=groups, next_after=next_after)
 
 
 async def _ready(value: Any) -> Any:

@@ -285,7 +285,10 @@ class GroupOffsets(BaseModel):
 
 
 class GroupList(BaseModel):
-    groups: list[str]
+    groups: list[str] = Field(description="sorted by name")
+    next_after: str | None = Field(
+        None, description="pass as `after` for the next page; null on the last page"
+    )
 
 
 class MaintenanceRequest(BaseModel):

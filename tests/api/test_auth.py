@@ -115,7 +115,7 @@ def test_group_prefixes(auth_server) -> None:
         outside = {"offsets": [{"topic": "orders", "partition": 0, "offset": 0}]}
         assert_problem(c.post("/v1/groups/reports-daily/offsets", json=outside), 403, "forbidden")
         assert c.get("/v1/groups/reports-daily/offsets").json()["offsets"][0]["topic"] == "billing.a"
-        assert c.get("/v1/groups").json() == {"groups": ["reports-daily"]}
+        assert c.get("/v1/groups").json() == {"groups": ["reports-daily"], "next_after": None}
     with as_("producer", s) as p:
         assert_problem(p.get("/v1/groups/reports-daily/offsets"), 403, "forbidden")
 

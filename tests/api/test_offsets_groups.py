@@ -77,7 +77,7 @@ def test_group_offsets(client: httpx.Client) -> None:
     assert all(o["commit_timestamp"] > 0 for o in got["offsets"])
     assert [o["topic"] for o in client.get("/v1/groups/g1/offsets", params={"topic": "u"}).json()["offsets"]] == ["u"]
     assert client.get("/v1/groups/nobody/offsets").json() == {"group": "nobody", "offsets": []}
-    assert client.get("/v1/groups").json() == {"groups": ["g1"]}
+    assert client.get("/v1/groups").json() == {"groups": ["g1"], "next_after": None}
     assert_problem(client.post("/v1/groups/g1/offsets", json={"offsets": [{"topic": "nope", "partition": 0, "offset": 1}]}), 404, "topic_not_found")
     assert_problem(client.post("/v1/groups/g1/offsets", json={"offsets": [{"topic": "t", "partition": 9, "offset": 1}]}), 404, "partition_not_found")
     assert_problem(client.post("/v1/groups/g1/offsets", json={"offsets": [{"topic": "t", "partition": 0, "offset": -1}]}), 422, "validation_error")
@@ -86,6 +86,38 @@ def test_group_offsets(client: httpx.Client) -> None:
     assert [o["topic"] for o in client.get("/v1/groups/g1/offsets").json()["offsets"]] == ["t"]
     client.delete("/v1/topics/t")  # a deleted topic takes its committed offsets with it
     assert client.get("/v1/groups/g1/offsets").json()["offsets"] == []
+
+
+def test_groups_are_listed_a_page_at_a_time(client: httpx.Client) -> None:
+    client.post("/v1/topics", json={"name": "t"})
+    names = [f"g{i:02d}" for i in range(25)]
+    for g in reversed(names):
+        commit = {"offsets": [{"topic": "t", "partition": 0, "offset": 1}]}
+        assert client.post(f"/v1/groups/{g}/offsets", json=commit).status_code == 200
+    assert client.get("/v1/groups").json() == {"groups": names, "next_after": None}
+    pages, after = [], None
+    while True:
+        got = client.get("/v1/groups", params={"limit": 10} | ({"after": after} if after else {}))
+        assert got.status_code == 200
+        pages.append(got.json()["groups"])
+        after = got.json()["next_after"]
+        if after is None:
+            break
+        assert after == pages[-1][-1]
+    assert pages == [names[:10], names[10:20], names[20:]]
+    # exactly the last page: no cursor; a cursor that names no group; past the end
+    assert client.get("/v1/groups", params={"limit": 5, "after": "g19"}).json() == {
+        "groups": names[20:], "next_after": None
+    }
+    assert client.get("/v1/groups", params={"limit": 2, "after": "g03x"}).json() == {
+        "groups": ["g04", "g05"], "next_after": "g05"
+    }
+    past = client.get("/v1/groups", params={"after": "h"}).json()
+    assert past == {"groups": [], "next_after": None}
+    too_long = "g" * 250  # no group id is longer than 249 characters
+    for bad in ({"limit": 0}, {"limit": 10_001}, {"after": ""}, {"after": too_long}):
+        assert_problem(client.get("/v1/groups", params=bad), 422, "validation_error")
+    assert_problem(client.get("/v1/groups", params={"limit": "x"}), 422, "validation_error")
 
 
 def test_group_offsets_survive_restart(app_factory) -> None:

@@ -500,7 +500,12 @@ def _fetch_group_offsets(s: Scene) -> None:
 
 @_uses("listGroups", "groups", "list_groups")
 def _list_groups(s: Scene) -> None:
-    assert s.op("groups", "list_groups").sync(client=s.client).groups == ["billing"]
+    list_groups = s.op("groups", "list_groups")
+    listed = list_groups.sync(client=s.client)
+    assert (listed.groups, listed.next_after) == (["billing"], None)
+    page = list_groups.sync(client=s.client, limit=1, after="a")
+    assert (page.groups, page.next_after) == (["billing"], None)
+    assert list_groups.sync(client=s.client, after="billing").groups == []
 
 
 @_uses("deleteGroupOffsets", "groups", "delete_group_offsets")

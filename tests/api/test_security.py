@@ -232,7 +232,7 @@ def test_listings_and_metrics_show_only_covered_topics_and_groups(acl_server) ->
     with as_("consumer_out", s) as c:
         assert [t["name"] for t in c.get("/v1/topics").json()["topics"]] == ["orders"]
         # g-1 is in its group prefix, but its offsets are of billing.x, which it does not cover
-        assert c.get("/v1/groups").json() == {"groups": ["g-2"]}
+        assert c.get("/v1/groups").json() == {"groups": ["g-2"], "next_after": None}
         assert c.get("/v1/groups/g-1/offsets").json()["offsets"] == []  # g-1's offsets are of billing.x
         metrics = c.get("/metrics").text
         assert 'topic="orders"' in metrics and f'topic="{TOPIC}"' not in metrics and DOOMED not in metrics
@@ -241,11 +241,19 @@ def test_listings_and_metrics_show_only_covered_topics_and_groups(acl_server) ->
         metrics = p.get("/metrics").text
         assert f'topic="{TOPIC}"' in metrics and 'topic="orders"' not in metrics
         # every group prefix, topics "billing.": only the groups with offsets of billing. topics
-        assert p.get("/v1/groups").json() == {"groups": ["g-1"]}
+        assert p.get("/v1/groups").json() == {"groups": ["g-1"], "next_after": None}
     with as_("producer_out", s) as p:
-        assert p.get("/v1/groups").json() == {"groups": ["g-2", "other"]}
+        assert p.get("/v1/groups").json() == {"groups": ["g-2", "other"], "next_after": None}
+        # the filter chooses before the limit counts: pages of what the token may see
+        first = p.get("/v1/groups", params={"limit": 1}).json()
+        assert first == {"groups": ["g-2"], "next_after": "g-2"}
+        last = p.get("/v1/groups", params={"limit": 1, "after": "g-2"}).json()
+        assert last == {"groups": ["other"], "next_after": None}
     with as_("consumer_all", s) as c:  # every topic, groups "g-"
-        assert c.get("/v1/groups").json() == {"groups": ["g-1", "g-2"]}
+        assert c.get("/v1/groups").json() == {"groups": ["g-1", "g-2"], "next_after": None}
+        assert c.get("/v1/groups", params={"limit": 1, "after": "g-1"}).json() == {
+            "groups": ["g-2"], "next_after": None  # "other" is outside its group prefixes
+        }
 
 
 INTERNAL = ("__consumer_offsets", "__metadata")
