@@ -9,7 +9,8 @@ partition's writer indexes every keyed record it appends:
 * The active segment's entries live in memory (ActiveKeys): the newest in arrays, older ones in
   sorted runs.
 * A closed segment's entries are an immutable file beside it, `<base offset>.keyindex`
-  (ClosedKeys; format below), written when the segment rolls, searched with numpy. Kafka
+  (ClosedKeys; format below), written when the segment rolls, or by the log cleaner with each
+  segment it makes (workers/cleaner.py), searched with numpy. Kafka
   ignores the file (its loader looks at .log, .index, .timeindex and .txnindex), so a data dir
   stays one Kafka can adopt, and it stays out of snapshots.
 * A key hash is the key's XXH3-64 (seed 0; xxhash, a stable spec). Two keys may share a hash:
@@ -29,10 +30,18 @@ File format (little-endian), `<base offset>.keyindex`:
 16 bytes per keyed record. A file whose magic, version, CRC, base offset, next offset or log
 size does not match its segment (damaged, torn, or left by a segment that compaction replaced
 at the same base offset) is not used: the index is rebuilt from the segment (every batch's
-keys) and written again, as Kafka rebuilds a missing offset index. The file is never fsynced:
-it is derived data, and the checks above catch whatever a crash leaves. Retention and
-compaction remove a segment's file with it (PartitionLog.delete_segments, replace_segments);
-recovery removes files whose segment is gone.
+keys) and written again, as Kafka rebuilds a missing offset index. A roll's or a rebuild's file
+is never fsynced: it is derived data, and the checks above catch whatever a crash leaves.
+Retention and compaction remove a segment's file with it (PartitionLog.delete_segments,
+replace_segments); recovery removes files whose segment is gone.
+
+Compaction: the cleaner has every key of a segment it writes in hand, so it writes that
+segment's file too (ActiveKeys.add_keys per batch, as a rebuild does: the same bytes), as
+`<base>.keyindex.cleaned`, fsynced with the segment's other files; the swap renames it with them
+(LogSegment.change_suffix: .cleaned -> .swap -> live, the key index last), and recovery treats
+it as one of them (recovery.py, steps 2-3). So the first per-key reads after a pass find the
+file ready instead of rebuilding it on the read path (issue 28), and a crash at any step leaves
+the old segments or the new ones, each with its own file or none, never another's.
 
 Crash story: appends never wait for this file. A crash before a roll finished writing it
 leaves a torn or missing file: rebuilt on first use. The active segment's entries are rebuilt
@@ -73,7 +82,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("eventlog.engine")
 
-KEY_INDEX_SUFFIX = ".keyindex"
+KEY_INDEX_SUFFIX = filenames.KEY_INDEX_SUFFIX
 MAGIC = b"EVKI"
 VERSION = 1
 HEADER = struct.Struct("<4sHHqqqQII")
@@ -84,8 +93,7 @@ REBUILD_CHUNK_BYTES = 4 * 1024 * 1024  # a rebuild reads the segment this much a
 key_hash = xxhash.xxh3_64_intdigest  # the index's 64-bit hash of a key (bytes -> int)
 
 
-def key_index_file(directory: Path, base_offset: int) -> Path:
-    return directory / f"{filenames.base_name(base_offset)}{KEY_INDEX_SUFFIX}"
+key_index_file = filenames.key_index_file  # (directory, base offset, suffix="") -> its path
 
 
 class _Tail:
@@ -160,6 +168,11 @@ class ActiveKeys:
         self.entries += size - before
         if size >= self.TAIL_ENTRIES:
             self._spill()
+
+    def add_keys(self, offsets: Sequence[int], keys: list[bytes], position: int) -> None:
+        """The keyed records (offsets, keys) of the batch at `position`: what a rebuild adds per
+        batch, and the cleaner per batch it writes (workers/cleaner.py), so both make one file."""
+        self.add_many(np.fromiter(map(key_hash, keys), np.uint64, len(keys)), offsets, position)
 
     def _spill(self) -> None:
         runs, tail = self.state
@@ -253,15 +266,19 @@ class ClosedKeys:
 
     # -- the file -----------------------------------------------------------------------------
 
-    def write(self, path: Path, next_offset: int, log_size: int) -> None:
-        """Write the file (through a temporary name, so a reader never sees half of one)."""
+    def encode(self, next_offset: int, log_size: int) -> bytes:
+        """The file's bytes, for the segment with this next offset and .log size."""
         body = self.hashes.astype("<u8").tobytes() + self.deltas.astype("<u4").tobytes() + self.positions.astype("<u4").tobytes()
         header = HEADER.pack(MAGIC, VERSION, 0, self.base_offset, next_offset, log_size, len(self.hashes), crc32c(body), 0)
+        return header + body
+
+    def write(self, path: Path, next_offset: int, log_size: int) -> None:
+        """Write the file (through a temporary name, so a reader never sees half of one)."""
+        data = self.encode(next_offset, log_size)
         tmp = path.with_name(path.name + ".tmp")
         try:
             with open(tmp, "wb") as f:
-                f.write(header)
-                f.write(body)
+                f.write(data)
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -443,7 +460,7 @@ class KeyIndex:
 def _scan_into(active: ActiveKeys, segment: LogSegment, end_position: int) -> None:
     """Add the entries of the segment's bytes from what `active` covers to `end_position`."""
     for offsets, keys, position in segment_keys(segment, end_position, active.scanned_to):
-        active.add_many(np.fromiter(map(key_hash, keys), np.uint64, len(keys)), offsets, position)
+        active.add_keys(offsets, keys, position)
     active.scanned_to = max(active.scanned_to, end_position)
 
 

@@ -3,12 +3,15 @@
 Steps, in order (Kafka's LogLoader does the same):
 
 1. Delete every *.deleted file (deletion had been decided; only unlinking was left).
-2. Collect *.cleaned and *.swap files. A .swap whose base offset is at or above the lowest
-   .cleaned base belongs to a replacement that had not finished renaming (new segments are
-   renamed .cleaned -> .swap highest first): delete it. Then delete every .cleaned file.
+2. Collect *.cleaned and *.swap files (a new segment's .keyindex among them: the cleaner writes
+   one with each segment it makes, and it is renamed with the segment's files, last). A .swap
+   whose base offset is at or above the lowest .cleaned base belongs to a replacement that had
+   not finished renaming (new segments are renamed .cleaned -> .swap highest first): delete it.
+   Then delete every .cleaned file.
 3. For the remaining .swap segments (a replacement that had finished step 1 of
-   replace_segments): delete the live segment files whose base offset lies in
-   [lowest swap base, highest swap next offset), then rename the .swap files to live names.
+   replace_segments): delete the live segment files (and key indexes) whose base offset lies
+   in [lowest swap base, highest swap next offset), then rename the .swap files to live names.
+   So a key index is the old segment's or the new one's, never another's.
 4. Delete index files without a .log (key indexes too, and half-written ones: key_index.py).
 5. Open every segment. After an unclean shutdown (or a clean one whose marker does not cover
    the partition, or whose last segment is not as the marker says: _tail_is_clean), every
@@ -87,7 +90,7 @@ def resolve_transient_files(directory: Path, config: LogConfig, stats: LoadStats
     cleaned: list[tuple[int, str]] = []
     swaps: list[tuple[int, str]] = []
     for name in names:
-        parsed = filenames.parse_segment_file(name)
+        parsed = _parse(name)
         if parsed is None:
             if name.endswith(filenames.DELETED_SUFFIX):
                 _unlink(directory / name, stats)
@@ -115,7 +118,7 @@ def resolve_transient_files(directory: Path, config: LogConfig, stats: LoadStats
         # the end of the range the swapped segments cover: the last one's next offset
         high = _scan_next_offset(directory, swap_bases[-1])
         for name in os.listdir(directory):
-            parsed = filenames.parse_segment_file(name)
+            parsed = _parse(name)
             if parsed and parsed[2] == "" and low <= parsed[0] < max(high, swap_bases[-1] + 1):
                 _unlink(directory / name, stats)
     for _base, name in valid_swaps:
@@ -329,6 +332,15 @@ def _check_writable(active: LogSegment) -> None:
     a read-only mount) fails the load of its partition at start-up, not its first append."""
     with io_errors(active.log_path, "cannot open segment for appends"):
         os.close(os.open(active.log_path, os.O_RDWR))
+
+
+def _parse(name: str) -> tuple[int, str, str] | None:
+    """A segment file's (base, kind, suffix), or a key index's: the cleaner writes one with each
+    segment it makes, and it goes through .cleaned and .swap with the segment's other files."""
+    parsed = filenames.parse_segment_file(name)
+    if parsed is None and (key_index := filenames.parse_key_index_file(name)) is not None:
+        return key_index[0], KEY_INDEX_SUFFIX, key_index[1]
+    return parsed
 
 
 def _scan_next_offset(directory: Path, base: int) -> int:

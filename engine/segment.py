@@ -689,7 +689,9 @@ class LogSegment:
     # -- files --------------------------------------------------------------------------------
 
     def change_suffix(self, old: str, new: str) -> None:
-        """Rename the three files from suffix `old` to `new` (e.g. '.cleaned' -> '.swap').
+        """Rename the three files from suffix `old` to `new` (e.g. '.cleaned' -> '.swap'), and
+        the segment's key index when there is one by that suffix (the cleaner writes a
+        `.keyindex.cleaned` with each segment it makes: key_index.py), last.
 
         A live segment leaving the log (-> '.deleted') is pinned first: its .log descriptor
         opened and its indexes mapped, so readers still holding a view that lists it never
@@ -697,7 +699,7 @@ class LogSegment:
         assert self.suffix == old
         if new == filenames.DELETED_SUFFIX:
             self._pin_files()
-        for kind in (filenames.log_file, filenames.index_file, filenames.time_index_file):
+        for kind in _FILE_KINDS:
             src = kind(self.directory, self.base_offset, old)
             if src.exists():
                 os.replace(src, kind(self.directory, self.base_offset, new))
@@ -731,7 +733,7 @@ class LogSegment:
         BUDGET.forget(self)
 
     def delete_files(self) -> None:
-        for kind in (filenames.log_file, filenames.index_file, filenames.time_index_file):
+        for kind in _FILE_KINDS:
             try:
                 os.unlink(kind(self.directory, self.base_offset, self.suffix))
             except FileNotFoundError:
@@ -739,6 +741,12 @@ class LogSegment:
 
     def __repr__(self) -> str:
         return f"LogSegment({self.directory.name}/{self.name}, size={self.size})"
+
+
+# a segment's files, by suffix: its key index last (it may be missing: derived data)
+_FILE_KINDS = (
+    filenames.log_file, filenames.index_file, filenames.time_index_file, filenames.key_index_file
+)
 
 
 def _size_or_none(path: Path) -> int | None:

@@ -13,7 +13,8 @@ The pass, after Kafka's LogCleaner:
    a batch boundary: the pass cleans up to there (`end_offset`) and the next pass goes on.
 2. Group. The segments from the log's first up to the one holding end_offset - 1 are grouped,
    consecutive, so that a group's bytes fit in segment.bytes and its offsets in an int32 delta.
-3. Recopy each group into one `<base>.log.cleaned` segment (with indexes), keeping a record when
+3. Recopy each group into one `<base>.log.cleaned` segment (with indexes, and its key index,
+   `<base>.keyindex.cleaned`, for a topic with eventlog.key.index on), keeping a record when
    no later record of its key is in the map, and dropping tombstones whose batch's delete
    horizon has passed. Offsets are kept; gaps are normal. A batch kept whole is copied byte for
    byte; the survivors of thinned batches are re-encoded into batches of up to 1 MiB with their
@@ -61,6 +62,7 @@ from engine.format import (
     parse_header,
     set_last_offset_delta,
 )
+from engine.key_index import ActiveKeys
 from engine.records import encode_record_tails, frame_batch, split_records
 from engine.scan import BatchScanner
 from engine.segment import AppendBatch, LogSegment
@@ -103,6 +105,8 @@ class CleanRequest:
     server_pid: int = 0  # that process's parent
     # log.cleaner.io.max.bytes.per.second: bytes read (both phases) + written per second
     io_max_bytes_per_s: float = math.inf
+    # eventlog.key.index: write each new segment's .keyindex (engine/key_index.py) with it
+    key_index: bool = True
 
 
 @dataclass(slots=True)
@@ -164,9 +168,26 @@ def parse_batch(header: BatchHeader, raw: bytes, *, with_tails: bool) -> _Batch:
 # writing a cleaned segment
 
 
+Keyed = tuple[list[int], list[bytes]]  # a batch's keyed records: their offsets and keys
+
+
+def keyed_records(offsets: list[int], keys: list[bytes | None]) -> Keyed:
+    """The (offsets, keys) of the records that have a key."""
+    if None not in keys:
+        return list(offsets), keys  # type: ignore[return-value]
+    pairs = [(o, k) for o, k in zip(offsets, keys, strict=True) if k is not None]
+    return [o for o, _k in pairs], [k for _o, k in pairs]
+
+
 class _SegmentWriter:
     """Appends batches to one `.cleaned` segment. The last batch is held back so that, once the
-    group's end is known, its lastOffsetDelta can be raised to cover the group's offsets."""
+    group's end is known, its lastOffsetDelta can be raised to cover the group's offsets.
+
+    With the topic's key index on, each batch's keyed records go into the segment's key index
+    as they are written (the cleaner has every key in hand), and finish() writes it as
+    `<base>.keyindex.cleaned` beside the segment: the same bytes a rebuild from the segment
+    would make (ActiveKeys.add_keys per batch, then freeze), so the first per-key reads after
+    the swap use it instead of rebuilding it (engine/key_index.py)."""
 
     def __init__(self, directory: Path, base_offset: int, request: CleanRequest, throttler: Throttler) -> None:
         self.base_offset = base_offset
@@ -176,16 +197,26 @@ class _SegmentWriter:
             directory, base_offset, max_index_bytes=request.max_index_bytes, now_ms=request.now_ms,
             suffix=filenames.CLEANED_SUFFIX,
         )
+        self.keys = ActiveKeys(base_offset) if request.key_index else None
         self.held: bytearray | bytes | None = None
+        self.held_keys: Keyed | None = None
         self.bytes_written = 0
 
-    def add(self, batch: bytes | bytearray) -> None:
+    def add(self, batch: bytes | bytearray, keyed: Keyed | None = None) -> None:
+        """`keyed`: the batch's keyed records, when the caller has them (None: read here)."""
         if self.held is not None:
-            self._stage(self.held)
+            self._stage(self.held, self.held_keys)
         self.held = batch
+        self.held_keys = keyed
 
-    def _stage(self, data: bytes | bytearray) -> None:
+    def _stage(self, data: bytes | bytearray, keyed: Keyed | None) -> None:
         header = parse_header(data)
+        if self.keys is not None:
+            if keyed is None and not header.attributes & CONTROL_BIT:
+                fields = split_records(bytes(data), header, 0, with_keys=True)
+                keyed = keyed_records(fields.offsets, fields.keys)  # type: ignore[arg-type]
+            if keyed is not None and keyed[1]:
+                self.keys.add_keys(keyed[0], keyed[1], self.segment.size)
         self.segment.stage(
             AppendBatch(data, header.base_offset, header.last_offset, header.max_timestamp, len(data)),
             self.request.index_interval_bytes,
@@ -207,11 +238,19 @@ class _SegmentWriter:
         header = parse_header(data)
         if header.last_offset < end_offset - 1:
             set_last_offset_delta(data, 0, len(data), end_offset - 1 - header.base_offset)
-        self._stage(data)
-        self.held = None
+        self._stage(data, self.held_keys)
+        self.held = self.held_keys = None
         segment = self.segment
         segment.close_for_append()
-        for path in (segment.log_path, segment._offset_index.path, segment._time_index.path):
+        paths = [segment.log_path, segment._offset_index.path, segment._time_index.path]
+        if self.keys is not None:
+            # the .cleaned name is itself the temporary one: written in place, then renamed
+            # with the segment's files (LogSegment.change_suffix)
+            path = filenames.key_index_file(segment.directory, segment.base_offset, segment.suffix)
+            path.write_bytes(self.keys.freeze().encode(segment.next_offset, segment.size))
+            self.keys = None
+            paths.append(path)
+        for path in paths:
             fd = os.open(path, os.O_RDONLY)
             try:
                 os.fsync(fd)
@@ -234,6 +273,7 @@ class _Rebuilder:
         self.outcome = outcome
         self.key: tuple | None = None
         self.records: list[tuple[int, int, bytes]] = []  # (offset, timestamp, tail)
+        self.keys: list[bytes | None] = []  # each record's key
         self.has_tombstone = False
         self.pending_bytes = 0
         self.horizon: int | None = None
@@ -258,6 +298,7 @@ class _Rebuilder:
         for i in indices:
             tail = batch.tails[i]
             self.records.append((batch.offsets[i], batch.timestamps[i], tail))
+            self.keys.append(batch.keys[i])
             self.pending_bytes += len(tail) + 8
             if batch.tombstones[i]:
                 self.has_tombstone = True
@@ -288,12 +329,13 @@ class _Rebuilder:
             encode_record_tails(records, base_offset, base_ts), base_offset=base_offset, attributes=attributes,
             last_offset_delta=last_offset - base_offset, base_timestamp=base_ts, max_timestamp=max_ts,
             records_count=len(records), producer_id=pid, producer_epoch=epoch, base_sequence=seq,
-        ))
+        ), keyed_records([r[0] for r in records], self.keys))
         self.outcome.batches_rebuilt += 1
         self._reset()
 
     def _reset(self) -> None:
         self.records = []
+        self.keys = []
         self.has_tombstone = False
         self.pending_bytes = 0
         self.producer = (NO_PRODUCER_ID, -1, -1)
@@ -460,12 +502,14 @@ def _recopy(
             new_writer: _SegmentWriter | None = None
             first_base = carried[0] if carried else bases[0]
 
-            def add(batch: bytes | bytearray, first_base: int = first_base) -> None:
+            def add(
+                batch: bytes | bytearray, keyed: Keyed | None = None, first_base: int = first_base
+            ) -> None:
                 nonlocal new_writer
                 if new_writer is None:
                     new_writer = _SegmentWriter(directory, first_base, request, throttler)
                     written.append(new_writer)
-                new_writer.add(batch)
+                new_writer.add(batch, keyed)
 
             rebuilder = _Rebuilder(add, now, request.delete_retention_ms, outcome)
             for i in group:
@@ -579,7 +623,7 @@ def _decide(chunk: list[_Batch], offset_map: OffsetMap, now_ms: int, rebuilder: 
             if tombstones:
                 _note_horizon(outcome, h.base_timestamp)
             rebuilder.flush()
-            add(batch.raw)
+            add(batch.raw, keyed_records(batch.offsets, batch.keys))
             outcome.batches_copied += 1
         elif keep_idx:
             rebuilder.take(batch, keep_idx)

@@ -148,6 +148,7 @@ def build_request(
         map_budget_bytes=map_budget_bytes,
         sweep=sweep,
         io_max_bytes_per_s=io_max_bytes_per_s,
+        key_index=config.key_index,
     )
 
 

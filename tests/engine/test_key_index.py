@@ -200,6 +200,76 @@ async def test_retention_and_compaction_keep_the_index_true(tmp_path: Path) -> N
         assert all(n[: -len(KEY_INDEX_SUFFIX)] + filenames.LOG_SUFFIX in live for n in live if n.endswith(KEY_INDEX_SUFFIX))
 
 
+def rebuilt_file(segment) -> bytes:
+    """The .keyindex bytes a lazy rebuild makes of `segment` (KeyIndex.closed_keys)."""
+    scanned = ActiveKeys(segment.base_offset)
+    key_index._scan_into(scanned, segment, segment.size)
+    return scanned.freeze().encode(segment.next_offset, segment.size)
+
+
+def key_files(directory: Path) -> dict[str, tuple[int, int]]:
+    """Each .keyindex file (and any transient one): (inode, mtime in ns)."""
+    paths = [p for p in directory.iterdir() if KEY_INDEX_SUFFIX in p.name]
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in paths}
+
+
+@pytest.mark.parametrize(
+    ("run_in", "map_slots"), [("thread", 100_000), ("process", 100_000), ("thread", 40)]
+)
+async def test_a_pass_leaves_the_key_index_ready(
+    tmp_path: Path, run_in: str, map_slots: int
+) -> None:
+    """Issue 28: the cleaner writes each new segment's .keyindex (through .cleaned and .swap with
+    the segment's files), byte for byte what a rebuild makes; the first per-key reads after the
+    pass use those files and rebuild nothing. Every codec, tombstones, survivors re-encoded,
+    batches copied whole, and (a small map) batches past the map's end copied as they are."""
+    import random
+
+    from tests.workers.test_compaction import _produce
+
+    clock = FakeClock()
+    config = LogConfig(
+        cleanup_policy="compact", segment_bytes=3000, delete_retention_ms=100,
+        file_delete_delay_ms=0, index_interval_bytes=200,
+    )
+    async with running_log(tmp_path, config, clock=clock) as log:
+        await _produce(log, clock, random.Random(28), 80, 40, 0.1)
+        await log.roll()
+        keys = sorted({r.key for r in scan(log)})
+        before = key_files(tmp_path)
+        result = await compact_partition(
+            log, cleaner_checkpoint=None, map_budget_bytes=map_slots * 24, run_in=run_in
+        )
+        assert result.cleaned and (result.outcome["map_full"] if map_slots == 40 else True)
+        new = [s for s in log.view.segments[:-1] if s.base_offset < result.end_offset]
+        assert new and all(s.suffix == "" for s in new)
+        after = key_files(tmp_path)
+        assert not [n for n in after if n.endswith(filenames.TRANSIENT_SUFFIXES)]
+        for segment in new:
+            path = key_index_file(tmp_path, segment.base_offset)
+            assert after[path.name] != before.get(path.name), "the cleaner's file, not the old one"
+            assert path.read_bytes() == rebuilt_file(segment), "what a rebuild would write"
+        await check_keys(log, keys)
+        assert log.key_index.rebuilt_files == 0, "no read after the pass rebuilt a key index"
+        assert key_files(tmp_path) == after, "nor wrote one"
+
+
+async def test_a_pass_on_a_topic_without_key_index_writes_none(tmp_path: Path) -> None:
+    clock = FakeClock()
+    config = LogConfig(
+        cleanup_policy="compact", segment_bytes=300, file_delete_delay_ms=0, key_index=False
+    )
+    async with running_log(tmp_path, config, clock=clock) as log:
+        for i in range(30):
+            await append_for(log, KEYS[i % 3], [b"v%d" % i], clock)
+        await log.roll()
+        result = await compact_partition(
+            log, cleaner_checkpoint=None, map_budget_bytes=1 << 20, run_in="thread"
+        )
+        assert result.cleaned
+        assert key_files(tmp_path) == {}
+
+
 async def test_switched_off_the_index_costs_nothing_and_refuses_key_work(tmp_path: Path) -> None:
     clock = FakeClock()
     async with running_log(tmp_path, LogConfig(segment_bytes=300, key_index=False), clock=clock) as log:

@@ -409,6 +409,130 @@ async def test_crash_after_swap_completes_the_replacement(tmp_path: Path, old_re
     check_files(directory)
 
 
+# -- the cleaner's key index files through a swap (issue 28) --------------------------------------
+
+COMPACT = LogConfig(
+    cleanup_policy="compact", segment_bytes=400, index_interval_bytes=100, file_delete_delay_ms=0
+)
+
+
+def _swap_ops(directory: Path, groups) -> list[tuple[int, object]]:
+    """PartitionLog.replace_segments' file operations, one by one, for each group in the order
+    the compactor swaps them (lowest first): (group number, op). An op is ("unlink", path) or
+    (src, dst)."""
+    from engine.key_index import key_index_file
+
+    kinds = (filenames.log_file, filenames.index_file, filenames.time_index_file, key_index_file)
+    cleaned, swap = filenames.CLEANED_SUFFIX, filenames.SWAP_SUFFIX
+    deleted = filenames.DELETED_SUFFIX
+    ops: list[tuple[int, object]] = []
+    for g, group in enumerate(groups):
+        new, old = group.new_base, group.old_bases
+        ops += [(g, ("unlink", key_index_file(directory, b))) for b in old]
+        ops += [(g, (k(directory, new, cleaned), k(directory, new, swap))) for k in kinds]
+        ops += [(g, (k(directory, b), k(directory, b, deleted))) for b in old for k in kinds]
+        ops += [(g, (k(directory, new, swap), k(directory, new))) for k in kinds]
+    return ops
+
+
+async def _cleaned_by_the_cleaner(directory: Path):
+    """A compacted log whose pass wrote its .cleaned files (key indexes too) and stopped there:
+    (records before, records once swapped in, the pass's groups)."""
+    from workers.cleaner import clean
+    from workers.compactor import build_request, dirty_stats
+
+    async with running_log(directory, COMPACT) as log:
+        for i in range(28):
+            value = b"value-%03d" % i + b"x" * 30
+            await append_records(log, [(b"k%d" % (i % 7), value, T0 + i, [])])
+        await log.roll()
+        before = _values(log)
+        view = log.view
+        stats = dirty_stats(view, log.config, None, T0 + 100)
+        request = build_request(log, view, stats, T0 + 100, 1 << 20)
+        outcome = await anyio.to_thread.run_sync(clean, request)
+    assert len(outcome.groups) >= 2 and all(g.new_base is not None for g in outcome.groups)
+    return before, outcome.groups
+
+
+def _key_index_names(directory: Path) -> set[str]:
+    return {p.name for p in directory.iterdir() if ".keyindex" in p.name}
+
+
+async def test_crash_at_each_step_of_a_swap_leaves_a_consistent_key_index(tmp_path: Path) -> None:
+    """Issue 28: the cleaner's .keyindex goes .cleaned -> .swap -> live with its segment's files
+    (LogSegment.change_suffix, last). A crash after any single file operation of the swaps
+    leaves, once recovered, each group either old (old segments, their key index rebuilt when
+    one was removed) or new (the new segment with the cleaner's key index, used as it is):
+    never a segment with another's key index, never a transient file."""
+    from engine.key_index import key_index_file
+
+    from .test_key_index import check_keys, rebuilt_file
+
+    template = tmp_path / "template"
+    before, groups = await _cleaned_by_the_cleaner(template)
+    ops = _swap_ops(template, groups)
+    # the step at which each group's swap is decided (its last rename to .swap: recovery redoes it)
+    decided = [
+        max(i for i, (g, op) in enumerate(ops) if g == n and op[1].name.endswith(".swap"))
+        for n in range(len(groups))
+    ]
+    cleaned_files = {n: key_index_file(template, g.new_base, filenames.CLEANED_SUFFIX).read_bytes()
+                     for n, g in enumerate(groups)}
+    after: list | None = None
+    for step in range(len(ops), -1, -1):  # the last first: every group swapped in
+        directory = tmp_path / f"crash-{step}"
+        directory.mkdir()
+        for p in template.iterdir():
+            os.link(p, directory / p.name)
+        for _g, op in ops[:step]:
+            src, dst = (directory / x.name if isinstance(x, Path) else x for x in op)
+            if src == "unlink":
+                dst.unlink(missing_ok=True)
+            elif src.exists():
+                os.replace(src, dst)
+        # (a clean shutdown's load: the segments' files are whole, and a scan of each would
+        # fsync what it rebuilds, a hundred times over)
+        async with running_log(directory, COMPACT, clean_shutdown=True) as log:
+            names = _key_index_names(directory)
+            assert not [n for n in names if n.endswith(filenames.TRANSIENT_SUFFIXES)], step
+            segments = {s.base_offset: s for s in log.view.segments[:-1]}
+            for n, group in enumerate(groups):
+                swapped = step > decided[n]
+                new = segments.get(group.new_base)
+                if swapped:  # the new segment, with the cleaner's key index as it wrote it
+                    gone = [b for b in group.old_bases if b != group.new_base]
+                    assert not [b for b in gone if b in segments], step
+                    path = key_index_file(directory, group.new_base)
+                    assert path.read_bytes() == cleaned_files[n] == rebuilt_file(new), (step, n)
+                else:  # the old segments
+                    assert all(b in segments for b in group.old_bases), (step, n)
+            for base, segment in segments.items():  # any key index there is its own segment's
+                path = key_index_file(directory, base)
+                if path.exists():
+                    assert path.read_bytes() == rebuilt_file(segment), (step, base)
+            values = _values(log)
+            if after is None:
+                after = values
+            swapped = [
+                (g.old_bases[0], _next_base(template, g.old_bases[-1]))
+                for n, g in enumerate(groups) if step > decided[n]
+            ]
+            expected = [v for v in after if any(lo <= v[0] < hi for lo, hi in swapped)]
+            expected += [v for v in before if not any(lo <= v[0] < hi for lo, hi in swapped)]
+            assert values == sorted(expected), step
+            await check_keys(log, sorted({b"k%d" % i for i in range(7)}))
+            if step == 0 or all(step > d for d in decided):
+                assert log.key_index.rebuilt_files == 0, step  # old with old, or new with new
+    assert after is not None and len(after) < len(before)
+
+
+def _next_base(directory: Path, base: int) -> int:
+    """The base offset of the segment after `base` among the files of `directory`'s log."""
+    bases = sorted(int(p.name[:20]) for p in directory.iterdir() if p.name.endswith(".log"))
+    return bases[bases.index(base) + 1]
+
+
 async def test_log_start_checkpoint_beyond_the_end_is_clamped(tmp_path: Path) -> None:
     directory = tmp_path / "t-0"
     written = await _fill(directory, n=3)
