@@ -6,9 +6,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from engine.errors import InvalidRequestError, LogClosedError
+from engine.errors import LogClosedError
 from engine.log_manager import LogManager
-from engine.metadata import INTERNAL_TOPICS
 
 
 async def get_engine(request: Request) -> LogManager:
@@ -21,11 +20,3 @@ async def get_engine(request: Request) -> LogManager:
 
 Engine = Annotated[LogManager, Depends(get_engine)]
 
-
-def refuse_internal(topic: str) -> None:
-    """Only the server writes __metadata and __consumer_offsets, or moves their log start:
-    Kafka refuses Produce and DeleteRecords on internal topics, and here a client's records would
-    be replayed as topic metadata or group offsets (deleting __metadata's records loses every
-    topic at the next start)."""
-    if topic in INTERNAL_TOPICS:
-        raise InvalidRequestError(f"{topic} is managed by the server")

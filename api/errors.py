@@ -64,8 +64,7 @@ ENGINE_ERRORS: dict[type[e.EngineError], tuple[int, str]] = {
     e.RecordTooLargeError: (413, "record_too_large"),
     e.InvalidRequestError: (400, "invalid_request"),
     e.OffsetOutOfRangeError: (416, "offset_out_of_range"),
-    e.IfMatchFailedError: (412, "offset_mismatch"),
-    e.OffsetMismatchError: (409, "offset_mismatch"),
+    e.OffsetMismatchError: (409, "offset_mismatch"),  # 412 when If-Match named it (conditions.py)
     e.KeyVersionMismatchError: (412, "key_version_mismatch"),
     e.KeyIndexDisabledError: (409, "key_index_disabled"),
     e.OutOfOrderSequenceError: (409, "out_of_order_sequence"),

@@ -28,6 +28,7 @@ from engine.errors import LogClosedError, OffsetOutOfRangeError
 from engine.partitioner import partition_for_key
 
 from .auth import Reader, Writer
+from .conditions import key_condition
 from .deps import Engine
 from .errors import ApiError, ServerPaths
 from .policy import PolicyRoute
@@ -58,8 +59,9 @@ KEY_DOC = (
     "URL-safe alphabet; json: JSON text)"
 )
 IF_MATCH_DOC = (
-    'Append only if the key\'s latest record is at this offset (its ETag, e.g. `"42"`; `"-1"`: the key has '
-    "no records; `*`: it has some), else 412 key_version_mismatch and nothing written"
+    'Append only if the key\'s latest record is at this offset (its ETag, e.g. `"42"`, or '
+    '`W/"42"`, the same; `"-1"`: the key has no records; `*`: it has some), else 412 '
+    "key_version_mismatch and nothing written"
 )
 IF_NONE_MATCH_DOC = "`*`: append only if the key has no records, else 412 key_version_mismatch"
 
@@ -190,8 +192,8 @@ async def append_key_records(
     service.partition(topic, 0)  # the topic exists, and is not internal, before the body is read
     body = await _read_body(request)
     done = await service.produce_key(
-        topic, data, body, principal=principal.name, idempotency_key=idempotency_key, if_match=if_match,
-        if_none_match=if_none_match,
+        topic, data, body, principal=principal.name, idempotency_key=idempotency_key,
+        condition=key_condition(if_match, if_none_match),
     )
     headers = {"ETag": f'"{done.offsets[-1]}"'}
     if done.replayed:

@@ -39,6 +39,7 @@ from starlette.types import Receive, Scope, Send
 
 from . import keys, records, sse
 from .auth import ANONYMOUS_ADMIN
+from .conditions import key_condition
 from .errors import ServerPaths
 from .keys import key_answer, path_key
 from .policy import Disconnected, Policy, Rule
@@ -227,11 +228,14 @@ class HotLane:
         check_json_body(content_type.decode("latin-1") if content_type is not None else None)
         service.partition(topic, 0)  # the topic exists, and is not internal, before the body is read
         body = await self.policy.body(receive, declared, started, received)
+        condition = key_condition(
+            if_match.decode("latin-1") if if_match is not None else None,
+            if_none_match.decode("latin-1") if if_none_match is not None else None,
+        )
         done = await service.produce_key(
             topic, data, body, principal=principal,
             idempotency_key=idempotency_key.decode("latin-1") if idempotency_key is not None else None,
-            if_match=if_match.decode("latin-1") if if_match is not None else None,
-            if_none_match=if_none_match.decode("latin-1") if if_none_match is not None else None,
+            condition=condition,
         )
         answer = key_answer(done)
         headers = [*_JSON_HEADERS, (b"content-length", b"%d" % len(answer)), (b"etag", b'"%d"' % done.offsets[-1])]

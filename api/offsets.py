@@ -10,10 +10,11 @@ from fastapi import APIRouter, Query, Request
 
 from engine import reader
 from engine.errors import LogClosedError
+from engine.metadata import refuse_internal
 from engine.shards import owner_of
 
 from .auth import Admin, Describer, Reader
-from .deps import Engine, refuse_internal
+from .deps import Engine
 from .errors import ApiError
 from .policy import PolicyRoute
 from .schemas import (

@@ -1,7 +1,8 @@
 """Produce and fetch: HTTP in, engine calls, HTTP out.
 
 Produce is engine/produce.py's (parsing, partitioning, batching, Idempotency-Key, conditions):
-these routes pass it the body and headers and turn its answer, or its error, into a response.
+these routes pass it the body, the headers and the typed condition If-Match names
+(api/conditions.py), and turn its answer, or its error, into a response.
 Fetch decodes records to JSON here; raw fetches answer with the segment's bytes.
 """
 
@@ -22,19 +23,29 @@ from starlette.types import Scope
 
 from engine import dropped as dropped_offsets
 from engine.errors import (
+    ConditionConflictError,
     CorruptDataError,
+    InvalidFieldError,
     LogClosedError,
+    OffsetMismatchError,
     OffsetOutOfRangeError,
     StorageError,
     TopicDeletedError,
 )
 from engine.log_reads import INLINE_READ_BYTES
-from engine.produce import INLINE_RECORDS, ProduceService
+from engine.produce import (
+    INLINE_JSON_BYTES,
+    INLINE_RECORDS,
+    ProduceService,
+    expected_offset_in,
+    parse_body,
+)
 from engine.reader import RecordsResult
 from engine.slicing import dumps_parts, free_in_slices, gc_paused
 
 from . import formats
 from .auth import Principal, Reader, Writer, authorize
+from .conditions import partition_condition, refused
 from .deps import Engine, get_engine
 from .errors import ApiError, ServerPaths
 from .policy import PolicyRoute
@@ -78,7 +89,7 @@ _produce_problems: dict[int | str, dict[str, Any]] = {
     **_auth_problems,
     400: {"model": Problem, "description": "invalid_json, corrupt_batch, transactions_unsupported, invalid_request (an internal topic)"},
     404: {"model": Problem, "description": "topic_not_found, partition_not_found"},
-    409: {"model": Problem, "description": "offset_mismatch (expected_offset / If-Match), out_of_order_sequence, producer_fenced"},
+    409: {"model": Problem, "description": "offset_mismatch (expected_offset), out_of_order_sequence, producer_fenced"},
     413: {"model": Problem, "description": "record_too_large, request_too_large (the body, or what its compressed batches inflate to)"},
     415: {"model": Problem, "description": "unsupported_media_type"},
     422: {"model": Problem, "description": "validation_error, key_required, idempotency_key_reused"},
@@ -93,8 +104,9 @@ IDEMPOTENCY_KEY_DOC = (
     "(header Idempotent-Replayed: true); 1-255 visible ASCII characters"
 )
 IF_MATCH_DOC = (
-    'Conditional append: `"<offset>"` — append only if the partition\'s next offset (high watermark) '
-    "is this, else 409 offset_mismatch; the same as the JSON field expected_offset"
+    'Conditional append: `"<offset>"` (or `W/"<offset>"`, the same) — append only if the '
+    "partition's next offset (high watermark) is this, else 412 offset_mismatch; `*`: no "
+    "condition. The JSON field expected_offset says the same (409 when it alone fails)"
 )
 
 
@@ -249,7 +261,11 @@ async def _produce(request: Request, engine: Any, principal: Principal, topic: s
     "/{topic}/partitions/{partition}/records",
     operation_id="produceToPartition",
     response_model=PartitionProduceResponse,
-    responses=_produce_problems,
+    responses={
+        **_produce_problems,
+        412: {"model": Problem, "description": "offset_mismatch: If-Match named another next offset "
+              "(with expected_offset and high_watermark); nothing was written"},
+    },
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -305,18 +321,45 @@ async def produce_to_partition_body(
     whether it was a replay, for a body of `content_type` (JSON or raw batches: 415 otherwise)."""
     content_type = content_type.split(";")[0].strip().lower()
     if content_type in (RECORD_BATCH_MEDIA_TYPE, OCTET_STREAM):  # octet-stream: what generated SDKs send
-        raw = await service.produce_raw(
-            topic, partition, body, principal=principal, idempotency_key=idempotency_key, if_match=if_match,
-            max_inflated_bytes=max_inflated_bytes,
-        )
-        payload = {"partition": partition, "base_offset": raw.base_offset, "last_offset": raw.last_offset, "timestamp": raw.timestamp}
+        condition = partition_condition(if_match)
+        try:
+            raw = await service.produce_raw(
+                topic, partition, body, principal=principal, idempotency_key=idempotency_key,
+                condition=condition, max_inflated_bytes=max_inflated_bytes,
+            )
+        except OffsetMismatchError as exc:
+            raise refused(exc, condition) from None
+        payload = {"partition": partition, "base_offset": raw.base_offset,
+                   "last_offset": raw.last_offset, "timestamp": raw.timestamp}
         return payload, raw.replayed
     if content_type in ("application/json", ""):
-        return await service.produce_json(
-            topic, body, partition=partition, principal=principal, idempotency_key=idempotency_key,
-            if_match=if_match, answer=_partition_answer,
-        )
+        try:
+            condition = partition_condition(if_match)
+        except InvalidFieldError:
+            await _body_faults(body)  # the body's own faults answer first, as they always have
+            raise
+        try:
+            return await service.produce_json(
+                topic, body, partition=partition, principal=principal, idempotency_key=idempotency_key,
+                condition=condition, answer=_partition_answer,
+            )
+        except (OffsetMismatchError, ConditionConflictError) as exc:
+            raise refused(exc, condition) from None
     raise ApiError(415, "unsupported_media_type", f"use application/json, or {RECORD_BATCH_MEDIA_TYPE} (or {OCTET_STREAM}) for raw batches")
+
+
+async def _body_faults(body: bytearray) -> None:
+    """Raise what is wrong with a JSON produce body before its records are read: not JSON, not
+    an object, a bad expected_offset (a big body in a worker thread, where it is freed too)."""
+
+    def check() -> None:
+        expected_offset_in(parse_body(body))
+
+    if len(body) <= INLINE_JSON_BYTES:
+        check()
+    else:
+        with gc_paused():
+            await anyio.to_thread.run_sync(check)
 
 
 @router.get(

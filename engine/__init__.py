@@ -9,6 +9,8 @@ What other packages may use:
     encode_batch, decode_batch, Record          records.py: v2 batches (split_records, frame_batch,
                                                 encode_record_tails: what compaction re-frames)
     ProduceService                              produce.py: JSON and raw produce (the routers' rules)
+    conditions                                  typed conditions of appends (ExpectedOffset,
+                                                KeyAt, KeyIsNew, KeyHasRecords)
     slicing                                     big JSON documents and lists off the event loop
     errors                                      the error classes API code maps to HTTP
 

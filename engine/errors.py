@@ -18,6 +18,7 @@
     │   ├── InvalidPartitionsError
     │   ├── InvalidJsonError
     │   └── InvalidFieldError
+    │       └── ConditionConflictError
     ├── OffsetOutOfRangeError
     ├── ConflictError
     │   ├── OffsetMismatchError
@@ -258,6 +259,16 @@ class InvalidFieldError(InvalidRequestError):
         self.message = message
 
 
+class ConditionConflictError(InvalidFieldError):
+    """Raised when a produce's condition (an ExpectedOffset, engine/conditions.py) and its JSON
+    body's expected_offset name different offsets; nothing was written."""
+
+    def __init__(self, condition: int, in_body: int) -> None:
+        super().__init__(f"expected_offset: {in_body}, but the request's condition is {condition}")
+        self.condition = condition
+        self.in_body = in_body
+
+
 class OffsetOutOfRangeError(EngineError):
     """Raised when an offset lies outside [log_start_offset, high_watermark]."""
 
@@ -281,11 +292,6 @@ class OffsetMismatchError(ConflictError):
         super().__init__(f"expected the next offset to be {expected}, but it is {high_watermark}")
         self.expected = expected
         self.high_watermark = high_watermark
-
-
-class IfMatchFailedError(OffsetMismatchError):
-    """An OffsetMismatchError whose condition came in the If-Match header: a failed HTTP
-    precondition (412), where the body's expected_offset keeps 409."""
 
 
 class KeyVersionMismatchError(ConflictError):

@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from .errors import StorageError
+from .errors import InvalidRequestError, StorageError
 
 METADATA_TOPIC = "__metadata"
 CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
@@ -45,6 +45,15 @@ EVENT_VERSION = 1
 EVENT_TYPES = frozenset({"topic_created", "configs_altered", "partitions_added", "topic_deleted"})
 _REQUIRED = {"topic_created": ("partitions",), "configs_altered": ("configs",), "partitions_added": ("partitions",)}
 _MAX_PARTITIONS = 2**31 - 1
+
+
+def refuse_internal(topic: str) -> None:
+    """Only the server writes __metadata and __consumer_offsets, or moves their log start:
+    Kafka refuses Produce and DeleteRecords on internal topics, and here a client's records would
+    be replayed as topic metadata or group offsets (deleting __metadata's records loses every
+    topic at the next start). Every transport's produce and delete-records calls this."""
+    if topic in INTERNAL_TOPICS:
+        raise InvalidRequestError(f"{topic} is managed by the server")
 
 
 def new_topic_id() -> str:

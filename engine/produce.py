@@ -18,9 +18,12 @@ result (or the engine error) into a response; everything a produce decides is he
   small ids Kafka hands out); the request's batches carry it (epoch 0) with sequences from 0
   per partition, so the partition's producer state deduplicates a retry like any idempotent
   producer's, and a different request under the same key is IdempotencyKeyReusedError.
-* Conditions: If-Match and the body's expected_offset (both given, they must agree) make the
-  append conditional (OffsetMismatchError from the partition); the records must all go to one
-  partition.
+* Conditions (engine/conditions.py): typed, never a transport's text. A partition append takes
+  an ExpectedOffset (HTTP reads it from If-Match, api/conditions.py) and the JSON body's
+  expected_offset (both given, they must agree: ConditionConflictError); either makes the append
+  conditional (OffsetMismatchError from the partition, the same error whichever named it: the
+  transport chooses its answer), and the records must all go to one partition. A per-key append
+  takes a KeyCondition (KeyVersionMismatchError).
 * Appends: every partition of a request is appended concurrently; the answer comes once all
   are durable, offsets in request order. A request is all-or-nothing up to the appends: every
   record is checked and encoded before anything is appended.
@@ -56,22 +59,20 @@ import anyio
 import orjson
 
 from . import compression
+from .conditions import ExpectedOffset, KeyCondition, key_version
 from .config import LogConfig
 from .errors import (
+    ConditionConflictError,
     IdempotencyKeyReusedError,
-    IfMatchFailedError,
     InvalidFieldError,
     InvalidJsonError,
-    InvalidRequestError,
     KeyRequiredError,
-    OffsetMismatchError,
     OutOfOrderSequenceError,
     PartitionNotFoundError,
     RecordTooLargeError,
 )
 from .format import NO_PRODUCER_ID, set_producer
-from .key_reads import ANY_RECORDS
-from .metadata import INTERNAL_TOPICS
+from .metadata import refuse_internal
 from .partition_log import AppendResult, PreparedBatch, prepare_batches, wall_clock_ms
 from .partitioner import partition_for_key, partitions_for_keys
 from .records import encode_batch
@@ -146,30 +147,25 @@ def producer_id_for(principal: str, idempotency_key: str | None) -> int:
     return IDEMPOTENT_PRODUCER_BASE | (int.from_bytes(digest, "big") & (IDEMPOTENT_PRODUCER_BASE - 1))
 
 
-def expected_offset_of(if_match: str | None, doc: dict[str, Any] | None) -> int | None:
-    """The conditional-append offset from If-Match (`"42"`, `42`, `*` = none) or the body's
-    expected_offset; both given must agree."""
-    from_body = doc.get("expected_offset") if doc is not None else None
+def expected_offset_in(doc: dict[str, Any]) -> int | None:
+    """A JSON produce body's expected_offset (None: not given)."""
+    from_body = doc.get("expected_offset")
     if from_body is not None and (type(from_body) is not int or from_body < 0):
         raise InvalidFieldError("expected_offset: must be a non-negative integer")
-    from_header = None
-    if if_match is not None and if_match.strip() != "*":
-        text = if_match.strip()
-        if len(text) >= 2 and text[0] == text[-1] == '"':
-            text = text[1:-1]
-        if not text.isdigit() or not text.isascii():
-            raise InvalidFieldError('If-Match: must be an offset, e.g. "42" (or *)')
-        from_header = int(text)
-    if from_body is not None and from_header is not None and from_body != from_header:
-        raise InvalidFieldError("If-Match and expected_offset disagree")
-    return from_body if from_body is not None else from_header
+    return from_body
 
 
-def refuse_internal(topic: str) -> None:
-    """Only the server writes __metadata and __consumer_offsets: a client's records would be
-    replayed as topic metadata or group offsets (Kafka refuses Produce on internal topics too)."""
-    if topic in INTERNAL_TOPICS:
-        raise InvalidRequestError(f"{topic} is managed by the server")
+def expected_offset_of(condition: ExpectedOffset | None, doc: dict[str, Any] | None) -> int | None:
+    """The offset a conditional append expects: the request's condition's or the JSON body's
+    expected_offset; both given must agree (ConditionConflictError)."""
+    from_body = expected_offset_in(doc) if doc is not None else None
+    if condition is None:
+        return from_body
+    if not isinstance(condition, ExpectedOffset):
+        raise TypeError(f"a partition append's condition is an ExpectedOffset, not {condition!r}")
+    if from_body is not None and from_body != condition.offset:
+        raise ConditionConflictError(condition.offset, from_body)
+    return condition.offset
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,7 +362,6 @@ class _PreparedJson:
     expected_offset: int | None
     producer_id: int
     now: int
-    if_match: bool = False  # the condition came in the If-Match header (a failure is 412)
 
 
 def _offsets(prepared: _PreparedJson, results: dict[int, AppendResult]) -> list[dict[str, int]]:
@@ -424,11 +419,13 @@ class ProduceService:
         partition: int | None = None,
         principal: str = "",
         idempotency_key: str | None = None,
-        if_match: str | None = None,
+        condition: ExpectedOffset | None = None,
         answer: Callable[[list[dict[str, int]]], T],
     ) -> tuple[T, bool]:
         """(answer(offsets in request order), whether the whole request was a replay of an
-        earlier one). `partition`: the records go there (the partition route). `answer` turns
+        earlier one). `partition`: the records go there (the partition route). `condition`: the
+        partition's next offset must be this (with the body's expected_offset, if any, equal to
+        it; OffsetMismatchError otherwise). `answer` turns
         the offsets into what the caller sends (it runs where the rest of the request ran:
         inline, or in a worker thread for a big one; the list is emptied once it returns). A big request is parsed, checked, encoded
         and answered in worker threads, and its million objects are freed there too (freeing
@@ -438,7 +435,7 @@ class ProduceService:
         if partition is not None:
             self.engine.partition(topic, partition)
         prepare = functools.partial(
-            self._prepare_json, topic, len(state.partitions), partition, principal, idempotency_key, if_match,
+            self._prepare_json, topic, len(state.partitions), partition, principal, idempotency_key, condition,
             wall_clock_ms(),
         )
         doc = None
@@ -465,11 +462,12 @@ class ProduceService:
 
     def _prepare_json(
         self, topic: str, partitions: int, fixed_partition: int | None, principal: str,
-        idempotency_key: str | None, if_match: str | None, now: int, body: bytes | bytearray | dict[str, Any],
+        idempotency_key: str | None, condition: ExpectedOffset | None, now: int,
+        body: bytes | bytearray | dict[str, Any],
     ) -> _PreparedJson:
         """Parse (unless given the document), check and encode a JSON produce; raises on bad input."""
         doc = body if isinstance(body, dict) else parse_body(body)
-        expected_offset = expected_offset_of(if_match, doc)
+        expected_offset = expected_offset_of(condition, doc)
         producer_id = producer_id_for(principal, idempotency_key)
         # a retry must send unkeyed records to the same partitions as the first attempt
         spread = itertools.count(producer_id) if producer_id >= 0 else _spread
@@ -492,7 +490,7 @@ class ProduceService:
             groups[p] = (log, encode_batches(recs, log, producer_id))
         if type(doc.get("records")) is list:
             free_in_slices(doc["records"])
-        return _PreparedJson(placed, records, groups, expected_offset, producer_id, now, _from_header(if_match))
+        return _PreparedJson(placed, records, groups, expected_offset, producer_id, now)
 
     @staticmethod
     def _answer(
@@ -516,7 +514,7 @@ class ProduceService:
         expected_offset, producer_id = prepared.expected_offset, prepared.producer_id
         if len(groups) == 1:
             (p, (log, batches)), = groups.items()
-            return {p: await _append(log, batches, expected_offset, producer_id, if_match=prepared.if_match)}
+            return {p: await _append(log, batches, expected_offset, producer_id)}
         loop = _asyncio_loop()
         if loop is None:
             return await self._append_all_anyio(prepared)
@@ -547,7 +545,7 @@ class ProduceService:
         await everything
         for p in groups:
             if p in errors:
-                raise _append_error(errors[p], producer_id, prepared.if_match)
+                raise _append_error(errors[p], producer_id)
         return results
 
     async def _append_all_anyio(self, prepared: _PreparedJson) -> dict[int, AppendResult]:
@@ -555,9 +553,7 @@ class ProduceService:
 
         async def one(p: int, log: Partition, batches: list[PreparedBatch]) -> None:
             try:
-                results[p] = await _append(
-                    log, batches, prepared.expected_offset, prepared.producer_id, if_match=prepared.if_match
-                )
+                results[p] = await _append(log, batches, prepared.expected_offset, prepared.producer_id)
             except Exception as exc:
                 errors[p] = exc
 
@@ -580,27 +576,26 @@ class ProduceService:
         *,
         principal: str = "",
         idempotency_key: str | None = None,
-        if_match: str | None = None,
+        condition: ExpectedOffset | None = None,
         max_inflated_bytes: int | None = None,
     ) -> RawProduced:
         """Append the v2 batches of `body` (rewritten in place: offsets, and the Idempotency-Key's
-        producer id). Compressed batches inflate to at most `max_inflated_bytes` in all. A big
+        producer id), if the partition's next offset is `condition`'s (OffsetMismatchError
+        otherwise). Compressed batches inflate to at most `max_inflated_bytes` in all. A big
         body (it may hold a million small batches) is checked in a worker thread and its batch
         objects are freed there."""
         log = self.partition(topic, partition)
-        expected_offset = expected_offset_of(if_match, None)
+        expected_offset = expected_offset_of(condition, None)
         producer_id = producer_id_for(principal, idempotency_key)
         prepare = functools.partial(prepare_raw, body, log, producer_id, max_inflated_bytes)
         if len(body) <= VALIDATE_IN_THREAD_BYTES:
             batches, max_timestamp = prepare()
-            result = await _append(log, batches, expected_offset, producer_id, len(body), if_match=_from_header(if_match))
+            result = await _append(log, batches, expected_offset, producer_id, len(body))
         else:
             with gc_paused():
                 batches, max_timestamp = await anyio.to_thread.run_sync(prepare)
                 try:
-                    result = await _append(
-                        log, batches, expected_offset, producer_id, len(body), if_match=_from_header(if_match)
-                    )
+                    result = await _append(log, batches, expected_offset, producer_id, len(body))
                 except Exception:  # the append is over (a cancelled one may still be queued: left alone)
                     await anyio.to_thread.run_sync(free_in_slices, batches)
                     raise
@@ -621,15 +616,14 @@ class ProduceService:
         *,
         principal: str = "",
         idempotency_key: str | None = None,
-        if_match: str | None = None,
-        if_none_match: str | None = None,
+        condition: KeyCondition | None = None,
     ) -> KeyProduced:
         """Append a per-key append's records (docs/API.md, "Per-key event streams") to the key's
-        partition (murmur2, as Kafka places a keyed record) as one unit, conditional on the
-        key's latest record with If-Match / If-None-Match (KeyVersionMismatchError)."""
+        partition (murmur2, as Kafka places a keyed record) as one unit, if the key's latest
+        record meets `condition` (KeyVersionMismatchError otherwise)."""
         refuse_internal(topic)
         state = self.engine.topic(topic)
-        condition = key_condition_of(key, if_match, if_none_match)
+        key_condition = (key, key_version(condition)) if condition is not None else None
         producer_id = producer_id_for(principal, idempotency_key)
         log = self.engine.partition(topic, partition_for_key(key, len(state.partitions)))
         partition = log.partition
@@ -640,7 +634,7 @@ class ProduceService:
 
         # a big body is parsed and encoded in a worker thread, as produce_json does
         batches = prepare() if len(body) <= INLINE_JSON_BYTES else await anyio.to_thread.run_sync(prepare)
-        result = await _append(log, batches, None, producer_id, key_condition=condition)
+        result = await _append(log, batches, None, producer_id, key_condition=key_condition)
         offsets = []
         for base, batch in zip(result.batch_base_offsets, batches):
             offsets.extend(range(base, base + batch.record_count))
@@ -662,31 +656,6 @@ class KeyProduced:
     partition: int
     offsets: list[int]
     replayed: bool
-
-
-def key_condition_of(key: bytes, if_match: str | None, if_none_match: str | None) -> tuple[bytes, int] | None:
-    """A per-key append's condition: (key, the offset its latest record must have); -1 for
-    If-None-Match: * (the key has no records), ANY_RECORDS for If-Match: * (it has some)."""
-    if if_match is not None and if_none_match is not None:
-        raise InvalidFieldError("If-Match and If-None-Match: give one of them")
-    if if_none_match is not None:
-        if if_none_match.strip() != "*":
-            raise InvalidFieldError("If-None-Match: only * (the key has no records) is supported")
-        return key, -1
-    if if_match is None:
-        return None
-    text = if_match.strip()
-    if text == "*":
-        return key, ANY_RECORDS
-    if text.startswith("W/"):
-        text = text[2:]
-    if len(text) >= 2 and text[0] == text[-1] == '"':
-        text = text[1:-1]
-    if text == "-1":
-        return key, -1
-    if not text.isdigit() or not text.isascii():
-        raise InvalidFieldError('If-Match: must be the key\'s ETag, an offset such as "42" ("-1": no records yet), or *')
-    return key, int(text)
 
 
 def parse_key_records(doc: dict[str, Any], key: bytes, now: int) -> list[Record]:
@@ -739,29 +708,21 @@ def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
 
 async def _append(
     log: Partition, batches: list[PreparedBatch], expected_offset: int | None, producer_id: int, size: int | None = None,
-    *, if_match: bool = False, key_condition: tuple[bytes, int] | None = None,
+    *, key_condition: tuple[bytes, int] | None = None,
 ) -> AppendResult:
     """log.append; a sequence error of an Idempotency-Key's producer id means the key was
-    reused for another request, and an offset condition from If-Match failed a precondition."""
+    reused for another request."""
     try:
         if key_condition is not None:
             return await log.append(batches, expected_offset=expected_offset, size=size, key_condition=key_condition)
         return await log.append(batches, expected_offset=expected_offset, size=size)
-    except (OutOfOrderSequenceError, OffsetMismatchError) as exc:
-        raise _append_error(exc, producer_id, if_match) from None
+    except OutOfOrderSequenceError as exc:
+        raise _append_error(exc, producer_id) from None
 
 
-def _append_error(error: BaseException, producer_id: int, if_match: bool = False) -> BaseException:
+def _append_error(error: BaseException, producer_id: int) -> BaseException:
     """What a refused append answers: a sequence error of an Idempotency-Key's producer id means
-    the key was reused for another request; an offset mismatch whose condition came in If-Match
-    is a failed precondition (412)."""
+    the key was reused for another request."""
     if isinstance(error, OutOfOrderSequenceError) and producer_id >= 0:
         return IdempotencyKeyReusedError(producer_id)
-    if isinstance(error, OffsetMismatchError) and if_match and not isinstance(error, IfMatchFailedError):
-        return IfMatchFailedError(error.expected, error.high_watermark)
     return error
-
-
-def _from_header(if_match: str | None) -> bool:
-    """Whether If-Match makes the append conditional (`*` does not)."""
-    return if_match is not None and if_match.strip() != "*"

@@ -10,7 +10,9 @@ import orjson
 import pytest
 
 from engine import produce, reader
+from engine.conditions import ExpectedOffset
 from engine.errors import (
+    ConditionConflictError,
     IdempotencyKeyReusedError,
     InvalidFieldError,
     InvalidJsonError,
@@ -117,10 +119,26 @@ async def test_conditions_and_their_refusals(tmp_path: Path) -> None:
         assert offsets(parts)[0]["offset"] == 0
         with pytest.raises(OffsetMismatchError):
             await service.produce_json("t", one, answer=as_parts)
-        answer, _ = await service.produce_json("t", body([{"value": "b"}]), partition=1, if_match='"1"', answer=list)
+        cond = ExpectedOffset(1)
+        b = body([{"value": "b"}])
+        answer, _ = await service.produce_json("t", b, partition=1, condition=cond, answer=list)
         assert answer[0]["offset"] == 1
-        with pytest.raises(InvalidFieldError, match="If-Match and expected_offset disagree"):
-            await service.produce_json("t", body([{"value": "b"}], expected_offset=2), partition=1, if_match="3", answer=as_parts)
+        # the condition fails as the body's expected_offset does: one error (the transport answers)
+        with pytest.raises(OffsetMismatchError) as failed:
+            await service.produce_json("t", b, partition=1, condition=cond, answer=list)
+        assert (failed.value.expected, failed.value.high_watermark) == (1, 2)
+        assert type(failed.value) is OffsetMismatchError
+        with pytest.raises(ConditionConflictError) as conflict:
+            await service.produce_json(
+                "t", body([{"value": "b"}], expected_offset=2), partition=1,
+                condition=ExpectedOffset(3), answer=as_parts,
+            )
+        assert (conflict.value.condition, conflict.value.in_body) == (3, 2)
+        agreeing = body([{"value": "b"}], expected_offset=2)
+        answer, _ = await service.produce_json(
+            "t", agreeing, partition=1, condition=ExpectedOffset(2), answer=list
+        )
+        assert answer[0]["offset"] == 2
         with pytest.raises(InvalidFieldError, match="several partitions"):
             await service.produce_json(
                 "t", body([{"value": "a", "partition": 0}, {"value": "b", "partition": 1}], expected_offset=0), answer=as_parts
@@ -131,7 +149,7 @@ async def test_conditions_and_their_refusals(tmp_path: Path) -> None:
             await service.produce_json("t", b"{", answer=as_parts)
         with pytest.raises(InvalidRequestError, match="managed by the server"):
             await service.produce_json("__consumer_offsets", body([{"value": "a"}]), answer=as_parts)
-        assert [v for _o, _k, v in stored(engine, "t", 1)] == [b"a", b"b"]
+        assert [v for _o, _k, v in stored(engine, "t", 1)] == [b"a", b"b", b"b"]
         assert stored(engine, "t", 0) == []
 
 
