@@ -56,6 +56,7 @@ SPACE_GB = {
     "http_small": (1, 0.5),
     "http_fanout": (0.5, 0.5),
     "http_keys": (2.5, 0.5),
+    "groups": (0.5, 0.5),
 }
 
 
