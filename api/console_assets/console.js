@@ -717,8 +717,12 @@ async function withLag(offsets) {
   });
 }
 
-async function viewGroups(target) {
-  const { groups } = await get("/v1/groups");
+// groups a page: each one's offsets (and its topics' high watermarks) are fetched to show its lag
+const GROUPS_PAGE = 100;
+
+async function viewGroups(target, _match, params) {
+  const after = params.get("after") || null;
+  const { groups, next_after: nextAfter } = await get(`/v1/groups?${q({ limit: GROUPS_PAGE, after })}`);
   const details = await Promise.all(groups.map(async (g) => ({ group: g, offsets: await withLag((await get(`/v1/groups/${encodeURIComponent(g)}/offsets`)).offsets) })));
   const rows = details.map(({ group, offsets }) => h("tr", { dataset: { group } },
     h("td", null, h("a", { href: `#/groups/${encodeURIComponent(group)}` }, group)),
@@ -727,7 +731,11 @@ async function viewGroups(target) {
   put(target, h("h1", null, "Consumer groups"),
     h("section", { class: "panel" },
       h("p", { class: "muted" }, "Groups with committed offsets (POST /v1/groups/{group}/offsets). Lag: high watermark − committed offset."),
-      table(["Group", "Topics", "#Partitions", "#Total lag"], rows, { id: "groups" })));
+      table(["Group", "Topics", "#Partitions", "#Total lag"], rows, { id: "groups" }),
+      h("div", { class: "pager" },
+        h("a", { href: "#/groups" }, h("button", { type: "button", disabled: !after }, "⇤ First")),
+        h("a", { href: `#/groups?${q({ after: nextAfter })}`, id: "next-groups" }, h("button", { type: "button", disabled: !nextAfter }, "Next ▶")),
+        h("span", { class: "muted" }, groups.length ? `${groups[0]} – ${groups[groups.length - 1]}, by name` : "no groups"))));
 }
 
 async function viewGroup(target, [, group]) {

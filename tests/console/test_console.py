@@ -401,6 +401,27 @@ def test_partitions_cleanup_groups_snapshots_and_charts(start, console_factory) 
     console.shot("charts")
 
 
+def test_groups_are_shown_a_page_at_a_time(start, console_factory) -> None:
+    """The groups view shows 100 groups (each with its lag) and pages on by name."""
+    server, client = start(1)
+    client.post("/v1/topics", json={"name": "jobs"}).raise_for_status()
+    names = [f"job-{i:03d}" for i in range(101)]
+    for name in names:
+        commit = {"offsets": [{"topic": "jobs", "partition": 0, "offset": 0}]}
+        client.post(f"/v1/groups/{name}/offsets", json=commit).raise_for_status()
+    console = console_factory(server)
+    page = console.page
+    console.open("#/groups")
+    page.locator("#groups tbody tr[data-group=job-099]").wait_for()
+    assert len(console.rows("groups")) == 100
+    page.locator("#next-groups").click()
+    page.locator("#groups tbody tr[data-group=job-100]").wait_for()
+    assert [r.split("\t")[0] for r in console.rows("groups")] == ["job-100"]
+    assert page.locator("#next-groups button").is_disabled()
+    listed = client.get("/v1/groups", params={"limit": 100}).json()
+    assert listed["next_after"] == "job-099"
+
+
 def test_behind_auth_a_token_shows_only_what_it_may_do(tmp_path: Path, start, console_factory) -> None:
     auth = tmp_path / "auth.json"
     auth.write_text(json.dumps({"tokens": [
