@@ -238,6 +238,61 @@ class _Call(_Op):
     after: Callable[["PartitionLog", Any], Awaitable[Any]] | None = None
 
 
+# a key index entry of a commit still to add: (the active segment's entries, key hashes (None:
+# hashed when added), keys, offsets, the batch's position, its end)
+_KeyAdd = tuple[Any, list[int] | None, list[bytes], Sequence[int], int, int]
+
+# the log before a commit, what undoing it restores: its next offset, segments, the active
+# segment's append_state() and recovery point
+_Before = tuple[int, tuple[LogSegment, ...], tuple, int]
+
+
+class _GroupCommit:
+    """One group commit's state from its requests' admission to its flush (commit thread)."""
+
+    __slots__ = (
+        "now", "append_time", "next_offset", "keys_on", "group_keys", "pending", "batches",
+        "messages", "batch_keys", "reads",
+    )
+
+    def __init__(
+        self, now: int, append_time: int, next_offset: int, keys_on: bool,
+        group_keys: dict[int, list[tuple[int, bytes]]] | None,
+    ) -> None:
+        self.now = now
+        self.append_time = append_time  # -1 unless the topic uses LogAppendTime
+        self.next_offset = next_offset  # the next request's first offset
+        self.keys_on = keys_on  # the topic keeps a key index
+        # this commit's keyed records so far, hash -> (offset, key): for per-key conditions only
+        self.group_keys = group_keys
+        # the producer state the commit applies when complete
+        self.pending: dict[int, ProducerEntry] = {}
+        self.batches: list[AppendBatch] = []  # what it writes, in offset order
+        self.messages = 0
+        # per batch (keys_on): its key hashes (None: hashed later), keys, offsets
+        self.batch_keys: list[tuple[list[int] | None, list[bytes], Sequence[int]]] = []
+        self.reads: key_reads.BatchCache | None = None  # made by the first per-key lookup
+
+    def add_keys(self, batch: PreparedBatch, base_offset: int) -> None:
+        """Note the keys of `batch`, written from `base_offset`, for the key index (and the
+        per-key conditions of the requests after it)."""
+        keys = _record_keys(batch)
+        if None in keys:
+            keyed = [(i, k) for i, k in enumerate(keys) if k is not None]
+            offsets: Sequence[int] = [base_offset + i for i, _k in keyed]
+            keys = [k for _i, k in keyed]
+        else:
+            offsets = range(base_offset, base_offset + len(keys))
+        group_keys = self.group_keys
+        if group_keys is None:  # the common case: no conditions to check
+            self.batch_keys.append((None, keys, offsets))
+        else:
+            hashes = list(map(key_hash, keys))
+            self.batch_keys.append((hashes, keys, offsets))
+            for h, offset, key in zip(hashes, offsets, keys):
+                group_keys.setdefault(h, []).append((offset, key))
+
+
 class PartitionLog(LogReads):
     def __init__(
         self,
@@ -537,6 +592,14 @@ class PartitionLog(LogReads):
             self.on_publish(self)
 
     # -- group commit (worker thread) ---------------------------------------------------------
+    #
+    # As Kafka's UnifiedLog.append (analyzeAndValidateProducerState, LogValidator, maybeRoll,
+    # LocalLog.append), in three steps each with one job: _admit decides whether a request is
+    # written (its refusal named in op.error, a retry answered from the producer state), _assign
+    # gives an admitted request's batches their offsets, _stage rolls, writes and decides the
+    # flush, undoing the whole commit if the file system refuses it (_refuse_commit). The
+    # commit's state lives in one _GroupCommit; nothing is allocated per batch that was not
+    # before the split.
 
     def _commit_write(self, group: list[_Append]) -> PendingFlush | None:
         """One group commit up to its flush: returns None when it is complete, else the flush
@@ -547,134 +610,147 @@ class PartitionLog(LogReads):
         the log gets their offsets back and writes nothing. The rest are written together. If
         the disk is full, everything this commit wrote is undone and every request in it fails
         with StorageFullError."""
+        commit = self._begin_commit(group)
+        for op in group:
+            if self._admit(commit, op):
+                self._assign(commit, op)
+        if not commit.batches:
+            return None
+        return self._stage(commit, len(group))
+
+    def _begin_commit(self, group: list[_Append]) -> _GroupCommit:
+        """The commit's state, with the key index's active entries loaded (what is committed)."""
         config = self.config
         now = self.clock()
-        append_time = now if config.log_append_time else -1
-        next_offset = self._next_offset
-        producers = self.producer_state
-        pending: dict[int, ProducerEntry] = {}
-        prepared: list[AppendBatch] = []
-        messages = 0
-        index = self.key_index
         keys_on = config.key_index
+        index = self.key_index
         if keys_on:
-            index.load_active(self._segments[-1], self._segments[-1].size)  # what is committed
+            index.load_active(self._segments[-1], self._segments[-1].size)
         elif index.active is not None:
             index.forget_active()
-        # per prepared batch: its key hashes (None: hashed later), keys, offsets
-        batch_keys: list[tuple[list[int] | None, list[bytes], Sequence[int]]] = []
-        # this commit's keyed records so far, hash -> (offset, key): for per-key conditions only
+        # this commit's keyed records: only when a request has a per-key condition to check
         group_keys: dict[int, list[tuple[int, bytes]]] | None = (
             {} if keys_on and any(op.key_condition is not None for op in group) else None
         )
-        reads: key_reads.BatchCache | None = None
-        for op in group:
-            try:
-                duplicates = [producers.check(b.header, now, pending) for b in op.batches]
-            except EngineError as exc:
-                op.error = exc
-                continue
-            # a retry of a conditional append that was written: its offsets, not a mismatch
-            if op.expected_offset is not None and op.expected_offset != next_offset and not all(duplicates):
-                op.error = OffsetMismatchError(op.expected_offset, next_offset)
-                continue
-            if op.key_condition is not None and not all(duplicates):
-                if not keys_on:
-                    op.error = KeyIndexDisabledError(self.topic)
-                    continue
-                key, expected = op.key_condition
-                h = key_hash(key)
-                assert group_keys is not None
-                current = next((o for o, k in reversed(group_keys.get(h, ())) if k == key), None)
-                if current is None:
-                    reads = reads or key_reads.BatchCache()
-                    current = key_reads.latest_of(self.view, index, key, h, reads)
-                if not key_reads.condition_holds(expected, current):
-                    op.error = KeyVersionMismatchError(key, expected, current)
-                    continue
-            if any(d is not None for d in duplicates):
-                if not all(duplicates):  # part of a retried request changed: not a retry
-                    first = next(b.header for b, d in zip(op.batches, duplicates) if d is None)
-                    op.error = OutOfOrderSequenceError(first.producer_id, first.producer_epoch, first.base_sequence, None)
-                    continue
-                op.result = AppendResult(
-                    duplicates[0].first_offset, duplicates[-1].last_offset, -1,
-                    tuple(d.first_offset for d in duplicates), duplicate=True,
-                    batch_max_timestamps=tuple(d.max_timestamp for d in duplicates),
-                )
-                continue
-            first = next_offset
-            bases = []
-            for batch in op.batches:
-                header = batch.header
-                set_base_offset(batch.data, 0, next_offset)
-                max_ts = header.max_timestamp
-                if append_time >= 0:
-                    set_log_append_time(batch.data, 0, header.size, append_time)
-                    max_ts = append_time
-                producers.updated_entry(header, next_offset, max_ts, pending, now)
-                bases.append(next_offset)
-                last = next_offset + header.last_offset_delta
-                prepared.append(AppendBatch(batch.data, next_offset, last, max_ts, header.size))
-                if keys_on:
-                    keys = _record_keys(batch)
-                    if None in keys:
-                        keyed = [(i, k) for i, k in enumerate(keys) if k is not None]
-                        offsets: Sequence[int] = [next_offset + i for i, _k in keyed]
-                        keys = [k for _i, k in keyed]
-                    else:
-                        offsets = range(next_offset, next_offset + len(keys))
-                    if group_keys is None:  # the common case: no conditions to check
-                        batch_keys.append((None, keys, offsets))
-                    else:
-                        hashes = list(map(key_hash, keys))
-                        batch_keys.append((hashes, keys, offsets))
-                        for h, offset, key in zip(hashes, offsets, keys):
-                            group_keys.setdefault(h, []).append((offset, key))
-                messages += header.records_count
-                next_offset = last + 1
-            op.result = AppendResult(first, next_offset - 1, append_time, tuple(bases))
-        if not prepared:
-            return None
+        append_time = now if config.log_append_time else -1
+        return _GroupCommit(now, append_time, self._next_offset, keys_on, group_keys)
 
-        segments_before = self._segments
-        state_before = segments_before[-1].append_state()
-        recovery_point_before = self.recovery_point
-        next_offset_before = self._next_offset
-        # key index entries to add: (the active segment's entries, hashes, keys, offsets, batch
-        # position, batch end); while the commit's fsync runs when there is one (commits.py), else now
-        index_adds: list[tuple[Any, list[int] | None, list[bytes], Sequence[int], int, int]] = []
+    def _admit(self, commit: _GroupCommit, op: _Append) -> bool:
+        """Whether `op`'s batches are to be written (Kafka's analyzeAndValidateProducerState,
+        then the request's conditions), against the log and the requests before it in this
+        commit. If not, `op` is answered already: op.error names the refusal
+        (ProducerFencedError or OutOfOrderSequenceError from the producer state,
+        OffsetMismatchError, KeyIndexDisabledError, KeyVersionMismatchError, or
+        OutOfOrderSequenceError for a retry that changed some of its batches), or op.result is
+        a retry's first offsets (every batch already in the log: nothing written, its
+        conditions held when it was)."""
         try:
-            segment = self._segments[-1]
-            rolled = False
-            for i, batch in enumerate(prepared):
-                if self._should_roll(segment, batch, now):
-                    self._add_keys(index_adds)  # the segment's entries are complete before it closes
-                    index_adds = []
-                    segment.write_staged()
-                    segment = self._roll_sync(batch.base_offset, now)
-                    rolled = True
-                position = segment.size  # where the batch goes
-                segment.stage(batch, config.index_interval_bytes)
-                if keys_on:
-                    active = index.active
-                    assert active is not None and active.base_offset == segment.base_offset
-                    index_adds.append((active, *batch_keys[i], position, segment.size))
-            segment.write_staged()
-            self._next_offset = next_offset
-            unflushed = self._unflushed_messages + messages
+            check, now, pending = self.producer_state.check, commit.now, commit.pending
+            duplicates = [check(b.header, now, pending) for b in op.batches]
+        except EngineError as exc:
+            op.error = exc
+            return False
+        retry = all(duplicates)  # op.batches is never empty (append refuses that)
+        if not retry:
+            refused = None
+            if op.expected_offset is not None or op.key_condition is not None:
+                refused = self._failed_condition(commit, op)
+            if refused is None and duplicates.count(None) != len(duplicates):
+                # some of its batches are in the log, not all: part of a retried request changed
+                first = next(b.header for b, d in zip(op.batches, duplicates) if d is None)
+                refused = OutOfOrderSequenceError(
+                    first.producer_id, first.producer_epoch, first.base_sequence, None
+                )
+            if refused is not None:
+                op.error = refused
+                return False
+            return True
+        op.result = AppendResult(
+            duplicates[0].first_offset, duplicates[-1].last_offset, -1,
+            tuple(d.first_offset for d in duplicates), duplicate=True,
+            batch_max_timestamps=tuple(d.max_timestamp for d in duplicates),
+        )
+        return False
+
+    def _failed_condition(self, commit: _GroupCommit, op: _Append) -> EngineError | None:
+        """The refusal of `op`'s conditions, None when they hold: its expected offset against
+        the commit's next offset (OffsetMismatchError), its key's latest record against the
+        log and this commit's records so far (KeyIndexDisabledError, KeyVersionMismatchError)."""
+        if op.expected_offset is not None and op.expected_offset != commit.next_offset:
+            return OffsetMismatchError(op.expected_offset, commit.next_offset)
+        if op.key_condition is None:
+            return None
+        if not commit.keys_on:
+            return KeyIndexDisabledError(self.topic)
+        key, expected = op.key_condition
+        h = key_hash(key)
+        assert commit.group_keys is not None
+        current = next((o for o, k in reversed(commit.group_keys.get(h, ())) if k == key), None)
+        if current is None:
+            if commit.reads is None:
+                commit.reads = key_reads.BatchCache()
+            current = key_reads.latest_of(self.view, self.key_index, key, h, commit.reads)
+        if not key_reads.condition_holds(expected, current):
+            return KeyVersionMismatchError(key, expected, current)
+        return None
+
+    def _assign(self, commit: _GroupCommit, op: _Append) -> None:
+        """Give an admitted request's batches the commit's next offsets (baseOffset rewritten in
+        place, LogAppendTime stamped if the topic wants it), record them in the commit's
+        producer state and key lists, and answer op.result (published only once the commit is)."""
+        updated_entry = self.producer_state.updated_entry
+        pending, now, append_time = commit.pending, commit.now, commit.append_time
+        write, keys_on = commit.batches.append, commit.keys_on
+        next_offset = first = commit.next_offset
+        messages = 0
+        bases = []
+        for batch in op.batches:
+            header = batch.header
+            set_base_offset(batch.data, 0, next_offset)
+            max_ts = header.max_timestamp
+            if append_time >= 0:
+                set_log_append_time(batch.data, 0, header.size, append_time)
+                max_ts = append_time
+            updated_entry(header, next_offset, max_ts, pending, now)
+            bases.append(next_offset)
+            last = next_offset + header.last_offset_delta
+            write(AppendBatch(batch.data, next_offset, last, max_ts, header.size))
+            if keys_on:
+                commit.add_keys(batch, next_offset)
+            messages += header.records_count
+            next_offset = last + 1
+        commit.next_offset = next_offset
+        commit.messages += messages
+        op.result = AppendResult(first, next_offset - 1, append_time, tuple(bases))
+
+    def _stage(self, commit: _GroupCommit, requests: int) -> PendingFlush | None:
+        """Write the commit's batches (rolling where Kafka's rules say: _should_roll), advance
+        the log's end, and decide the flush: None when the commit is complete (no flush due),
+        else the flush that completes it. A TransientStorageError (full disk, no descriptor)
+        while writing or flushing undoes the whole commit (_refuse_commit) and fails every
+        request written in it; any other StorageError fails the partition (_commit)."""
+        config = self.config
+        now = commit.now
+        # what undoing the commit restores (_refuse_commit)
+        segments = self._segments
+        before = (self._next_offset, segments, segments[-1].append_state(), self.recovery_point)
+        try:
+            index_adds, rolled = self._write_batches(commit)
+            self._next_offset = commit.next_offset
+            unflushed = self._unflushed_messages + commit.messages
             due = unflushed >= config.flush_messages or now - self._last_flush_ms >= config.flush_ms
             if not due:
                 self._unflushed_messages = unflushed
         except TransientStorageError as exc:
-            self._refuse_commit(exc, next_offset_before, segments_before, state_before, recovery_point_before)
+            self._refuse_commit(exc, before)
 
         def complete() -> None:
-            producers.commit(pending)
+            self.producer_state.commit(commit.pending)
             if rolled:
-                self._snapshot_producers(next_offset, now)
+                self._snapshot_producers(commit.next_offset, now)
             if self._on_commit is not None:
-                self._on_commit(self, len(group), messages, sum(b.size for b in prepared))
+                written = sum(b.size for b in commit.batches)
+                self._on_commit(self, requests, commit.messages, written)
 
         if not due:
             self._add_keys(index_adds)
@@ -685,13 +761,43 @@ class PartitionLog(LogReads):
             try:
                 self._flush_sync(shared_s)
             except TransientStorageError as exc:
-                self._refuse_commit(exc, next_offset_before, segments_before, state_before, recovery_point_before)
+                self._refuse_commit(exc, before)
             complete()
 
         index_work = functools.partial(self._add_keys, index_adds) if index_adds else None
         return PendingFlush(flush, self._segments[-1], self._device, index_work)
 
-    def _add_keys(self, adds: list[tuple[Any, list[int] | None, list[bytes], Sequence[int], int, int]]) -> None:
+    def _write_batches(self, commit: _GroupCommit) -> tuple[list[_KeyAdd], bool]:
+        """Stage each batch in the active segment, rolling first where it must (Kafka's
+        maybeRoll), and write them (one pwritev per segment). Returns the key index entries
+        still to add (those of segments it rolled away from are added before they close) and
+        whether it rolled. Raises StorageError."""
+        config = self.config
+        index = self.key_index
+        keys_on = commit.keys_on
+        batch_keys = commit.batch_keys
+        # key index entries to add (_KeyAdd): while the commit's fsync runs when there is one
+        # (commits.py), else now
+        index_adds: list[_KeyAdd] = []
+        segment = self._segments[-1]
+        rolled = False
+        for i, batch in enumerate(commit.batches):
+            if self._should_roll(segment, batch, commit.now):
+                self._add_keys(index_adds)  # the segment's entries are complete before it closes
+                index_adds = []
+                segment.write_staged()
+                segment = self._roll_sync(batch.base_offset, commit.now)
+                rolled = True
+            position = segment.size  # where the batch goes
+            segment.stage(batch, config.index_interval_bytes)
+            if keys_on:
+                active = index.active
+                assert active is not None and active.base_offset == segment.base_offset
+                index_adds.append((active, *batch_keys[i], position, segment.size))
+        segment.write_staged()
+        return index_adds, rolled
+
+    def _add_keys(self, adds: list[_KeyAdd]) -> None:
         """Add a commit's key index entries (commit thread; or a flush thread while its fsync
         runs: before the commit is published, and before the partition's next commit). A
         failure leaves the active segment's entries to be rebuilt from its records."""
@@ -705,11 +811,9 @@ class PartitionLog(LogReads):
             logger.exception("%s: key index entries not added; rebuilt from the segment on next use", self.name)
             self.key_index.forget_active()
 
-    def _refuse_commit(
-        self, exc: TransientStorageError, next_offset: int, segments_before: tuple[LogSegment, ...], state_before: tuple,
-        recovery_point: int,
-    ) -> None:
+    def _refuse_commit(self, exc: TransientStorageError, before: _Before) -> None:
         """A full disk or no descriptor left: undo the commit, refuse it, stay writable."""
+        next_offset, segments_before, state_before, recovery_point = before
         self._next_offset = next_offset
         self._undo_commit(segments_before, state_before, recovery_point, exc)
         what = "disk full" if isinstance(exc, StorageFullError) else "no file descriptor left"
