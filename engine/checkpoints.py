@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import StorageError
-from .fileutil import io_errors, replace_file
+from .fileutil import io_errors, replace_file, storage_error
 
 RECOVERY_POINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET = "log-start-offset-checkpoint"
@@ -41,7 +41,7 @@ def read_checkpoint(path: Path) -> dict[TopicPartition, int]:
     except FileNotFoundError:
         return {}
     except OSError as exc:
-        raise StorageError(path, f"cannot read checkpoint: {exc}") from exc
+        raise storage_error(exc, path, "cannot read checkpoint") from exc
     if not data:
         return {}
     try:

@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .errors import StorageError
-from .fileutil import io_errors, replace_file
+from .fileutil import io_errors, replace_file, storage_error
 from .format import HEADER_SIZE, MAGIC_V2, MIN_BATCH_LENGTH, parse_header
 
 logger = logging.getLogger("eventlog.recovery")
@@ -110,7 +110,7 @@ def read(directory: Path) -> Ranges:
     except FileNotFoundError:
         return ()
     except OSError as exc:
-        raise StorageError(path, f"cannot read: {exc}") from exc
+        raise storage_error(exc, path, "cannot read") from exc
     return parse(data)
 
 

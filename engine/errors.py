@@ -414,8 +414,9 @@ class StorageFullError(TransientStorageError):
 
 
 class TooManyOpenFilesError(TransientStorageError):
-    """Raised when the process or the system is out of file descriptors (EMFILE, ENFILE): the
-    request was undone; it may succeed once other descriptors are closed."""
+    """Raised when the process or the system is out of file descriptors (EMFILE, ENFILE), or
+    the kernel of memory for a file call (ENOMEM, EAGAIN, ENOBUFS: fileutil.TRANSIENT_ERRNOS):
+    the request was undone (a read: refused); it may succeed once other descriptors are closed."""
 
 
 class OpenFilesLimitError(EngineError):

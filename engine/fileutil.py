@@ -1,9 +1,39 @@
 """Small blocking file helpers shared by the engine (call from worker threads).
 
 The one place where OSError becomes the engine's storage errors (as Kafka's
-maybeHandleIOException): storage_error() and io_errors(). A full disk and an exhausted
-descriptor table are transient (StorageFullError, TooManyOpenFilesError: the caller undoes what
-it started and the partition stays usable); anything else is a StorageError.
+maybeHandleIOException, with LogDirFailureChannel's decision of what a failure means):
+storage_error() decides, io_errors() wraps a block in it; every read and write path of a
+partition (log_reads.py, reader.py through segment.py, follower.py's opens, partition_log.py,
+segment.py, index_file.py, this module's callers) raises what they make:
+
+* transient, the kernel is short of something that comes back by itself (EMFILE, ENFILE,
+  ENOMEM, EAGAIN, ENOBUFS): TooManyOpenFilesError, 503 too_many_open_files with Retry-After;
+* disk full (ENOSPC, EDQUOT): StorageFullError, 507 storage_full;
+* anything else (EIO, EROFS, ENOENT of a file that must be there, ...): StorageError, 500
+  storage_error, the dir failing: a write that meets it takes the partition offline for writes
+  until a restart recovers it (PartitionLog._commit), a read fails that request only.
+
+A transient error or a full disk undoes what it interrupted (an append, a topic change, a
+snapshot) and leaves the partition usable; a read that meets one is answered the same way and
+leaves the partition online.
+
+`except OSError` sites left outside it, on purpose:
+* best-effort cleanup and probes whose failure changes nothing: unlinking a temp file
+  (replace_file), closing a descriptor (FileHandle.__del__), libc lookups (filesystem_magic,
+  mapping.py), preadv2(RWF_NOWAIT) support (read_if_cached), /proc readlink and the rules file
+  (faults.py), the descriptor limit (descriptors.py), the lock file's pid and identity
+  (log_dirs.py), a directory listing probe and an fsync after removing partitions
+  (log_manager.py), damaged bytes kept aside (repair.py), unreadable producer snapshots
+  dropped (producer_state.py), damaged-file listings (dropped.py), snapshot cleanup
+  (snapshots.py);
+* where an errno is an answer, not a failure: FileHandle's EMFILE retry after giving
+  descriptors back, os.link/copy_file_range falling back to a copy (snapshots.py), a syncfs
+  failure handed to each file's own fdatasync (commits.py), a partition file of an existing
+  partition rewritten at start-up (log_manager.py);
+* where the failure is never transient whatever its errno: undoing a failed append
+  (LogSegment.rollback's fsync: an undo that fails must fail the partition);
+* start-up and data-dir errors, which are DataDirError (log_dirs.py), and codec errors
+  (compression.py).
 """
 
 from __future__ import annotations
@@ -20,22 +50,27 @@ from .faults import io_fault
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 NO_DESCRIPTOR_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+# the kernel is out of something that comes back by itself: descriptors, memory, buffers
+TRANSIENT_ERRNOS = NO_DESCRIPTOR_ERRNOS | {errno.ENOMEM, errno.EAGAIN, errno.ENOBUFS}
 
 
 def storage_error(exc: OSError, path: Path | str | None, what: str) -> StorageError:
-    """The engine's error for `exc`, met while doing `what` (e.g. "cannot create segment")."""
+    """The engine's error for `exc`, met while doing `what` (e.g. "cannot create segment"):
+    StorageFullError, TooManyOpenFilesError (TRANSIENT_ERRNOS) or StorageError."""
     where = path if path is not None else (exc.filename or "?")
     reason = f"{what}: {exc.strerror or exc}"
-    if exc.errno in DISK_FULL_ERRNOS:
+    code = exc.errno
+    if code in DISK_FULL_ERRNOS:
         return StorageFullError(where, reason)
-    if exc.errno in NO_DESCRIPTOR_ERRNOS:
+    if code in TRANSIENT_ERRNOS:
         return TooManyOpenFilesError(where, reason)
     return StorageError(where, reason)
 
 
 @contextmanager
 def io_errors(path: Path | str | None, what: str) -> Iterator[None]:
-    """Translate OSError raised inside the block with storage_error()."""
+    """Translate OSError raised inside the block with storage_error() (cold paths: hot ones
+    catch OSError themselves and call storage_error())."""
     try:
         yield
     except OSError as exc:

@@ -43,7 +43,7 @@ from .errors import (
     StorageError,
     TopicDeletedError,
 )
-from .fileutil import FileHandle
+from .fileutil import FileHandle, storage_error
 from .index_builder import IndexBuilder
 from .log_reads import LogReads
 from .offset_index import OffsetIndex
@@ -151,7 +151,7 @@ class FollowerSegment(LogSegment):
                     except FileNotFoundError:
                         continue
                     except OSError as exc:
-                        raise StorageError(path, f"cannot open segment: {exc}") from exc
+                        raise storage_error(exc, path, "cannot open segment") from exc
                     if os.fstat(candidate.fd).st_ino == self.inode:
                         self._file = candidate
                         break

@@ -240,7 +240,9 @@ class IndexFile:
             if not self._columns:
                 try:
                     pages = map_read_only(self.path, self._entries * self.ENTRY_SIZE)
-                except (OSError, ValueError) as exc:
+                except OSError as exc:  # ENOMEM (no address space left) is transient
+                    raise storage_error(exc, self.path, "cannot map index") from exc
+                except ValueError as exc:
                     raise StorageError(self.path, f"cannot map index: {exc}") from exc
                 self._set_array(pages.view(self.DTYPE))
             return self._columns
@@ -262,14 +264,12 @@ class IndexFile:
             return None
         if self._columns:
             return self._entry(self._entries - 1)
-        try:
+        with io_errors(self.path, "cannot read index"):
             fd = os.open(self.path, os.O_RDONLY)
             try:
                 data = os.pread(fd, self.ENTRY_SIZE, (self._entries - 1) * self.ENTRY_SIZE)
             finally:
                 os.close(fd)
-        except OSError as exc:
-            raise StorageError(self.path, f"cannot read index: {exc}") from exc
         if len(data) < self.ENTRY_SIZE:
             raise CorruptIndexError(self.path, "index file is shorter than its entries")
         first, second = np.frombuffer(data, dtype=self.DTYPE)[0].tolist()

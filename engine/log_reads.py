@@ -19,7 +19,14 @@ from typing import Any, Callable
 import anyio
 
 from . import dropped, reader
-from .errors import CorruptDataError, LogClosedError, StorageError, TopicDeletedError
+from .errors import (
+    CorruptDataError,
+    LogClosedError,
+    StorageError,
+    TopicDeletedError,
+    TransientStorageError,
+)
+from .fileutil import storage_error
 from .reader import FetchSlice
 from .segments import LogView
 from .wakeups import PacedEvent
@@ -109,9 +116,15 @@ class LogReads:
             raise
 
     def _read_error(self, exc: OSError) -> StorageError:
-        """A failed read (EIO: a bad sector) fails that request only; the log stays usable."""
-        logger.error("%s: read failed: %s", self.name, exc)
-        return StorageError(exc.filename or self.directory, f"read failed: {exc.strerror or exc}")
+        """A failed read fails that request only, and the log stays usable: EIO (a bad sector)
+        is a StorageError, EMFILE and the other transient errnos a TooManyOpenFilesError (503
+        with Retry-After), as fileutil.storage_error decides for every path."""
+        error = storage_error(exc, exc.filename or self.directory, "read failed")
+        if isinstance(error, TransientStorageError):
+            logger.warning("%s: read refused: %s", self.name, error.reason)
+        else:
+            logger.error("%s: read failed: %s", self.name, exc)
+        return error
 
     async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """Kafka's ListOffsets by time (a few index searches and small reads: inline)."""

@@ -47,7 +47,7 @@ from pathlib import Path
 from . import dropped, filenames
 from .config import LogConfig
 from .errors import CorruptIndexError, StorageError
-from .fileutil import fsync_dir, io_errors
+from .fileutil import fsync_dir, io_errors, storage_error
 from .key_index import KEY_INDEX_SUFFIX
 from .log_dirs import CleanTail
 from .repair import DAMAGED_SUFFIX, DamagedRange
@@ -364,4 +364,4 @@ def _unlink(path: Path, stats: LoadStats) -> None:
     except FileNotFoundError:
         pass
     except OSError as exc:
-        raise StorageError(path, f"cannot delete: {exc}") from exc
+        raise storage_error(exc, path, "cannot delete") from exc

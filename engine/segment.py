@@ -31,7 +31,6 @@ published high watermark's position.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import threading
@@ -42,7 +41,15 @@ from typing import Iterator
 from . import filenames, repair
 from .descriptors import BUDGET
 from .errors import CorruptBatchError, CorruptIndexError, CorruptSegmentError, StorageError
-from .fileutil import FileHandle, fdatasync, io_errors, pread_exact, pwrite_all, storage_error
+from .fileutil import (
+    DISK_FULL_ERRNOS,
+    FileHandle,
+    fdatasync,
+    io_errors,
+    pread_exact,
+    pwrite_all,
+    storage_error,
+)
 from .format import HEADER_SIZE, NO_TIMESTAMP, BatchHeader, parse_header
 from .index_builder import IndexBuilder
 from .offset_index import OffsetIndex
@@ -147,10 +154,8 @@ class LogSegment:
     ) -> LogSegment:
         """A closed segment; only stats its files. Raises CorruptIndexError for a bad index size."""
         log_path, index_path, time_path = filenames.segment_files(directory, base_offset, suffix)
-        try:
+        with io_errors(log_path, "cannot open segment"):
             st = os.stat(log_path)
-        except OSError as exc:
-            raise StorageError(log_path, f"cannot open segment: {exc}") from exc
         index_size = _size_or_none(index_path)
         time_size = _size_or_none(time_path)
         if index_size is None or time_size is None:
@@ -399,7 +404,8 @@ class LogSegment:
             fdatasync(handle.fd)
             self._unsynced = None
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if exc.errno not in DISK_FULL_ERRNOS:
+                # never transient (not storage_error): an undo that fails must fail the partition
                 raise StorageError(self.log_path, f"cannot undo a failed append: {exc}") from exc
             # still full: the next append's fdatasync makes the shorter size durable before
             # anything is acknowledged
@@ -627,7 +633,7 @@ class LogSegment:
             else:
                 os.fsync(fd)  # what survived a process crash in the page cache
         except OSError as exc:
-            raise StorageError(self.log_path, f"recovery cannot read or change the segment: {exc}") from exc
+            raise storage_error(exc, self.log_path, "recovery cannot read or change the segment") from exc
         self.size = kept
         self._next_offset = self.base_offset if next_offset is None else next_offset
         self._max_timestamp = builder.max_timestamp
@@ -651,15 +657,13 @@ class LogSegment:
         return RecoveryResult(kept, truncated, next_offset, batches, first_error, tuple(damaged))
 
     def _truncate_file(self, size: int) -> None:
-        try:
+        with io_errors(self.log_path, "cannot truncate"):
             fd = os.open(self.log_path, os.O_RDWR)
             try:
                 os.ftruncate(fd, size)
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        except OSError as exc:
-            raise StorageError(self.log_path, f"cannot truncate: {exc}") from exc
 
     def sanity_check(self) -> None:
         """Raise CorruptIndexError if an index disagrees with the log or with itself.

@@ -300,3 +300,30 @@ def test_every_write_on_a_full_disk_is_507_or_succeeds(server_factory, small_fs)
         assert c.get("/healthz").status_code == 200
         assert len(values(c, "table")) > 0
     assert server.stop() == 0, server.log()
+
+
+def test_a_read_out_of_descriptors_is_503_with_retry_after_and_the_partition_stays_online(
+    server_factory, tmp_path: Path
+) -> None:
+    """docs/RELIABILITY.md, "exhausted file table": a fetch that meets EMFILE (injected on the
+    read of the partition's segment) answers as an append does, 503 too_many_open_files with
+    Retry-After: 1, JSON and raw alike; the partition goes on taking writes and serves the
+    same reads once descriptors are back."""
+    from .test_conditional_idempotent import produce, write_faults
+
+    faults = tmp_path / "faults.json"
+    write_faults(faults)
+    server = server_factory(EVENTLOG_FAULTS_FILE=str(faults)).start()
+    with server.client() as c:
+        c.post("/v1/topics", json={"name": "fd", "partitions": 1})
+        assert produce(c, "/v1/topics/fd/records", ["x" * 100] * 10).status_code == 200
+        write_faults(faults, {"op": "read", "path": "/fd-0/", "errno": "EMFILE"})
+        for headers in ({}, {"accept": RAW}):
+            r = c.get("/v1/topics/fd/partitions/0/records", params={"offset": 0}, headers=headers)
+            assert_problem(r, 503, "too_many_open_files")
+            assert r.headers["retry-after"] == "1"
+        assert produce(c, "/v1/topics/fd/records", ["still-writable"]).status_code == 200
+        assert c.get("/readyz").status_code == 200
+        write_faults(faults)
+        assert values(c, "fd") == ["x" * 100] * 10 + ["still-writable"]
+    server.stop()

@@ -3,6 +3,7 @@ and leaves no trace, a failed read fails one request, a slow fsync only slows th
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -177,6 +178,65 @@ async def test_eio_on_read_fails_that_read_only(tmp_path: Path, inject) -> None:
             await log.read_slice(slice_)
         assert len((await log.read_records(0, 100, 10**6)).records) == 15
         await put(log, "writes-unaffected")
+
+
+@pytest.mark.parametrize("code", ["EMFILE", "ENFILE", "ENOMEM"])
+async def test_no_descriptor_left_on_a_read_refuses_that_read_and_keeps_the_partition(
+    tmp_path: Path, inject, code: str
+) -> None:
+    """A read that meets EMFILE (or another transient errno) is refused as an append would be,
+    TooManyOpenFilesError (503 with Retry-After), not a StorageError of a failing dir; every
+    read path says so, and the partition stays online for reads and writes."""
+    data = tmp_path / "log"
+    async with running_log(data) as log:
+        for i in range(3):
+            await put(log, f"r{i}", size=30_000)  # large enough to be read in a thread
+        inject({"op": "read", "path": str(data), "errno": code})
+        with pytest.raises(TooManyOpenFilesError):
+            await log.read_records(0, 100, 10**6)
+        with pytest.raises(TooManyOpenFilesError):
+            log.fetch_slice(0, 10**6)
+        inject()
+        slice_ = log.fetch_slice(0, 10**6)
+        inject({"op": "read", "path": str(data), "errno": code})
+        with pytest.raises(TooManyOpenFilesError):
+            await log.read_slice(slice_)
+        with pytest.raises(TooManyOpenFilesError):
+            await log.read_key(b"k", -1, 100, 10**6)
+        assert log.failed is None
+        await put(log, "writes-unaffected")
+        inject()
+        assert len((await log.read_records(0, 100, 10**6)).records) == 20
+
+
+async def test_no_descriptor_left_to_open_a_segment_for_a_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The descriptor budget took a closed segment's descriptor back and the process is out of
+    descriptors when a read reopens it (EMFILE even after evicting): TooManyOpenFilesError,
+    and the next read, with descriptors to spare, succeeds."""
+    data = tmp_path / "log"
+    async with running_log(data, LogConfig(segment_bytes=2000)) as log:
+        for i in range(10):
+            await put(log, f"s{i}")
+        closed = log.view.segments[0]
+        assert closed.base_offset == 0 and len(log.view.segments) > 1
+        assert closed.release_descriptors()
+        real_open = os.open
+
+        def no_descriptor(path, *args, **kwargs):
+            if str(path).endswith(".log"):
+                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), str(path))
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", no_descriptor)
+        with pytest.raises(TooManyOpenFilesError):
+            log.fetch_slice(0, 10**6)
+        with pytest.raises(TooManyOpenFilesError):
+            await log.read_records(0, 100, 10**6)
+        monkeypatch.setattr(os, "open", real_open)
+        assert log.failed is None
+        assert len((await log.read_records(0, 100, 10**6)).records) == 50
 
 
 async def test_a_slow_fsync_loses_and_reorders_nothing(tmp_path: Path, inject) -> None:
