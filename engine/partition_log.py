@@ -815,7 +815,12 @@ class PartitionLog(LogReads):
         """A full disk or no descriptor left: undo the commit, refuse it, stay writable."""
         next_offset, segments_before, state_before, recovery_point = before
         self._next_offset = next_offset
-        self._undo_commit(segments_before, state_before, recovery_point, exc)
+        try:
+            self._undo_commit(segments_before, state_before, recovery_point, exc)
+        except TransientStorageError as undo:
+            # the undo itself failed (no descriptor to reopen the file, say): what the commit
+            # wrote may still be there, so the partition must not stay writable
+            raise StorageError(undo.path, f"a failed append could not be undone: {undo.reason}") from undo
         what = "disk full" if isinstance(exc, StorageFullError) else "no file descriptor left"
         raise type(exc)(exc.path, f"{what}, append refused: {exc.reason}") from exc
 

@@ -16,6 +16,7 @@ from engine.config import LogConfig
 from engine.errors import StorageError, StorageFullError, TooManyOpenFilesError
 from engine.partition_log import prepare_batches
 from engine.records import encode_batch
+from engine.segment import LogSegment
 
 from .helpers import FakeClock, running_log
 from .test_partition_log import check_files
@@ -121,6 +122,26 @@ async def test_no_descriptor_left_refuses_the_append_and_keeps_the_partition(tmp
         assert (await put(log, "after")).base_offset == 5
         assert [v[:5] for v in values(log)] == [b"kept-"] * 5 + [b"after"] * 5
     check_files(data)
+
+
+async def test_an_undo_that_meets_no_descriptor_fails_the_partition(tmp_path: Path, inject, monkeypatch) -> None:
+    """A transient failure is refused and the partition stays writable only because its undo
+    worked: an undo that itself fails (EMFILE reopening the file) may leave the commit's bytes
+    in the segment, so the partition is failed for writes, as after EIO."""
+    data = tmp_path / "log"
+    async with running_log(data, LogConfig(segment_bytes=2000, index_interval_bytes=100)) as log:
+        await put(log, "kept")
+
+        def no_descriptor(self, state):  # noqa: ANN001, ANN202
+            raise TooManyOpenFilesError(str(self.log_path), "cannot reopen the segment: EMFILE")
+
+        monkeypatch.setattr(LogSegment, "rollback", no_descriptor)
+        inject({"op": "write", "path": str(data), "errno": "EMFILE"})
+        with pytest.raises(StorageError) as exc:
+            await put(log, "refused", n=8)
+        assert not isinstance(exc.value, TooManyOpenFilesError)
+        assert log.failed is not None
+        inject()
 
 
 async def test_eio_on_fsync_takes_the_partition_offline_for_writes_only(tmp_path: Path, inject) -> None:
