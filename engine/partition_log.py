@@ -820,7 +820,8 @@ class PartitionLog(LogReads):
         except TransientStorageError as undo:
             # the undo itself failed (no descriptor to reopen the file, say): what the commit
             # wrote may still be there, so the partition must not stay writable
-            raise StorageError(undo.path, f"a failed append could not be undone: {undo.reason}") from undo
+            why = f"a failed append could not be undone: {undo.reason}"
+            raise StorageError(undo.path, why) from undo
         what = "disk full" if isinstance(exc, StorageFullError) else "no file descriptor left"
         raise type(exc)(exc.path, f"{what}, append refused: {exc.reason}") from exc
 

@@ -124,7 +124,9 @@ async def test_no_descriptor_left_refuses_the_append_and_keeps_the_partition(tmp
     check_files(data)
 
 
-async def test_an_undo_that_meets_no_descriptor_fails_the_partition(tmp_path: Path, inject, monkeypatch) -> None:
+async def test_an_undo_that_meets_no_descriptor_fails_the_partition(
+    tmp_path: Path, inject, monkeypatch
+) -> None:
     """A transient failure is refused and the partition stays writable only because its undo
     worked: an undo that itself fails (EMFILE reopening the file) may leave the commit's bytes
     in the segment, so the partition is failed for writes, as after EIO."""
