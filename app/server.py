@@ -33,7 +33,7 @@ The protocol classes made here add both limits, for httptools and h11 alike:
                    them (issue 23). Every other request is taken at once, as before; a client's
                    EOF closes its connection through the pacer too (thousands leaving at once).
 
-The body and the answer have their limits in api/limits.py.
+The body and the answer have their limits in the request policy (api/policy.py).
 
 serve() runs the app until SIGTERM or SIGINT: on a socket of its own (eventlog serve, one
 process) or on one it inherited (a shard of a family, app/shard.py). SIGHUP checks the auth
