@@ -189,9 +189,11 @@ def engine_problem(exc: e.EngineError, paths: ServerPaths | None = None) -> Resp
         extra = {"partitions": exc.partitions, "max_partitions": exc.max_partitions, "open_files_limit": exc.limit}
     # both pass: a shard restarting is back in seconds (its supervisor starts it at once)
     headers = {"Retry-After": "1"} if isinstance(exc, (e.TooManyOpenFilesError, e.ShardUnavailableError)) else None
-    if status == 507:
-        # a full disk refuses every append until space returns: the engine logs each undone
-        # commit once; one line per refused request would flood the log
+    if status == 507 or isinstance(exc, e.ShardUnavailableError):
+        # a full disk refuses every append until space returns (the engine logs each undone
+        # commit once); a shard down or silent refuses every request that needs it until it is
+        # back (the supervisor logs the death, the silence and the return): one line per
+        # refused request would flood the log
         logger.debug("%s: %s", code, exc)
     elif status >= 500 and not isinstance(exc, (e.PartitionOfflineError, e.CorruptDataError)):
         # (an offline partition was logged once, at start-up, a corrupt batch by the read that
