@@ -37,6 +37,7 @@ from .config import LogConfig
 from .descriptors import BUDGET
 from .errors import (
     CorruptIndexError,
+    EngineError,
     LogClosedError,
     PartitionOfflineError,
     ShardUnavailableError,
@@ -286,10 +287,23 @@ class FollowedPartition(LogReads):
                 raise PartitionOfflineError(self.topic, self.partition, self.directory, f"shard {self.owner} has not opened it")
         state = table.read(self.owner, self._slot_index, self.key)
         if state is None or state.deleted:
-            raise TopicDeletedError(self.name, self.topic)
+            raise self._gone_error()
         if not state.live:
             raise PartitionOfflineError(self.topic, self.partition, self.directory, f"shard {self.owner} does not serve it")
         return state
+
+    def _gone_error(self) -> EngineError:
+        """The slot or the directory says the partition is gone. Only the metadata log says a
+        topic was deleted: while this shard's image still holds the topic under the same id,
+        the owner is between processes or files (seen once in the soak, a controller shard
+        starting again), and the request may be retried (503), never told the topic is gone."""
+        manager = self._manager
+        meta = manager.image.topics.get(self.topic)
+        if meta is not None and meta.topic_id == self.topic_id and not manager.stopping:
+            logger.warning("%s: its owner's slot or directory is gone, its topic is not", self.name)
+            why = f"{self.name} is being republished by its owner"
+            return ShardUnavailableError(self.owner, why)
+        return TopicDeletedError(self.name, self.topic)
 
     @property
     def view(self) -> LogView:
@@ -348,7 +362,7 @@ class FollowedPartition(LogReads):
                         else:
                             index_inodes.setdefault(parsed[0], {})[parsed[1]] = inode
             except FileNotFoundError:
-                raise TopicDeletedError(self.name, self.topic) from None
+                raise self._gone_error() from None
             bases.sort()
             again = self._slot()
             if again.generation != state.generation or again.active_base != state.active_base or state.active_base not in {b for b, _ in bases}:

@@ -17,7 +17,13 @@ import anyio
 import pytest
 
 from engine import reader
-from engine.errors import OffsetMismatchError, StorageError, TopicDeletedError, TopicNotFoundError
+from engine.errors import (
+    OffsetMismatchError,
+    ShardUnavailableError,
+    StorageError,
+    TopicDeletedError,
+    TopicNotFoundError,
+)
 from engine.follower import FollowedPartition
 from engine.log_dirs import CLEAN_SHUTDOWN_FILE, LogDir, parse_clean_shutdown
 from engine.log_manager import EngineConfig, LogManager, ShardSpec, open_engine
@@ -319,3 +325,25 @@ def test_a_reader_waits_out_an_owner_preempted_mid_write(tmp_path: Path) -> None
         finish.join()
     for t in (owner, reader_):
         t.close()
+
+
+async def test_a_follower_calls_a_partition_gone_only_when_its_topic_is_gone(
+    tmp_path: Path,
+) -> None:
+    """A slot or directory that says a partition is gone, while the metadata still holds its
+    topic under the same id (its owner between processes), answers 503 (retry), never 404;
+    once the topic's deletion reached the follower, 404."""
+    async with family(tmp_path) as (s0, s1):
+        await s0.create_topic("orders", 2)
+        p = next(p for p in range(2) if owner_of("orders", p, 2) == 0)
+        followed = s1.partition("orders", p)
+        assert isinstance(followed, FollowedPartition)
+        # another key's slot, as a slot read while its owner is between processes may be
+        followed._slot_index = 16_383 if followed._slot_index != 16_383 else 16_382
+        with pytest.raises(ShardUnavailableError):
+            followed.view  # noqa: B018
+        followed._slot_index = None
+        assert followed.view.high_watermark == 0
+        await s0.delete_topic("orders")
+        with pytest.raises(TopicDeletedError):
+            followed.view  # noqa: B018
