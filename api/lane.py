@@ -42,7 +42,7 @@ from .auth import ANONYMOUS_ADMIN
 from .conditions import key_condition
 from .errors import ServerPaths
 from .keys import key_answer, path_key
-from .policy import Disconnected, Policy, Rule
+from .policy import Disconnected, Policy, Rule, length_and_authorization
 from .quotas import PRODUCE
 from .records import (
     REPLAYED_HEADER,
@@ -258,12 +258,7 @@ class HotLane:
         sent = 0
         try:
             try:
-                length = authorization = None
-                for name, value in scope["headers"]:
-                    if name == b"content-length":
-                        length = length or value
-                    elif name == b"authorization":
-                        authorization = authorization or value
+                length, authorization = length_and_authorization(scope)
                 _declared, principal, quota_on = policy.admit(
                     self.rules[STREAM_ROUTE], "GET", scope["path"], length, authorization, {"topic": topic},
                     scope.get("query_string", b""),

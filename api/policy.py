@@ -475,7 +475,7 @@ class Policy:
 
         deadline: anyio.CancelScope | None = None
         try:
-            length, authorization = _length_and_authorization(scope)
+            length, authorization = length_and_authorization(scope)
             query = scope.get("query_string", b"")
             _declared, principal, quota_on = self.admit(
                 rule,
@@ -543,7 +543,7 @@ class PolicyRoute(APIRoute):
         await scope["app"].state.policy.serve(rule, self._handle, scope, receive, send)
 
 
-def _length_and_authorization(scope: Scope) -> tuple[bytes | None, bytes | None]:
+def length_and_authorization(scope: Scope) -> tuple[bytes | None, bytes | None]:
     """The first Content-Length and Authorization headers of the request (None: absent)."""
     length = authorization = None
     for name, value in scope["headers"]:

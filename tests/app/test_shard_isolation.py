@@ -11,14 +11,12 @@ signal itself). Afterwards every acknowledged record is read back at its offset,
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import pytest
@@ -26,20 +24,13 @@ import pytest
 from engine.shards import owner_of
 
 from ..conftest import ServerProcess, wait_until
+from .test_supervisor import _identity
 
 pytestmark = pytest.mark.slow
 
 PARTITIONS = 9
 VICTIM = 2
 HEARTBEAT_TIMEOUT_MS = 5000
-
-
-def _identity(pid: int) -> dict:
-    for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-        name, _, value = entry.partition(b"=")
-        if name == b"EVENTLOG_SHARD":
-            return json.loads(value)
-    raise AssertionError(f"process {pid} has no EVENTLOG_SHARD")
 
 
 def _pids_by_index(server: ServerProcess) -> dict[int, int]:
