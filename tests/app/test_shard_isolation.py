@@ -183,7 +183,12 @@ def _check_acknowledged(server: ServerProcess, acked: list[tuple[int, int, str]]
 def test_a_family_of_3_serves_the_live_shards_through_a_sigkill_and_a_sigstop_of_the_third(server_factory) -> None:
     server = _family(server_factory)
     with server.client() as client:
-        assert client.post("/v1/topics", json={"name": "t", "partitions": PARTITIONS}).status_code == 201
+        # before any fault: a shard starved of CPU may miss its beats a moment (503, retried)
+        wait_until(
+            lambda: client.post("/v1/topics", json={"name": "t", "partitions": PARTITIONS}).status_code
+            in (201, 409),
+            timeout=30, interval=0.5, what="topic t created",
+        )
     live = [p for p in range(PARTITIONS) if owner_of("t", p, 3) != VICTIM]
     victim = [p for p in range(PARTITIONS) if owner_of("t", p, 3) == VICTIM]
     assert live and victim
@@ -234,7 +239,14 @@ def test_topic_changes_while_a_shard_is_down_answer_503_or_succeed(server_factor
     # a new connection per request: one held by the stopped shard would wait with it
     with httpx.Client(base_url=server.url, timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as client:
         for name in ("a", "b"):
-            assert client.post("/v1/topics", json={"name": name, "partitions": PARTITIONS}).status_code == 201
+            # before any fault: a shard starved of CPU on a loaded machine may miss its beats
+            # for a moment (503, retried), never a failure
+            made = wait_until(
+                lambda name=name: client.post("/v1/topics", json={"name": name, "partitions": PARTITIONS}).status_code
+                in (201, 409),
+                timeout=30, interval=0.5, what=f"topic {name} created",
+            )
+            assert made
             assert client.post(f"/v1/topics/{name}/records", json={"records": [{"value": "x"}] * 20}).status_code == 200
         pids = _pids_by_index(server)
         os.kill(pids[VICTIM], signal.SIGSTOP)  # stopped, then killed at the deadline: "down" the whole time
