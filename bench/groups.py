@@ -31,7 +31,7 @@ import anyio
 from engine.groups import CommittedOffset
 from engine.log_manager import EngineConfig, open_engine
 
-from .harness import Context, percentiles_us, remove_tree, summary_row
+from .harness import Context, percentiles_us, remove_tree, summary_row, time_each
 
 NAME = "groups"
 TITLE = "consumer groups: one group's offsets and a page of GET /v1/groups, 10 to 100,000 groups"
@@ -121,9 +121,9 @@ async def _engine_side(work: Path, names: list[str], p: dict[str, Any], rng: ran
         assert len(groups.fetch(names[-1])) == PARTITIONS
         samples = p["engine_samples"]
         picks = [rng.choice(names) for _ in range(samples)]
-        fetch = _time_each(groups.fetch, picks)
+        fetch = time_each(groups.fetch, picks)
         has_page = hasattr(groups, "groups_page")  # not before the index (--engine-ref)
-        page = _time_each(lambda g: groups.groups_page(PAGE, g), picks) if has_page else None
+        page = time_each(lambda g: groups.groups_page(PAGE, g), picks) if has_page else None
     return {
         "fill_seconds": round(fill_s, 2),
         "engine_fetch": percentiles_us(fetch),
@@ -164,8 +164,8 @@ def _http_side(
                 assert r.status_code == 200, r.text
                 sizes.append(len(r.content))
 
-            http_fetch = _time_each(fetch, picks)
-            http_page = _time_each(page, picks)
+            http_fetch = time_each(fetch, picks)
+            http_page = time_each(page, picks)
             first = len(probe.content)
             ctx.log(f"groups: HTTP samples in {time.perf_counter() - started:.1f} s")
     finally:
@@ -197,16 +197,6 @@ def _p50s(out: dict[str, Any]) -> str:
         )
         + f", page bytes {out.get('http_page_bytes')}"
     )
-
-
-def _time_each(fn: Any, args: list[Any]) -> list[int]:
-    clock = time.perf_counter_ns
-    out = []
-    for arg in args:
-        start = clock()
-        fn(arg)
-        out.append(clock() - start)
-    return out
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

@@ -243,6 +243,17 @@ class CpuWitness:
 # -- measuring ----------------------------------------------------------------------------------
 
 
+def time_each(fn: Any, args: list[Any]) -> list[int]:
+    """Time fn(arg) for each arg with perf_counter_ns; returns the durations in ns."""
+    clock = time.perf_counter_ns
+    out = []
+    for arg in args:
+        start = clock()
+        fn(arg)
+        out.append(clock() - start)
+    return out
+
+
 def percentiles_us(samples_ns: list[int]) -> dict[str, float]:
     """p50, p90, p99, p99.9 and max of nanosecond samples, in microseconds (nearest rank)."""
     ordered = sorted(samples_ns)

@@ -31,7 +31,6 @@ import gc
 import os
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from engine import reader
 from engine.log_manager import EngineConfig, open_engine
 
 from . import data
-from .harness import MB, Context, percentiles_us, pread_files, remove_tree, summary_row
+from .harness import MB, Context, percentiles_us, pread_files, remove_tree, summary_row, time_each
 
 NAME = "lookup"
 TITLE = "offset and time lookup latency (p50/p99) on a 10 M-record partition"
@@ -162,10 +161,10 @@ async def _measure(ctx: Context, p: dict[str, Any], per_batch: int) -> dict[str,
                     ("time_lookup", time_lookup, stamps),
                     ("header_pread_floor", header_pread, targets),
                 ):
-                    _sample(fn, args[:warm])
+                    time_each(fn, args[:warm])
                     gc.collect()
                     gc.freeze()  # as the service does after start-up (app/lifespan.py)
-                    samples = _sample(fn, args[warm:])
+                    samples = time_each(fn, args[warm:])
                     results[key] = percentiles_us(samples)
                     ctx.log(
                         f"lookup {per_batch}/batch {key}: p50 {results[key]['p50_us']:.1f} us, "
@@ -187,17 +186,6 @@ async def _measure(ctx: Context, p: dict[str, Any], per_batch: int) -> dict[str,
         "batch_bytes": len(template),
     }
     return results
-
-
-def _sample(fn: Callable[[Any], None], args: list[Any]) -> list[int]:
-    """Time fn(arg) for each arg with perf_counter_ns; returns the durations in ns."""
-    clock = time.perf_counter_ns
-    out = []
-    for arg in args:
-        start = clock()
-        fn(arg)
-        out.append(clock() - start)
-    return out
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
