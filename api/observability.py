@@ -65,6 +65,14 @@ class Metrics:
             "eventlog_http_request_duration_seconds", "HTTP request latency", ["route", "method"],
             buckets=LATENCY_BUCKETS, registry=r,
         )
+        # the Kafka listener's requests (broker/listener.py), by API and error code (0: none)
+        self.kafka_requests = Counter(
+            "eventlog_kafka_requests", "Kafka protocol requests", ["api", "error"], registry=r
+        )
+        self.kafka_latency = Histogram(
+            "eventlog_kafka_request_duration_seconds", "Kafka protocol request latency", ["api"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
         self.produced_records = Counter("eventlog_produce_records", "records appended", ["topic"], registry=r)
         self.produced_bytes = Counter("eventlog_produce_bytes", "record-batch bytes appended", ["topic"], registry=r)
         self.fetched_records = Counter("eventlog_fetch_records", "records returned by fetches", ["topic"], registry=r)

@@ -432,6 +432,34 @@ class Policy:
             principal.name,
         )
 
+    def kafka_quota(self, principal: Principal, kind: str, n: int) -> int:
+        """A Kafka request's `n` bytes of `kind` counted against `principal`'s quota; the
+        throttle it has earned in ms (0: none, or no quota). Kafka's way (KIP-219): the request
+        is served, its response says how long, and the connection is muted for that long."""
+        quotas = self.quotas
+        if quotas.quota(principal, kind) is None:
+            return 0
+        if n:
+            quotas.record(principal, kind, n)
+        throttle = quotas.throttle_ms(principal, kind)
+        if throttle > 0:
+            self.metrics.throttled.labels(kind).inc()
+        return int(throttle)
+
+    def observe_kafka(
+        self, api: str, version: int, error: int, started: float, sent: int, client: Any,
+        principal: str,
+    ) -> None:
+        """A Kafka request's metrics and access line (broker/listener.py): the API's name as
+        the route, KAFKA as the method, the request's error code (0: none) as the status."""
+        elapsed = time.perf_counter() - started
+        metrics = self.metrics
+        metrics.kafka_requests.labels(api, str(error)).inc()
+        metrics.kafka_latency.labels(api).observe(elapsed)
+        self.access_log.add(
+            "KAFKA", f"{api} v{version}", b"", api, error, elapsed, sent, client, principal
+        )
+
     def problem(self, exc: Exception, scope: Scope) -> Any:
         """The problem+json answer for `exc` (api/errors.problem_for)."""
         return problem_for(exc, self.state, scope)

@@ -13,6 +13,8 @@ import anyio
 from fastapi import FastAPI
 
 from api.observability import Metrics
+from broker.listener import Broker, KafkaListener, KafkaListenError, bind
+from broker.produce import ProducerIds
 from engine import snapshots
 from engine.errors import EngineError, ShardUnavailableError
 from engine.log_manager import LogManager, open_engine
@@ -39,6 +41,7 @@ def make_lifespan(settings: Settings, metrics: Metrics):
                 if engine.channel is not None:
                     _serve_family(app, engine, workers, metrics)
                 tg.start_soon(workers.run)
+                kafka = await start_kafka(app, settings, engine)
                 # Everything built at start-up lives as long as the process: keep it out of
                 # the cyclic GC's full collections, which would otherwise walk it each time.
                 gc.collect()
@@ -50,16 +53,43 @@ def make_lifespan(settings: Settings, metrics: Metrics):
                     yield
                 finally:
                     app.state.shutting_down = True
+                    if kafka is not None:
+                        await kafka.close()
                     app.state.access_log.flush()
                     engine.begin_shutdown()
                     tg.cancel_scope.cancel()  # the workers stop before the engine closes
         except EngineError as exc:
-            if app.state.engine is None:
+            if app.state.engine is None or isinstance(exc, KafkaListenError):
                 app.state.startup_error = exc
                 logger.error("cannot start: %s", exc)
             raise
 
     return lifespan
+
+
+async def start_kafka(app: FastAPI, settings: Settings, engine: LogManager) -> KafkaListener | None:
+    """The Kafka listener of this process (broker/listener.py): broker `shard index`, on
+    kafka_port + index; None when kafka_port is 0."""
+    if not settings.kafka_port:
+        return None
+    index, count = engine.shard_index, max(engine.shard_count, 1)
+    host = settings.kafka_bind_host
+    port = settings.kafka_port + index
+    try:
+        sock = bind(host, port, settings.backlog)
+    except OSError as exc:
+        raise KafkaListenError(host, port, exc) from None
+    ids = [d.meta["cluster.id"] for d in engine.dirs if d.meta.get("cluster.id")]
+    cluster_id = ids[0] if ids else "eventlog"
+    broker = Broker(
+        app.state, index, count, settings.kafka_advertised, settings.kafka_port, cluster_id,
+        producer_ids=ProducerIds(index),
+    )
+    app.state.kafka = broker
+    listener = KafkaListener(broker, sock)
+    await listener.start()
+    logger.info("Kafka listener on %s:%d (broker %d of %d)", host, port, index, count)
+    return listener
 
 
 def _serve_family(app: FastAPI, engine: LogManager, workers: Workers, metrics: Metrics) -> None:

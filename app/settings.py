@@ -68,6 +68,24 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    # -- the Kafka listener (broker/) --
+    kafka_port: int = Field(
+        9092, ge=0, le=65535,
+        description="Kafka protocol port (shard i of a family listens on kafka_port + i and "
+        "is broker i); 0: no Kafka listener",
+    )
+    kafka_host: str | None = Field(
+        None, description="address the Kafka listener binds; default: host"
+    )
+    kafka_advertised_host: str | None = Field(
+        None, description="host name Metadata gives Kafka clients to connect to; default: "
+        "kafka_host (or 127.0.0.1 when that is 0.0.0.0 or ::)",
+    )
+    kafka_auto_create_topics: bool = Field(
+        True, description="auto.create.topics.enable: a Kafka client's Metadata request for a "
+        "missing topic creates it (default partitions and configs), for a principal that may "
+        "administer topics",
+    )
     log_dirs: Annotated[tuple[Path, ...], NoDecode] = Field(
         (), description="log.dirs: comma-separated directories for partitions; default: data_dir"
     )
@@ -307,6 +325,18 @@ class Settings(BaseSettings):
         """The settings to_json() wrote, equal to the original (every field given, so nothing
         comes from this process's environment)."""
         return cls.model_validate(json.loads(text))
+
+    @property
+    def kafka_bind_host(self) -> str:
+        return self.kafka_host or self.host
+
+    @property
+    def kafka_advertised(self) -> str:
+        """The host Kafka clients are told to connect to (Metadata, FindCoordinator)."""
+        if self.kafka_advertised_host:
+            return self.kafka_advertised_host
+        host = self.kafka_bind_host
+        return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
     @property
     def listens_beyond_loopback(self) -> bool:

@@ -36,12 +36,21 @@ VENV_BIN = Path(sys.executable).parent
 TEST_PROCESSES: int | None = int(os.environ["EVENTLOG_TEST_PROCESSES"]) if os.environ.get("EVENTLOG_TEST_PROCESSES") else None
 
 
+# The Kafka listener's default port (9092) is one port for the whole machine: servers that
+# tests start have no Kafka listener unless a test asks for one on ports of its own
+# (tests/broker/). Set at import, for session fixtures too.
+KAFKA_OFF = {"EVENTLOG_KAFKA_PORT": "0"}
+os.environ.update(KAFKA_OFF)
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No EVENTLOG_* setting from the developer's shell leaks into a test."""
     for name in list(os.environ):
-        if name.startswith("EVENTLOG_"):
+        if name.startswith("EVENTLOG_") and name not in KAFKA_OFF:
             monkeypatch.delenv(name)
+    for name, value in KAFKA_OFF.items():
+        monkeypatch.setenv(name, value)
 
 
 def wait_until(condition, timeout: float = 30.0, what: str = "the condition", interval: float = 0.01):

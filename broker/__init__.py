@@ -1,0 +1,1 @@
+"""Kafka's wire protocol beside HTTP: each server process (each shard) is a Kafka broker."""

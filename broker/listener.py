@@ -1,0 +1,271 @@
+"""The Kafka listener: one per server process (shard i of a family listens on port + i and is
+broker i), serving Kafka's wire protocol beside HTTP on the same engine.
+
+A connection is served as Kafka's broker serves one: a request is read, handled and answered
+before the next is read (Kafka mutes a channel while its request is in flight), so answers
+leave in the order their requests came, and a client's pipelined requests (librdkafka's
+max.in.flight) wait in the socket's buffer. Many connections are served at once; their
+appends meet in the engine's group commits.
+
+The request policy is api/policy.py's, the same object the HTTP routes use (one policy per
+concern): the request size limit (a frame above max_request_bytes closes the connection, as
+Kafka's socket.request.max.bytes does), authentication (SASL/PLAIN, the token as the password),
+rights (check_access per topic and group), quotas (bytes counted per principal; over its quota
+a response carries throttle_time_ms and the connection is muted for that long, as Kafka does,
+KIP-219), the engine's state, metrics by API and the access log (Policy.observe_call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from api.auth import ANONYMOUS_ADMIN, Principal
+from engine.errors import EngineError
+from engine.shards import owner_of
+
+from . import protocol
+from .protocol import API_VERSIONS_KEY, SIZE, BadRequest
+
+logger = logging.getLogger("eventlog.kafka")
+
+SASL_HANDSHAKE_KEY = 17
+SASL_AUTHENTICATE_KEY = 36
+IDLE_TIMEOUT_S = 600.0  # Kafka's connections.max.idle.ms
+CLOSE_GRACE_S = 5.0  # at shutdown: how long a request in progress may finish
+
+
+@dataclass
+class Broker:
+    """What every handler of one process needs: who this broker is among the family, the app's
+    state (its engine, policy, coordinator) and the advertised address of every broker."""
+
+    state: Any  # the app's state: engine, policy, settings
+    node_id: int
+    count: int  # brokers (shards) in the family
+    host: str  # advertised host
+    port: int  # broker 0's port; broker i listens on port + i
+    cluster_id: str
+    coordinator: Any = None  # broker/coordinator.py's GroupCoordinator, on the coordinator shard
+    producer_ids: Any = None  # broker/producers.py's ProducerIds
+
+    @property
+    def policy(self) -> Any:
+        return self.state.policy
+
+    @property
+    def engine(self) -> Any:
+        """The engine; LogClosedError while starting or stopping (policy.engine)."""
+        return self.state.policy.engine()
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        """The broker that writes (topic, partition): its owner shard."""
+        return owner_of(topic, partition, self.count) if self.count > 1 else 0
+
+    def brokers(self) -> list[tuple[int, str, int]]:
+        """(node id, host, port) of every broker of the family."""
+        return [(i, self.host, self.port + i) for i in range(self.count)]
+
+    @property
+    def coordinator_id(self) -> int:
+        """The broker that coordinates every group: the one holding __consumer_offsets (shard
+        0; the group offsets live there, engine/family.py)."""
+        return 0
+
+
+@dataclass
+class Connection:
+    """One client connection's state: its principal once authenticated."""
+
+    peer: Any
+    principal: Principal = ANONYMOUS_ADMIN
+    authenticated: bool = False
+    mechanism: str | None = None  # chosen by SaslHandshake
+
+
+@dataclass
+class Call:
+    """One request as its handler sees it."""
+
+    broker: Broker
+    connection: Connection
+    api_key: int
+    version: int
+    client_id: str | None
+    api_name: str = ""
+    throttle_ms: int = 0  # set by a handler over a quota: the response carries it, then the mute
+    sent: int = 0  # record bytes answered (fetch), for the access log
+    error: int = 0  # the request's overall error (the access log's status)
+    close: bool = False  # close the connection once the response is written (a failed SASL)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def principal(self) -> Principal:
+        return self.connection.principal
+
+    @property
+    def response(self) -> Any:
+        """kio's response class for this request's API and version."""
+        return protocol.response_class(self.api_key, self.version)
+
+
+class KafkaListener:
+    """Accepts Kafka connections on one socket and serves them until closed."""
+
+    def __init__(self, broker: Broker, sock: socket.socket) -> None:
+        self.broker = broker
+        self.sock = sock
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._busy: set[asyncio.Task[None]] = set()  # connections with a request in progress
+
+    async def start(self) -> None:
+        from . import apis  # noqa: F401  (registers every handler)
+
+        self._server = await asyncio.start_server(self._serve, sock=self.sock, limit=1 << 16)
+
+    async def close(self) -> None:
+        """Stop accepting; let requests in progress finish (CLOSE_GRACE_S), close the rest."""
+        if self._server is not None:
+            self._server.close()
+        idle = self._connections - self._busy
+        for task in idle:
+            task.cancel()
+        busy = list(self._busy)
+        if busy:
+            await asyncio.wait(busy, timeout=CLOSE_GRACE_S)
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.wait(list(self._connections), timeout=1.0)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        connection = Connection(writer.get_extra_info("peername"))
+        policy = self.broker.policy
+        if policy.authenticator is None:
+            connection.authenticated = True
+        try:
+            await self._requests(reader, writer, connection)
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+            pass
+        except BadRequest as exc:
+            logger.info("kafka connection from %s closed: %s", _peer(connection.peer), exc)
+        finally:
+            self._connections.discard(task)
+            self._busy.discard(task)
+            writer.close()
+
+    async def _requests(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: Connection
+    ) -> None:
+        policy = self.broker.policy
+        limit = policy.max_request_bytes
+        task = asyncio.current_task()
+        assert task is not None
+        while True:
+            async with asyncio.timeout(IDLE_TIMEOUT_S):
+                head = await reader.readexactly(4)
+            (size,) = SIZE.unpack(head)
+            if size <= 0 or size > limit:
+                raise BadRequest(
+                    f"a request of {size} bytes (the limit is {limit}, max_request_bytes)"
+                )
+            async with asyncio.timeout(policy.timeout_s):
+                frame = await reader.readexactly(size)
+            started = time.perf_counter()
+            self._busy.add(task)
+            try:
+                call, answer = await self._handle(frame, connection)
+                if answer is not None:
+                    writer.write(answer)
+                    await writer.drain()
+            finally:
+                self._busy.discard(task)
+            policy.observe_kafka(
+                call.api_name, call.version, call.error, started, call.sent, connection.peer,
+                connection.principal.name,
+            )
+            if call.close:
+                return
+            if call.throttle_ms > 0:  # muted, as Kafka mutes a throttled channel
+                await asyncio.sleep(call.throttle_ms / 1000)
+
+    async def _handle(self, frame: bytes, connection: Connection) -> tuple[Any, bytes | None]:
+        key, version, correlation_id = protocol.peek(frame)
+        if key == API_VERSIONS_KEY and key in protocol.APIS:
+            api = protocol.APIS[key]
+            if not api.min_version <= version <= api.max_version:
+                refused = _Unparsed("ApiVersions", version, ErrorCode.unsupported_version)
+                return refused, unsupported(correlation_id)
+        request = protocol.parse(frame)
+        if not connection.authenticated and key not in (
+            API_VERSIONS_KEY, SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY,
+        ):
+            raise BadRequest(f"{request.api.name} before SASL authentication")
+        call = Call(self.broker, connection, key, version, request.client_id, request.api.name)
+        response = await request.api.handler(call, request.body)
+        if response is None:
+            return call, None
+        answer = protocol.encode_response(key, version, correlation_id, response, request.flexible)
+        return call, answer
+
+
+@dataclass
+class _Unparsed:
+    """The access log's view of a request answered before it was parsed."""
+
+    api_name: str
+    version: int
+    error: int
+    throttle_ms: int = 0
+    sent: int = 0
+    close: bool = False
+
+
+def unsupported(correlation_id: int) -> bytes:
+    """ApiVersions v0's UNSUPPORTED_VERSION answer, with the versions we serve: the client
+    retries with one of them (KIP-511)."""
+    from .cluster import api_versions_body
+
+    body = api_versions_body(0, ErrorCode.unsupported_version)
+    return protocol.encode_response(API_VERSIONS_KEY, 0, correlation_id, body, False)
+
+
+def _peer(peer: Any) -> str:
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer)
+
+
+class KafkaListenError(EngineError):
+    """The Kafka port cannot be listened on (in use, or not allowed): the server does not start."""
+
+    def __init__(self, host: str, port: int, error: OSError) -> None:
+        super().__init__(
+            f"cannot listen for Kafka clients on {host}:{port}: {error.strerror or error} "
+            "(EVENTLOG_KAFKA_PORT sets another port; 0 turns the Kafka listener off)"
+        )
+
+
+def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening socket on host:port (SO_REUSEADDR, so a restarted shard binds again at once)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
