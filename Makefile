@@ -44,7 +44,8 @@ test-fast: install test-peers
 lint-ratchet: install
 	$(BIN)/python tests/test_lint.py
 
-# Debian's chromium for the console's browser tests (skipped with the reason where it cannot be)
+# Debian's chromium for the console's browser tests, libfuse2 for the power-cut tests, kcat and
+# KafkaJS (npm, where node is) for the Kafka client tests (skipped with the reason where they cannot be)
 test-peers:
 	@sh tests/install-test-peers.sh
 
