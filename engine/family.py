@@ -639,6 +639,9 @@ class RemoteGroups:
     async def forget_topic(self, topic: str) -> Any:
         return await self._call("forget_topic", topic)
 
+    async def delete_partitions(self, group: str, partitions: Any) -> Any:
+        return await self._call("delete_partitions", group, list(partitions))
+
     async def fetch(self, group: str, topic: str | None = None) -> Any:
         return await self._call("fetch", group, topic)
 

@@ -189,6 +189,14 @@ class GroupOffsets:
         await self._tombstone(doomed)
         return len(doomed)
 
+    async def delete_partitions(self, group: str, partitions: Iterable[tuple[str, int]]) -> int:
+        """Tombstone a group's offsets of the given (topic, partition)s that it has (Kafka's
+        OffsetDelete); returns how many were removed."""
+        topics = self._groups.get(group, {})
+        doomed = sorted({(group, t, p) for t, p in partitions if p in topics.get(t, ())})
+        await self._tombstone(doomed)
+        return len(doomed)
+
     async def forget_topic(self, topic: str) -> int:
         """Tombstone every group's offsets for a deleted topic (as Kafka does)."""
         holders = sorted(self._topics.get(topic, ()))
