@@ -1,8 +1,9 @@
 """Adopting partition directories written by Apache Kafka (2.x and 3.x brokers).
 
 A Kafka log dir holds `<topic>-<partition>/` directories of the same segment format eventlog
-uses, plus files eventlog does not need (leader-epoch-checkpoint, *.txnindex,
-partition.metadata), and Kafka's internal topics. Import:
+uses, plus files eventlog does not need (*.txnindex, partition.metadata: a new topic id is
+written) or takes (leader-epoch-checkpoint, producer snapshots), and Kafka's internal topics.
+Import:
 
 1. Find the partition directories (skipping *-delete, *-future and internal topics unless
    named) and read Kafka's log-start-offset-checkpoint. Of the internal topics only
@@ -19,7 +20,10 @@ partition.metadata), and Kafka's internal topics. Import:
    eventlog reads) are copied. Index files are not taken: the scan rebuilds them (whether
    Kafka left them trimmed or preallocated).
 3. The recovery scan validates every batch (framing, CRC, offsets) and truncates at the first
-   bad one; then the directory is renamed into place.
+   bad one. Kafka's leader-epoch-checkpoint is kept (leader_epochs: trimmed as Kafka's own
+   loader trims it, to the offsets the partition now holds), so the history of leader epochs
+   comes along and eventlog goes on writing in the latest of them; then the directory is
+   renamed into place.
 4. The topic is registered (topic_created event) with its partition count and the overrides
    topic_overrides() gives: the source's configs where it has them, retention off otherwise.
 
@@ -28,20 +32,29 @@ Blocking parts run in threads; LogManager.adopt_topic drives the steps.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import filenames
-from .checkpoints import LOG_START_OFFSET, read_checkpoint
+from .checkpoints import (
+    EVENTLOG_LEADER_EPOCH,
+    LOG_START_OFFSET,
+    LeaderEpochs,
+    leader_epochs_from_batches,
+    read_checkpoint,
+    read_leader_epoch_checkpoint,
+    truncate_leader_epochs,
+)
 from .config import CONFIG_DEFS, LogConfig, normalise_overrides
-from .errors import DataDirError, InvalidConfigError
+from .errors import DataDirError, InvalidConfigError, StorageError
 from .fileutil import fsync_dir
 from .metadata import CONSUMER_OFFSETS_TOPIC, METADATA_TOPIC
 from .producer_state import SNAPSHOT_SUFFIX, parse_snapshot_name
 from .recovery import LoadedLog, load_log
-from .scan import BatchScanner
+from .scan import BatchScanner, scan_headers
 
 IMPORTING_SUFFIX = ".importing"
 # Kafka's internal topics that are bookkeeping, never data; why each is refused when named
@@ -53,6 +66,8 @@ REFUSED_TOPICS = {
     METADATA_TOPIC: "the name of eventlog's own metadata log",
 }
 RETENTION_CONFIGS = ("retention.ms", "retention.bytes")
+
+logger = logging.getLogger("eventlog.engine")
 
 
 @dataclass(frozen=True)
@@ -182,6 +197,43 @@ def recover_staged(staging: Path, config: LogConfig, log_start_offset: int, now_
         segment.close_for_append()
         segment.close()
     return loaded
+
+
+def leader_epochs(
+    source: Path, staging: Path, log_start_offset: int, log_end_offset: int
+) -> LeaderEpochs:
+    """Step 3: the leader-epoch history of the imported partition: Kafka's own
+    (`source`'s leader-epoch-checkpoint), trimmed as Kafka's loader trims it at its next start
+    (checkpoints.truncate_leader_epochs: no entry at or past the log end, the first one moved
+    up to the log start). Where Kafka's file is missing, does not parse or keeps nothing, the
+    history the staged batches carry (as Kafka's recovery derives it); with no batches either,
+    eventlog's own `0 <log start>`, the one entry of a partition eventlog creates."""
+    try:
+        found = read_leader_epoch_checkpoint(source)
+    except StorageError as exc:
+        logger.warning("%s: %s; its leader epochs are taken from its batches", source.name, exc)
+        found = None
+    entries = truncate_leader_epochs(found or [], log_start_offset, log_end_offset)
+    if not entries:
+        history = leader_epochs_from_batches(_batch_epochs(staging))
+        entries = truncate_leader_epochs(history, log_start_offset, log_end_offset)
+    return entries or [(EVENTLOG_LEADER_EPOCH, log_start_offset)]
+
+
+def _batch_epochs(directory: Path) -> list[tuple[int, int]]:
+    """(partitionLeaderEpoch, baseOffset) of every batch of the (recovered) segments."""
+    pairs = []
+    for name in sorted(os.listdir(directory)):
+        parsed = filenames.parse_segment_file(name)
+        if parsed is None or parsed[1] != filenames.LOG_SUFFIX or parsed[2] != "":
+            continue
+        fd = os.open(directory / name, os.O_RDONLY)
+        try:
+            for header in scan_headers(fd, 0, os.fstat(fd).st_size):
+                pairs.append((header.partition_leader_epoch, header.base_offset))
+        finally:
+            os.close(fd)
+    return pairs
 
 
 def _has_torn_tail(path: Path) -> bool:

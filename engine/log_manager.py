@@ -49,9 +49,14 @@ from anyio.abc import TaskGroup
 from . import commits, filenames, kafka_import
 from .checkpoints import (
     CLEANER_OFFSET,
+    EVENTLOG_LEADER_EPOCH,
     LEADER_EPOCH,
     LOG_START_OFFSET,
     RECOVERY_POINT,
+    LeaderEpochs,
+    leader_epochs_from_batches,
+    read_leader_epoch_checkpoint,
+    truncate_leader_epochs,
     write_leader_epoch_checkpoint,
 )
 from .config import (
@@ -96,7 +101,7 @@ from .producer_state import DEFAULT_EXPIRATION_MS, ProducerStateManager
 from .producer_state import rebuild as rebuild_producer_state
 from .reader import read_records
 from .records import encode_batch
-from .recovery import LoadStats, load_log
+from .recovery import LoadedLog, LoadStats, load_log
 from .segment import LogSegment
 from .topic_state import METADATA_LOG_CONFIG, OfflinePartition, TopicState
 from .shards import (
@@ -400,20 +405,16 @@ class LogManager:
                         raise  # part of creating the partition: the create fails
                     # an existing partition still loads and serves (a full disk): next start
                     logger.warning("%s: %s not written: %s", directory.name, PARTITION_METADATA, exc)
-            if not (directory / LEADER_EPOCH).exists():
-                try:
-                    write_leader_epoch_checkpoint(directory, loaded.log_start_offset)
-                except (OSError, StorageError) as exc:
-                    if not existed:
-                        raise
-                    logger.warning("%s: %s not written: %s", directory.name, LEADER_EPOCH, exc)
+            epoch = _load_leader_epoch(directory, loaded, existed)
             if not existed:
                 fsync_dir(directory.parent)
             producers = ProducerStateManager(directory, self.config.producer_id_expiration_ms)
             rebuild_producer_state(producers, loaded.segments, loaded.next_offset, self.clock())
-            return loaded, producers
+            return loaded, producers, epoch
 
-        loaded, producers = await anyio.to_thread.run_sync(load, limiter=self._recovery_limiter)
+        loaded, producers, epoch = await anyio.to_thread.run_sync(
+            load, limiter=self._recovery_limiter
+        )
         self.load_stats[f"{topic}-{partition}"] = loaded.stats
         log = PartitionLog(
             topic,
@@ -430,6 +431,7 @@ class LogManager:
             on_fsync=self._on_fsync,
             producer_state=producers,
             dropped_offsets=loaded.dropped_offsets,
+            leader_epoch=epoch,
         )
         log.corrupt_batches["recovery"] += loaded.stats.corrupt_batches
         self._partition_dir[log] = log_dir
@@ -754,6 +756,10 @@ class LogManager:
                     staging = kafka_import.stage_partition(source, target, link=link)
                     loaded = kafka_import.recover_staged(staging, config, start, self.clock())
                     _write_partition_metadata(staging, topic_id)
+                    epochs = kafka_import.leader_epochs(
+                        source, staging, loaded.log_start_offset, loaded.next_offset
+                    )
+                    write_leader_epoch_checkpoint(staging, epochs)
                     os.replace(staging, target)
                     fsync_dir(target.parent)
                     self._recovery_points[(name, p)] = loaded.next_offset
@@ -1046,6 +1052,50 @@ def _single_engine_error(group: BaseExceptionGroup) -> BaseException:
 def _write_partition_metadata(directory: Path, topic_id: str) -> None:
     """Kafka's partition.metadata, as its broker writes it: no final newline."""
     replace_file(directory / PARTITION_METADATA, f"version: 0\ntopic_id: {topic_id}".encode("ascii"))
+
+
+def _load_leader_epoch(directory: Path, loaded: LoadedLog, existed: bool) -> int:
+    """The epoch a loaded partition writes its batches in: the latest of its
+    leader-epoch-checkpoint (checkpoints.py). Without one (a partition being created, a dir
+    written before the file existed), or with one holding no entry, eventlog's own epoch is
+    the newest and `0 <log start>` is written. A file that does not parse is rebuilt from the
+    batches' epochs, as Kafka's recovery rebuilds its cache. A write that fails fails a
+    partition being created; an existing one is served all the same, told in the log."""
+    try:
+        entries = read_leader_epoch_checkpoint(directory)
+    except StorageError as exc:
+        entries = _leader_epochs_of(loaded)
+        logger.warning("%s: %s; rebuilt from the batches: %s", directory.name, exc, entries)
+        if entries is None:  # the batches cannot be read either: the file stays as it is
+            return EVENTLOG_LEADER_EPOCH
+    else:
+        if entries:
+            return entries[-1][0]
+    entries = entries or [(EVENTLOG_LEADER_EPOCH, loaded.log_start_offset)]
+    try:
+        write_leader_epoch_checkpoint(directory, entries)
+    except (OSError, StorageError) as exc:
+        if not existed:
+            raise
+        logger.warning("%s: %s not written: %s", directory.name, LEADER_EPOCH, exc)
+    return entries[-1][0]
+
+
+def _leader_epochs_of(loaded: LoadedLog) -> LeaderEpochs | None:
+    """The leader-epoch history the batches of a loaded log carry, trimmed to its offsets;
+    None when a segment cannot be read through."""
+    try:
+        pairs = [
+            (header.partition_leader_epoch, header.base_offset)
+            for segment in loaded.segments
+            for header in segment.headers(0, segment.size)
+        ]
+    except EngineError as exc:
+        name = loaded.segments[0].directory.name
+        logger.warning("%s: leader epochs not read from the batches: %s", name, exc)
+        return None
+    history = leader_epochs_from_batches(pairs)
+    return truncate_leader_epochs(history, loaded.log_start_offset, loaded.next_offset)
 
 
 def _holds_no_records(directory: Path) -> bool:

@@ -311,6 +311,7 @@ class PartitionLog(LogReads):
         on_fsync: Callable[[PartitionLog, float], None] | None = None,
         producer_state: ProducerStateManager | None = None,
         dropped_offsets: tuple[tuple[int, int], ...] = (),
+        leader_epoch: int = 0,
     ) -> None:
         assert segments, "a log always has an active segment"
         self.topic = topic
@@ -356,6 +357,10 @@ class PartitionLog(LogReads):
         # offset ranges recovery dropped (recovery.LoadedLog.dropped_offsets): set at load, never
         # changed after (reads filter by the log start offset): an immutable tuple
         self.dropped_offsets = dropped_offsets
+        # the partitionLeaderEpoch every batch is written with: the latest epoch of the
+        # partition's leader-epoch-checkpoint (0 unless imported from Kafka: checkpoints.py),
+        # so that the epochs of its batches never go backwards
+        self.leader_epoch = leader_epoch
         self.view = LogView.build(self._segments, self._log_start_offset, self._next_offset, active.size)
         self.key_index = KeyIndex(directory)
         # for the other shards of a family (LogManager._publish_slot): bumped whenever the
@@ -695,18 +700,20 @@ class PartitionLog(LogReads):
         return None
 
     def _assign(self, commit: _GroupCommit, op: _Append) -> None:
-        """Give an admitted request's batches the commit's next offsets (baseOffset rewritten in
-        place, LogAppendTime stamped if the topic wants it), record them in the commit's
+        """Give an admitted request's batches the commit's next offsets (baseOffset and the
+        partition's leader epoch rewritten in place, outside the CRC; LogAppendTime stamped if
+        the topic wants it), record them in the commit's
         producer state and key lists, and answer op.result (published only once the commit is)."""
         updated_entry = self.producer_state.updated_entry
         pending, now, append_time = commit.pending, commit.now, commit.append_time
         write, keys_on = commit.batches.append, commit.keys_on
         next_offset = first = commit.next_offset
+        epoch = self.leader_epoch
         messages = 0
         bases = []
         for batch in op.batches:
             header = batch.header
-            set_base_offset(batch.data, 0, next_offset)
+            set_base_offset(batch.data, 0, next_offset, epoch)
             max_ts = header.max_timestamp
             if append_time >= 0:
                 set_log_append_time(batch.data, 0, header.size, append_time)

@@ -358,3 +358,97 @@ async def test_a_data_dir_replaced_under_a_running_server_gets_nothing_more_from
         assert values_of(engine, "t", 0) == [b"a"], "reads go on"
     assert sorted(p.name for p in data.iterdir()) == ["recovery-point-offset-checkpoint"]
     assert (data / "recovery-point-offset-checkpoint").read_bytes() == theirs
+
+
+# -- leader epochs of partitions imported from Kafka ---------------------------------------------
+
+# a Kafka partition of 10 batches of 5 records (offsets 0..49), written by leaders of epochs 0
+# (offsets 0-9), 1 (10-24), 3 (25-39; epoch 2 wrote nothing) and 4 (40-49), whose broker was
+# then elected leader in epoch 5 and stopped before any write: the checkpoint Kafka leaves
+KAFKA_EPOCHS = {0: 0, 5: 0, 10: 1, 15: 1, 20: 1, 25: 3, 30: 3, 35: 3, 40: 4, 45: 4}
+KAFKA_CHECKPOINT = "0\n5\n0 0\n1 10\n3 25\n4 40\n5 50\n"
+
+
+def _kafka_partition(directory: Path, checkpoint: str | None) -> None:
+    from ..app.kafka_dirs import write_partition
+
+    batches = [
+        (0, [(b"k", b"v%d" % (b + i), T0 + b + i, []) for i in range(5)]) for b in KAFKA_EPOCHS
+    ]
+    write_partition(directory, [batches[:6], batches[6:]])
+    for log in sorted(directory.glob("*.log")):
+        data = bytearray(log.read_bytes())
+        position = 0
+        while position < len(data):  # partitionLeaderEpoch is outside the CRC
+            base = int.from_bytes(data[position : position + 8], "big")
+            data[position + 12 : position + 16] = KAFKA_EPOCHS[base].to_bytes(4, "big")
+            position += int.from_bytes(data[position + 8 : position + 12], "big") + 12
+        log.write_bytes(bytes(data))
+    if checkpoint is None:
+        (directory / "leader-epoch-checkpoint").unlink()
+    else:
+        (directory / "leader-epoch-checkpoint").write_text(checkpoint)
+
+
+def _epochs_of_batches(directory: Path) -> dict[int, int]:
+    out = {}
+    for log in sorted(directory.glob("*.log")):
+        data = log.read_bytes()
+        position = 0
+        while position < len(data):
+            base = int.from_bytes(data[position : position + 8], "big")
+            out[base] = int.from_bytes(data[position + 12 : position + 16], "big")
+            position += int.from_bytes(data[position + 8 : position + 12], "big") + 12
+    return out
+
+
+async def test_an_imported_partition_keeps_kafkas_leader_epochs_and_writes_in_the_latest(
+    tmp_path: Path,
+) -> None:
+    """The outside check: Kafka's leader-epoch-checkpoint had 4 entries, the imported one 1
+    (`0 <log start>`), and eventlog then wrote epoch 0 after batches of epoch 4, which Kafka's
+    cache would take for a new, lower epoch and truncate its history to. Now the history comes
+    along, trimmed as Kafka's own loader trims it (the epoch-5 entry at the log end holds no
+    record; the first entry moves up to the log start), and new batches carry epoch 4. Where
+    Kafka's file is missing or damaged, the history comes from the batches' epochs."""
+    kafka = tmp_path / "kafka"
+    _kafka_partition(kafka / "t-0", KAFKA_CHECKPOINT)
+    _kafka_partition(kafka / "t-1", None)
+    _kafka_partition(kafka / "t-2", "0\n3\n0 0\n1 10\n")  # torn: says 3 entries, holds 2
+    data = tmp_path / "data"
+    kept = "0\n4\n0 3\n1 10\n3 25\n4 40\n"
+    derived = "0\n4\n0 0\n1 10\n3 25\n4 40\n"
+    async with open_engine(cfg(data)) as engine:
+        sources = {p: kafka / f"t-{p}" for p in range(3)}
+        await engine.adopt_topic("t", sources, log_start_offsets={0: 3})
+        for p in range(3):
+            assert engine.partition("t", p).leader_epoch == 4
+            await produce(engine, "t", p, [b"new"])
+    expected = {0: kept, 1: derived, 2: derived}
+    for p in range(3):
+        assert (data / f"t-{p}" / "leader-epoch-checkpoint").read_text() == expected[p], p
+        assert _epochs_of_batches(data / f"t-{p}")[50] == 4  # eventlog's batch: the latest epoch
+    # Kafka's file as it was
+    assert (kafka / "t-0" / "leader-epoch-checkpoint").read_text() == KAFKA_CHECKPOINT
+    # after a restart the same, and a damaged file of ours is rebuilt from the batches' epochs
+    (data / "t-1" / "leader-epoch-checkpoint").write_text("0\n1\nfour 40\n")
+    async with open_engine(cfg(data)) as engine:
+        assert [engine.partition("t", p).leader_epoch for p in range(3)] == [4, 4, 4]
+        await produce(engine, "t", 0, [b"again"])
+    assert _epochs_of_batches(data / "t-0")[51] == 4
+    for p in range(3):
+        assert (data / f"t-{p}" / "leader-epoch-checkpoint").read_text() == expected[p], p
+    assert not list(data.rglob("*.tmp"))
+
+
+async def test_a_partition_eventlog_creates_writes_in_epoch_0(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)) as engine:
+        await engine.create_topic("t", 1)
+        assert engine.partition("t", 0).leader_epoch == 0
+        await produce(engine, "t", 0, [b"a", b"b"])
+    assert _epochs_of_batches(tmp_path / "t-0") == {0: 0}
+    # a damaged checkpoint of a partition of ours: rebuilt from its batches (epoch 0 from 0)
+    (tmp_path / "t-0" / "leader-epoch-checkpoint").write_bytes(b"\x00garbage")
+    async with open_engine(cfg(tmp_path)) as engine:
+        assert engine.partition("t", 0).leader_epoch == 0
+    assert (tmp_path / "t-0" / "leader-epoch-checkpoint").read_text() == "0\n1\n0 0\n"
