@@ -43,12 +43,23 @@ def topic_uuid(topic_id: str) -> uuid.UUID:
         return NO_UUID
 
 
+# The lowest version advertised where it is not the lowest served, as Kafka 4 does
+# (KAFKA-18659): librdkafka before 2.11.1 compresses a batch with gzip, snappy or lz4 only when
+# the broker advertises Produce v0, and otherwise sends it uncompressed, silently. Produce v0-2
+# stay unserved: such a request closes the connection (protocol.parse), as Kafka 4 refuses it;
+# every client picks the highest version both sides have, so none sends them.
+ADVERTISED_MIN_VERSION = {0: 0}
+
+
 def api_versions_body(version: int, error: ErrorCode = ErrorCode.none) -> Any:
     """The ApiVersions response (at `version`) listing what this listener serves."""
     cls = response_class(18, version)
     entry = nested(cls, "ApiVersion")
     keys = tuple(
-        entry(api_key=a.key, min_version=a.min_version, max_version=a.max_version)
+        entry(
+            api_key=a.key, min_version=ADVERTISED_MIN_VERSION.get(a.key, a.min_version),
+            max_version=a.max_version,
+        )
         for a in sorted(APIS.values(), key=lambda a: a.key)
     )
     return make(
@@ -69,7 +80,8 @@ async def metadata(call: Call, request: Any) -> Any:
     cls = call.response
     broker_cls = nested(cls, "MetadataResponseBroker")
     brokers = tuple(
-        broker_cls(node_id=i, host=h, port=p, rack=None) for i, h, p in broker.brokers()
+        make(broker_cls, node_id=i, host=h, port=p, rack=None)  # (rack: v1+)
+        for i, h, p in broker.brokers()
     )
     topics = []
     names = _requested(call, request, engine)

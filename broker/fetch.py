@@ -122,7 +122,7 @@ async def _read_all(
                 if name is None:
                     raise KafkaError(ErrorCode.unknown_topic_id)
                 _readable(call, name)
-                _check_epoch(p.current_leader_epoch)
+                _check_epoch(getattr(p, "current_leader_epoch", -1))  # (v9+)
                 log = engine.partition(name, p.partition)
                 limit = min(p.partition_max_bytes, budget - total)
                 if limit > 0 or total == 0:
