@@ -70,6 +70,19 @@ def error_code(exc: BaseException, what: str = "") -> ErrorCode:
     return ErrorCode.unknown_server_error
 
 
+def change_error_code(exc: BaseException, what: str = "") -> ErrorCode:
+    """Kafka's error code for a failed topic change (CreateTopics, DeleteTopics,
+    CreatePartitions, AlterConfigs): as error_code(), but a controller that cannot be reached
+    (shard 0 of a family restarting: ShardUnavailableError) or a broker stopping
+    (LogClosedError) is NOT_CONTROLLER, the retriable code admin clients answer by finding the
+    controller again and retrying (a topic deleted meanwhile stays UNKNOWN_TOPIC_OR_PARTITION)."""
+    if isinstance(exc, (e.ShardUnavailableError, e.LogClosedError)) and not isinstance(
+        exc, e.TopicDeletedError
+    ):
+        return ErrorCode.not_controller
+    return error_code(exc, what)
+
+
 def message_of(exc: BaseException) -> str:
     """The text a response's error_message field carries (where the version has one)."""
     return str(exc) if not isinstance(exc, KafkaError) else exc.message
