@@ -743,3 +743,51 @@ def test_changes_need_the_admin_right(auth_server: KafkaServer) -> None:
     finally:
         admin.close()
     assert http_topic(auth_server, name) is None
+
+
+# -- without a server ------------------------------------------------------------------------
+
+
+def test_a_change_past_the_timeout_is_answered_and_goes_on() -> None:
+    """_within answers a job still running at the timeout with late(i), and the job completes
+    (a topic change is never cut half-way by a request's timeout)."""
+    from broker.admin import _within
+
+    finished: list[str] = []
+
+    async def job(name: str, seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        finished.append(name)
+        return name
+
+    async def run() -> list[str]:
+        answers = await _within(ms(50), [job("quick", 0), job("slow", 0.3)], lambda i: f"late {i}")
+        assert finished == ["quick"]
+        await asyncio.sleep(0.5)
+        return answers
+
+    assert asyncio.run(run()) == ["quick", "late 1"]
+    assert finished == ["quick", "slow"]
+
+    async def unbounded() -> list[str]:  # a timeout of 0 waits for every job
+        return await _within(ms(0), [job("a", 0.05), job("b", 0)], lambda i: "late")
+
+    assert asyncio.run(unbounded()) == ["a", "b"]
+
+
+def test_an_unreachable_controller_is_not_controller() -> None:
+    from broker.errors import change_error_code, error_code
+    from engine.errors import (
+        LogClosedError,
+        ShardUnavailableError,
+        TopicDeletedError,
+        TopicExistsError,
+    )
+
+    assert change_error_code(ShardUnavailableError(0, "restarting")) == ErrorCode.not_controller
+    assert change_error_code(LogClosedError("engine")) == ErrorCode.not_controller
+    assert change_error_code(TopicDeletedError("p", "t")) == ErrorCode.unknown_topic_or_partition
+    assert change_error_code(TopicExistsError("t")) == ErrorCode.topic_already_exists
+    # elsewhere (produce, fetch) a restarting shard stays a leader change
+    assert error_code(ShardUnavailableError(0, "restarting")) == ErrorCode.not_leader_or_follower
+    assert ErrorCode.not_controller.retriable
