@@ -73,7 +73,8 @@ async def offset_commit(call: Call, request: Any) -> Any:
             else:
                 try:
                     engine.partition(t.name, p.partition_index)
-                    wanted.append((t.name, p.partition_index, p.committed_offset, p.committed_metadata or ""))
+                    metadata = p.committed_metadata or ""
+                    wanted.append((t.name, p.partition_index, p.committed_offset, metadata))
                 except Exception as exc:
                     errors[key] = error_code(exc, "OffsetCommit")
     if wanted:
@@ -115,12 +116,16 @@ async def offset_fetch(call: Call, request: Any) -> Any:
         group_cls = nested(cls, "OffsetFetchResponseGroup")
         groups = []
         for g in request.groups:
-            code, topics = await _fetch_group(call, g.group_id, g.topics, "OffsetFetchResponseTopics",
-                                              "OffsetFetchResponsePartitions")
+            code, topics = await _fetch_group(
+                call, g.group_id, g.topics,
+                "OffsetFetchResponseTopics", "OffsetFetchResponsePartitions",
+            )
             groups.append(group_cls(group_id=g.group_id, topics=topics, error_code=code))
         return make(cls, throttle_time=ms(0), groups=tuple(groups))
-    code, topics = await _fetch_group(call, request.group_id, request.topics, "OffsetFetchResponseTopic",
-                                      "OffsetFetchResponsePartition")
+    code, topics = await _fetch_group(
+        call, request.group_id, request.topics,
+        "OffsetFetchResponseTopic", "OffsetFetchResponsePartition",
+    )
     return make(cls, throttle_time=ms(0), topics=topics, error_code=code)
 
 
@@ -145,7 +150,8 @@ async def _fetch_group(
 
     def part(topic: str, index: int) -> Any:
         c = found.get((topic, index))
-        error = ErrorCode.none if principal.covers_topic(topic) else ErrorCode.topic_authorization_failed
+        covered = principal.covers_topic(topic)
+        error = ErrorCode.none if covered else ErrorCode.topic_authorization_failed
         return make(
             part_cls, partition_index=index, committed_offset=c.offset if c else NO_OFFSET,
             committed_leader_epoch=-1, metadata=c.metadata if c else "", error_code=error,
@@ -194,11 +200,13 @@ async def offset_delete(call: Call, request: Any) -> Any:
     def result(topic: str) -> ErrorCode:
         if part_code != ErrorCode.none:
             return part_code
-        return ErrorCode.none if principal.covers_topic(topic) else ErrorCode.topic_authorization_failed
+        covered = principal.covers_topic(topic)
+        return ErrorCode.none if covered else ErrorCode.topic_authorization_failed
 
     topics = tuple(
         topic_cls(name=t.name, partitions=tuple(
-            part_cls(partition_index=p.partition_index, error_code=result(t.name)) for p in t.partitions
+            part_cls(partition_index=p.partition_index, error_code=result(t.name))
+            for p in t.partitions
         ))
         for t in request.topics
     ) if code is None else ()

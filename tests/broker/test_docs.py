@@ -16,7 +16,9 @@ def test_the_documented_apis_are_the_served_ones() -> None:
     table = text[text.index("<!-- api-table:start") : text.index("<!-- api-table:end")]
     documented = {
         int(key): (name, int(low), int(high))
-        for key, name, low, high in re.findall(r"^\| (\d+) \| (\w+) \| (\d+)–(\d+) \|$", table, re.M)
+        for key, name, low, high in re.findall(
+            r"^\| (\d+) \| (\w+) \| (\d+)–(\d+) \|$", table, re.M
+        )
     }
     served = {a.key: (a.name, a.min_version, a.max_version) for a in APIS.values()}
     assert documented == served
