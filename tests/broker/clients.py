@@ -43,9 +43,9 @@ class ClientError(Exception):
 @dataclass(frozen=True)
 class Rec:
     """One record as produced or consumed; offset None until it has one, timestamp None for
-    the producer's clock."""
+    the producer's clock, partition None (produce only) for the client's partitioner's choice."""
 
-    partition: int
+    partition: int | None
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
@@ -382,12 +382,13 @@ class Confluent(Client):
             return report
 
         for i, r in enumerate(records):
-            kwargs = {"timestamp": r.timestamp} if r.timestamp is not None else {}
+            kwargs: dict[str, Any] = {"timestamp": r.timestamp} if r.timestamp is not None else {}
+            if r.partition is not None:  # else: the partitioner's choice
+                kwargs["partition"] = r.partition
             producer.produce(
                 topic,
                 value=r.value,
                 key=r.key,
-                partition=r.partition,
                 headers=list(r.headers),
                 on_delivery=delivered(i),
                 **kwargs,
