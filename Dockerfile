@@ -8,8 +8,10 @@ COPY api ./api
 COPY workers ./workers
 COPY analytics ./analytics
 RUN pip install --no-cache-dir .
-ENV EVENTLOG_DATA_DIR=/data EVENTLOG_HOST=0.0.0.0 EVENTLOG_PORT=8080
-VOLUME ["/data"]
+# the volume holds the data dir and, beside it, the snapshots (data.snapshots: hard links of
+# its segments, so on its filesystem, and outside the log dir, which Kafka requires)
+ENV EVENTLOG_DATA_DIR=/var/lib/eventlog/data EVENTLOG_HOST=0.0.0.0 EVENTLOG_PORT=8080
+VOLUME ["/var/lib/eventlog"]
 EXPOSE 8080
 STOPSIGNAL SIGTERM
 CMD ["eventlog", "serve"]

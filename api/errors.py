@@ -136,8 +136,8 @@ class ServerPaths:
         return cached
 
     def snapshot(self, snapshot_id: str) -> str:
-        """A snapshot's directory: from the data dir (`snapshots/<id>`), or from the snapshot
-        root when that is elsewhere (`<id>`)."""
+        """A snapshot's directory: from the snapshot root (`<id>`), or from the data dir when
+        the root is inside it (`snapshots/<id>`, as older versions kept it)."""
         if self.snapshot_root.is_relative_to(self.data_dir):
             return str((self.snapshot_root / snapshot_id).relative_to(self.data_dir))
         return snapshot_id

@@ -400,7 +400,8 @@ class Snapshot(BaseModel):
     id: str
     path: str = Field(
         description="the snapshot's directory (manifest.json and one directory per partition), relative to the "
-        "server's data dir (`snapshots/<id>`), or to EVENTLOG_SNAPSHOT_DIR when that is outside the data dir (`<id>`)"
+        "server's snapshot dir (`<id>`; by default `<data dir>.snapshots`, beside the data dir), or to its data dir "
+        "when EVENTLOG_SNAPSHOT_DIR is inside that (`snapshots/<id>`)"
     )
     created_at: str = Field(description="ISO 8601, UTC")
     topics: list[str]

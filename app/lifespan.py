@@ -15,12 +15,12 @@ from fastapi import FastAPI
 from api.observability import Metrics
 from broker.listener import Broker, KafkaListener, KafkaListenError, bind
 from broker.produce import ProducerIds
-from engine import snapshots
 from engine.errors import EngineError, ShardUnavailableError
 from engine.log_manager import LogManager, open_engine
 from workers.manager import Workers
 
 from .settings import Settings
+from .snapshot import prepare_snapshot_root
 
 logger = logging.getLogger("eventlog.app")
 
@@ -32,9 +32,8 @@ def make_lifespan(settings: Settings, metrics: Metrics):
             async with open_engine(settings.engine_config()) as engine, anyio.create_task_group() as tg:
                 app.state.engine = engine
                 app.state.loop = asyncio.get_running_loop()
-                removed = await anyio.to_thread.run_sync(snapshots.remove_unfinished, settings.snapshot_root)
-                if removed:
-                    logger.info("removed unfinished snapshots: %s", ", ".join(removed))
+                first = engine.shard_index == 0
+                await anyio.to_thread.run_sync(prepare_snapshot_root, settings, first)
                 workers = Workers(engine, settings.worker_settings())
                 app.state.workers = workers
                 metrics.attach(engine, workers)

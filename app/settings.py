@@ -20,7 +20,9 @@ from api.quotas import QuotaConfig
 from engine.config import LogConfig
 from engine.errors import InvalidConfigError
 from engine.log_manager import EngineConfig, ShardSpec
+from engine.snapshots import LEGACY_DIR as LEGACY_SNAPSHOT_DIR
 from engine.snapshots import SnapshotLimits
+from engine.snapshots import default_root as default_snapshot_root
 from workers.manager import WorkerSettings
 
 
@@ -53,7 +55,9 @@ def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EVENTLOG_", extra="ignore", frozen=True)
 
-    data_dir: Path = Field(Path("./data"), description="where topics live (and snapshots)")
+    data_dir: Path = Field(
+        Path("./data"), description="where topics live (snapshots go beside it: <data dir>.snapshots)"
+    )
     processes: int = Field(
         default_factory=usable_cpus, ge=1, le=256,
         description=(
@@ -164,7 +168,8 @@ class Settings(BaseSettings):
     quota_window_num: int = Field(11, ge=2, le=1000, description="quota.window.num: samples in a quota's window")
     quota_window_size_ms: int = Field(1000, ge=10, description="quota.window.size.seconds, in ms: one sample's length")
     snapshot_dir: Path | None = Field(
-        None, description="where snapshots go [default: <data dir>/snapshots]; on the log dirs' filesystem, "
+        None, description="where snapshots go [default: <data dir>.snapshots, beside the (first) "
+        "log dir; never inside a log dir, which Kafka refuses]; on the log dirs' filesystem, "
         "snapshots hard-link segments, elsewhere they copy them"
     )
     snapshot_max_count: int = Field(
@@ -272,7 +277,13 @@ class Settings(BaseSettings):
 
     @property
     def snapshot_root(self) -> Path:
-        return self.snapshot_dir or self.effective_log_dirs[0] / "snapshots"
+        return self.snapshot_dir or default_snapshot_root(self.effective_log_dirs[0])
+
+    @property
+    def legacy_snapshot_root(self) -> Path:
+        """Where older versions kept snapshots by default, inside the first log dir: moved out
+        at start-up (engine/snapshots.py, move_legacy)."""
+        return self.effective_log_dirs[0] / LEGACY_SNAPSHOT_DIR
 
     @property
     def effective_log_dirs(self) -> tuple[Path, ...]:

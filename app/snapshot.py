@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -21,8 +22,32 @@ from engine.metadata import INTERNAL_TOPICS
 
 from .settings import Settings
 
+logger = logging.getLogger("eventlog.app")
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def prepare_snapshot_root(settings: Settings, warn: bool = True) -> None:
+    """At start-up, with the log dirs locked: move the snapshots an older version kept inside
+    the first log dir out to the snapshot root, remove unfinished ones, and (`warn`: once per
+    family) say what is wrong with where the root is (engine/snapshots.py)."""
+    root = settings.snapshot_root
+    moved = snapshots.move_legacy(settings.legacy_snapshot_root, root)
+    if moved.moved:
+        logger.info("moved %d snapshot(s) out of the log dir, from %s to %s: %s", len(moved.moved),
+                    settings.legacy_snapshot_root, root, ", ".join(moved.moved))
+    if moved.left and warn:
+        logger.warning(
+            "%s stays in the log dir (Apache Kafka will not start on that log dir until it is "
+            "moved or deleted; its snapshots stay readable by path): %s",
+            settings.legacy_snapshot_root, "; ".join(f"{n}: {w}" for n, w in moved.left.items()),
+        )
+    removed = moved.removed + snapshots.remove_unfinished(root)
+    if removed:
+        logger.info("removed unfinished snapshots: %s", ", ".join(removed))
+    if warn:
+        for problem in snapshots.placement_problems(root, settings.effective_log_dirs):
+            logger.warning("%s", problem)
 
 
 def run_snapshot(
@@ -52,7 +77,7 @@ def run_snapshot(
         )
     out.print(table)
     # the server answers the path from its data dir (or its EVENTLOG_SNAPSHOT_DIR); here it is whole
-    out.print(summary["path"] if url is None else f"{summary['path']} (on the server, from its data dir)")
+    out.print(summary["path"] if url is None else f"{summary['path']} (on the server, from its data dir or its snapshot dir)")
     if to is None:
         return 0
     directory = Path(summary["path"]) if url is None else settings.snapshot_root / summary["id"]
@@ -168,6 +193,7 @@ def _remote(url: str, topics: list[str] | None, token: str | None) -> dict:
 async def _local(settings: Settings, topics: list[str] | None) -> dict:
     root = settings.snapshot_root
     async with open_engine(settings.engine_config()) as engine:
+        await anyio.to_thread.run_sync(prepare_snapshot_root, settings)
         names = topics if topics is not None else sorted(n for n in engine.topics if n not in INTERNAL_TOPICS)
         infos = snapshots.topic_infos(engine, names)
         manifest = await snapshots.take_snapshot(root, infos, engine.clock(), settings.snapshot_limits())

@@ -122,7 +122,20 @@ class LogDir:
 
         A shard of a family (eventlog serve --processes N) passes `family_lock_fd`: the
         descriptor of the lock its supervisor took (and handed down), so it takes no lock of
-        its own; the family holds the dir until its last process exits."""
+        its own; the family holds the dir until its last process exits.
+
+        A new log dir inside a log dir (its parent holds meta.properties) is refused: Kafka
+        would refuse the parent for holding it, and it is what starting on a volume laid out
+        for an older image (the data dir at the volume's root, now one level down) would make:
+        an empty dir, served as if the data were gone."""
+        parent_meta = self.path.parent / META_PROPERTIES
+        if not (self.path / META_PROPERTIES).exists() and parent_meta.exists():
+            raise DataDirError(
+                self.path,
+                f"its parent is a log dir ({parent_meta} exists): a log dir inside another is "
+                f"refused; use the parent as the data dir, or move its contents down into this "
+                f"dir (docs/OPERATIONS.md, \"Where snapshots live\")",
+            )
         try:
             make_dirs(self.path)  # durable: a power cut must not take the dir back
         except OSError as exc:

@@ -466,13 +466,19 @@ class LogManager:
         await self.groups.load()
 
     def _remove_deleted_topic_dirs(self, own_only: bool = False) -> None:
-        """Remove what deleted topics and unfinished topic changes left in the log dirs;
+        """Remove what deleted topics, unfinished topic changes and interrupted imports
+        (`<topic>-<partition>.importing`, which Kafka would refuse as a log dir's entry: the
+        import registered no topic, and Kafka's own files are elsewhere) left in the log dirs;
         `own_only`: only the partition directories this shard owns."""
         for d in self.dirs:
             for entry in os.scandir(d.path):
                 if not entry.is_dir():
                     continue
                 if entry.name.endswith(filenames.DELETE_DIR_SUFFIX):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                    continue
+                if entry.name.endswith(kafka_import.IMPORTING_SUFFIX):
+                    logger.info("removing %s, left by an import that did not finish", entry.path)
                     shutil.rmtree(entry.path, ignore_errors=True)
                     continue
                 parsed = filenames.parse_partition_dir(entry.name)

@@ -4,6 +4,15 @@ segment's durable prefix, and a manifest.json that says what the snapshot holds.
     <root>/<id>/manifest.json
     <root>/<id>/<topic>-<partition>/<base>.log, .index, .timeindex
 
+The root is never inside a log dir: Kafka's LogManager.loadLogs takes every directory of a log
+dir for a partition and refuses to start on one whose name is not `<topic>-<partition>` (or a
+`-delete`, `-future`, `-stray` one), so a data dir must hold nothing else to stay one Kafka can
+open. The default root is beside the first log dir, `<log dir>.snapshots` (default_root): on
+its filesystem as long as the log dir is not itself a mount point, so segments are linked,
+not copied. Roots of older versions, `<log dir>/snapshots`, are moved out at start-up
+(move_legacy); placement_problems says when a root is inside a log dir or on another
+filesystem (links then fail with EXDEV and segments are copied: _link_or_copy).
+
 A snapshot of a partition is taken from one LogView (the published segment list, log start
 offset and high watermark), captured while the partition's files lock is held, so that no
 retention or compaction swap renames a segment between the capture and the links:
@@ -66,7 +75,7 @@ import orjson
 
 from . import filenames
 from .errors import SnapshotLimitError, SnapshotNotFoundError, StorageError
-from .fileutil import fsync_dir, replace_file, storage_error
+from .fileutil import fsync_dir, make_dirs, replace_file, storage_error
 from .index_builder import IndexBuilder
 from .partition_log import PartitionLog
 from .scan import scan_headers
@@ -75,8 +84,105 @@ from .segments import LogView
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 _ID_RE = re.compile(r"^\d{8}T\d{9}Z-[0-9a-f]{6}$")
+ROOT_SUFFIX = ".snapshots"  # the default root: <first log dir>.snapshots
+LEGACY_DIR = "snapshots"  # the default root of older versions: <first log dir>/snapshots
 
 logger = logging.getLogger("eventlog.engine")
+
+
+def default_root(log_dir: Path) -> Path:
+    """Where snapshots go unless told: `<log dir>.snapshots`, beside the (first) log dir, on
+    its filesystem unless the log dir is a mount point, and outside it (see the module
+    docstring). Absolute, so that it names one place whatever the working directory."""
+    absolute = Path(os.path.abspath(log_dir))
+    return absolute.parent / (absolute.name + ROOT_SUFFIX)
+
+
+def placement_problems(root: Path, log_dirs: Sequence[Path]) -> list[str]:
+    """What is wrong with `root` as the snapshot root of a server on `log_dirs`, for the
+    operator's log at start-up: inside a log dir (Kafka will refuse to open it), or on another
+    filesystem than a log dir (that log dir's segments are copied into each snapshot instead
+    of linked: the disk space of a full copy, and the time)."""
+    problems = []
+    resolved = root.resolve()
+    try:
+        root_dev = os.stat(_existing(root)).st_dev
+    except OSError:
+        root_dev = None
+    for log_dir in log_dirs:
+        if resolved.is_relative_to(log_dir.resolve()):
+            problems.append(
+                f"the snapshot dir {root} is inside the log dir {log_dir}: Apache Kafka refuses "
+                f"to start on a log dir holding a directory that is not a topic-partition; set "
+                f"EVENTLOG_SNAPSHOT_DIR outside it (the default is {default_root(log_dir)})"
+            )
+        elif root_dev is not None and log_dir.is_dir() and os.stat(log_dir).st_dev != root_dev:
+            problems.append(
+                f"the snapshot dir {root} is on another filesystem than the log dir {log_dir}: "
+                f"snapshots copy its segments instead of hard-linking them; put "
+                f"EVENTLOG_SNAPSHOT_DIR on its filesystem, outside it (a log dir that is a mount "
+                f"point has no such place: mount the volume one level up)"
+            )
+    return problems
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyMove:
+    """What move_legacy did: snapshots moved to the root, unfinished ones removed, and entries
+    left in the old directory, each with why."""
+
+    moved: list[str]
+    removed: list[str]
+    left: dict[str, str]
+
+
+def move_legacy(legacy: Path, root: Path) -> LegacyMove:
+    """Move the snapshots an older version kept in `legacy` (`<log dir>/snapshots`, inside the
+    log dir, where Kafka refuses it) into `root`, at start-up with the log dir locked: each
+    finished snapshot directory is renamed (hard links stay links: nothing is copied); an
+    unfinished or half-deleted one is removed, as remove_unfinished does at every start; the
+    old directory goes once empty. What cannot be renamed stays where it is, listed in `left`
+    with why: another filesystem (EXDEV: `root` is not beside the log dir, or the log dir is a
+    mount point), a snapshot of the same id in `root`, anything that is not a snapshot. It
+    stays readable there (`eventlog nightly --snapshot`, `upload-snapshot` take a path), and
+    the caller tells the operator. Safe to run from several processes at once (a shard
+    family): a snapshot another one moved meanwhile is skipped. Raises OSError."""
+    moved: list[str] = []
+    left: dict[str, str] = {}
+    if not legacy.is_dir() or legacy.resolve() == root.resolve():
+        return LegacyMove(moved, [], left)
+    removed = remove_unfinished(legacy)
+    for entry in sorted(os.scandir(legacy), key=lambda e: e.name):
+        if not (entry.is_dir(follow_symlinks=False) and _ID_RE.match(entry.name)):
+            left[entry.name] = "not a snapshot"
+            continue
+        if (root / entry.name).exists():
+            left[entry.name] = f"{root / entry.name} exists"
+            continue
+        make_dirs(root)
+        try:
+            os.rename(entry.path, root / entry.name)
+        except FileNotFoundError:
+            continue  # moved by another process of the family
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            left[entry.name] = exc.strerror or str(exc)
+            continue
+        moved.append(entry.name)
+    if moved:
+        fsync_dir(root)
+        fsync_dir(legacy)
+    if not left:
+        try:
+            legacy.rmdir()
+            fsync_dir(legacy.parent)
+        except FileNotFoundError:
+            pass  # removed by another process of the family
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+    return LegacyMove(moved, removed, left)
 
 
 def new_snapshot_id(now_ms: int) -> str:
@@ -213,7 +319,7 @@ def _reserve(root: Path, target: Path, limits: SnapshotLimits, needed: int) -> N
             raise SnapshotLimitError("count", count, held, needed, limits.max_count, max_bytes)
         if max_bytes is not None and held + needed > max_bytes:
             raise SnapshotLimitError("bytes", count, held, needed, limits.max_count, max_bytes)
-        root.mkdir(parents=True, exist_ok=True)
+        make_dirs(root)  # beside the log dir: its parent fsynced too, as a log dir's is
         target.mkdir()
         try:
             fsync_dir(root)

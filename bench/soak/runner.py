@@ -48,6 +48,8 @@ from typing import Any
 
 import httpx
 
+from engine.snapshots import default_root
+
 from .load import Gate, Load, Stats, drain
 from .model import AGGREGATES, FULL, LEDGER, MANY, PLAIN, RETAINED, TABLE, Model
 from .phases import PHASES, fault_phase, write_rules
@@ -313,7 +315,7 @@ async def _after_restart(client: httpx.AsyncClient, model: Model, data_dir: Path
     listed = {t["name"]: t["partitions"] for t in r.json()["topics"]}
     if listed != PARTITIONS:
         model.fail("metadata", f"topics after restart: {listed}")
-    root = data_dir / "snapshots"
+    root = default_root(data_dir)
     if root.is_dir():
         for entry in os.scandir(root):
             if entry.is_dir() and not entry.name.startswith(".") and not Path(entry.path, "manifest.json").exists():

@@ -13,6 +13,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from engine.snapshots import default_root
+
 DAY = 86_400_000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -54,7 +56,7 @@ def produced(tmp_path_factory):
             snap = c.post("/v1/snapshots").json()
     finally:
         server.stop()
-    return data_dir / snap["path"], acked
+    return default_root(data_dir) / snap["path"], acked
 
 
 def model_tables(acked: list[dict]) -> dict[tuple[int, str], dict]:
@@ -175,7 +177,7 @@ def test_incremental_runs_read_only_what_is_new_and_converge(spark, tmp_path: Pa
         def nightly(**kwargs):
             snap = c.post("/v1/snapshots").json()
             steps: list[str] = []
-            return run_nightly(spark, server.data_dir / snap["path"], out, step=steps.append, **kwargs), steps
+            return run_nightly(spark, default_root(server.data_dir) / snap["path"], out, step=steps.append, **kwargs), steps
 
         def model() -> dict[tuple[int, str], tuple[int, str]]:
             table: dict[tuple[int, str], tuple[int, str]] = {}
@@ -239,7 +241,8 @@ def test_incremental_runs_read_only_what_is_new_and_converge(spark, tmp_path: Pa
         # what compaction left, and say so
         rebuilt_out = tmp_path / "rebuilt"
         snap = c.post("/v1/snapshots").json()
-        full = run_nightly(spark, server.data_dir / snap["path"], rebuilt_out, full=True)
+        snap_dir = default_root(server.data_dir) / snap["path"]
+        full = run_nightly(spark, snap_dir, rebuilt_out, full=True)
         assert _table(rebuilt_out, "accounts") == model() and full.topics[0].rebuilt
         fresh = _daily(rebuilt_out)
         offsets = sum(p["high_watermark"] - p["log_start_offset"] for p in c.get("/v1/topics/accounts").json()["partitions"])
@@ -301,7 +304,7 @@ def test_typed_tables_from_a_value_schema(spark, tmp_path: Path) -> None:
             def produce(records: list[tuple[str, str | None]]) -> str:
                 answer = c.post("/v1/topics/orders/records", json={"records": [{"key": k, "value": v} for k, v in records]})
                 assert answer.status_code == 200, answer.text
-                return str(server.data_dir / c.post("/v1/snapshots").json()["path"])
+                return str(default_root(server.data_dir) / c.post("/v1/snapshots").json()["path"])
 
             snap = produce([("o-1", '{"status": "new", "total": 12.5}'), ("o-2", '{"status": "new"}'), ("o-3", "not json")])
             first = run_nightly(spark, snap, out, schemas={"orders": str(schema)})

@@ -42,6 +42,7 @@ from analytics.stream import (
     to_json,
 )
 from analytics.values import MalformedRecordError
+from engine.snapshots import default_root
 
 from ..conftest import wait_until
 from .test_typed import (
@@ -232,7 +233,7 @@ def server(app_factory):
 
 def test_snapshots_each_offset_from_the_newest_snapshot_holding_it(server) -> None:
     s, client = server
-    root = s.data_dir / "snapshots"
+    root = default_root(s.data_dir)
     first = produce(client, "orders", 40, "a", partition=0) + produce(client, "orders", 20, "a", partition=1)
     old = snapshot(client)
     second = produce(client, "orders", 40, "b", partition=0) + produce(client, "orders", 20, "b", partition=1)
@@ -263,11 +264,11 @@ def test_a_partition_left_out_of_the_newest_snapshot_is_not_gone(server) -> None
     rows = produce(client, "orders", 20, "a", partition=0) + produce(client, "orders", 20, "a", partition=1)
     snapshot(client)
     rows += produce(client, "orders", 10, "b", partition=0)
-    newest = s.data_dir / "snapshots" / snapshot(client) / "manifest.json"
+    newest = default_root(s.data_dir) / snapshot(client) / "manifest.json"
     manifest = json.loads(newest.read_text())  # as if orders-1 had been offline
     manifest["topics"][0]["partitions"] = [p for p in manifest["topics"][0]["partitions"] if p["partition"] == 0]
     newest.write_text(json.dumps(manifest))
-    got, ends = read_all(EventlogStreamReader({"path": str(s.data_dir / "snapshots")}))
+    got, ends = read_all(EventlogStreamReader({"path": str(default_root(s.data_dir))}))
     assert by_offset(got) == by_offset(rows)
     assert ends[-1] == {"orders": {"0": 30, "1": 20}}
 
@@ -276,7 +277,7 @@ def test_a_snapshot_deleted_after_planning(server) -> None:
     s, client = server
     rows = produce(client, "orders", 30, "a")
     snapshot_id = snapshot(client)
-    reader = EventlogStreamReader({"path": str(s.data_dir / "snapshots")})
+    reader = EventlogStreamReader({"path": str(default_root(s.data_dir))})
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadAllAvailable())
     parts = reader.partitions(start, end)
@@ -284,7 +285,7 @@ def test_a_snapshot_deleted_after_planning(server) -> None:
     assert client.delete(f"/v1/snapshots/{snapshot_id}").status_code == 204
     with pytest.raises(DataLossError, match="its snapshot was deleted"):
         list(reader.read(parts[0]))
-    lenient = EventlogStreamReader({"path": str(s.data_dir / "snapshots"), "failOnDataLoss": "false"})
+    lenient = EventlogStreamReader({"path": str(default_root(s.data_dir)), "failOnDataLoss": "false"})
     assert [b for p in parts for b in lenient.read(p)] == []
     assert rows  # produced, then lost with the snapshot
 
@@ -393,7 +394,7 @@ def test_reads_far_into_a_segment_copy_what_they_need(server, monkeypatch) -> No
     copied = []
     copy = stream_sources._copy
     monkeypatch.setattr(stream_sources, "_copy", lambda *args: copied.append(args[2]) or copy(*args))
-    for path in (s.data_dir, s.data_dir / "snapshots"):
+    for path in (s.data_dir, default_root(s.data_dir)):
         reader = EventlogStreamReader({"path": str(path), "topics": "orders"})
         got, ends = read_all(reader, 17)
         assert by_offset(got) == by_offset(rows) and len(ends) == -(-200 // 17)
@@ -567,7 +568,7 @@ def _batch_sizes(query) -> list[int]:
 
 def test_spark_over_successive_snapshots(spark, server, tmp_path: Path) -> None:
     s, client = server
-    root, out, checkpoint = s.data_dir / "snapshots", tmp_path / "out", tmp_path / "checkpoint"
+    root, out, checkpoint = default_root(s.data_dir), tmp_path / "out", tmp_path / "checkpoint"
     produced = produce(client, "orders", 70, "a")
     snapshot(client)
     writer, target = _query(spark, root, out, checkpoint, maxOffsetsPerTrigger="40")
@@ -600,7 +601,7 @@ def test_spark_over_successive_snapshots(spark, server, tmp_path: Path) -> None:
 
 def test_spark_retention_loss(spark, server, tmp_path: Path) -> None:
     s, client = server
-    root, out, checkpoint = s.data_dir / "snapshots", tmp_path / "out", tmp_path / "checkpoint"
+    root, out, checkpoint = default_root(s.data_dir), tmp_path / "out", tmp_path / "checkpoint"
     produced = produce(client, "orders", 40, "a", partition=0)
     old = snapshot(client)
     writer, target = _query(spark, root, out, checkpoint, topics="orders")

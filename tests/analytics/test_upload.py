@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.snapshots import default_root
+
 from .conftest import S3_TEST_ENV, Row, Snapshot
 
 BUCKET = "eventlog-test"
@@ -357,7 +359,7 @@ def test_snapshots_uploaded_to_s3_twice_and_read_by_spark(spark, s3, tmp_path: P
     finally:
         server.stop()
 
-    local_dirs = [server.data_dir / "snapshots" / snapshot_id for snapshot_id, _, _ in uploads]
+    local_dirs = [default_root(server.data_dir) / snapshot_id for snapshot_id, _, _ in uploads]
     manifests = [json.loads((d / "manifest.json").read_text()) for d in local_dirs]
     segments = [sum(len(p["segments"]) for t in m["topics"] for p in t["partitions"]) for m in manifests]
     (id1, first, puts1), (id2, second, puts2) = uploads

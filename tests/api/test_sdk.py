@@ -650,7 +650,8 @@ def _describe_maintenance(s: Scene) -> None:
 def _create_snapshot(s: Scene) -> None:
     s.snapshot = s.op("snapshots", "create_snapshot").sync(client=s.client, body=s.m.SnapshotRequest(topics=["events"]))
     assert isinstance(s.snapshot, s.m.Snapshot), s.snapshot
-    assert (s.snapshot.topics, s.snapshot.path) == (["events"], f"snapshots/{s.snapshot.id}")
+    # the path is from the snapshot dir, beside the data dir
+    assert (s.snapshot.topics, s.snapshot.path) == (["events"], s.snapshot.id)
     (p,) = s.snapshot.partitions
     assert (p.topic, p.partition, p.log_start_offset, p.high_watermark, p.segments) == ("events", 0, 4, 14, 1)
     assert p.size_bytes > 0

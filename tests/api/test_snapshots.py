@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.settings import Settings
-from engine.snapshots import SnapshotLimits
+from engine.snapshots import MANIFEST, SnapshotLimits, default_root
 from tests.kafka_oracle import decode_all
 
 from .test_api import assert_problem
@@ -72,8 +73,8 @@ def _endpoints_links_and_manifest(server, c) -> None:
     created = c.post("/v1/snapshots", json={"topics": ["orders"]})
     assert created.status_code == 201, created.text
     snap = created.json()
-    assert snap["path"] == f"snapshots/{snap['id']}"  # relative to the data dir
-    path = server.data_dir / snap["path"]
+    assert snap["path"] == snap["id"]  # from the snapshot dir: beside the data dir, never in it
+    path = server.data_dir.parent / f"{server.data_dir.name}.snapshots" / snap["path"]
     assert {(p["topic"], p["partition"], p["high_watermark"]) for p in snap["partitions"]} == {("orders", 0, 20), ("orders", 1, 20)}
     manifest = json.loads((path / "manifest.json").read_text())
     check_manifest(manifest)
@@ -141,7 +142,7 @@ def _snapshot_stays(server, c) -> None:
         with lock:
             acked_before = len(model)
         snap = c.post("/v1/snapshots", json={"topics": ["acct"]}).json()
-        path = server.data_dir / snap["path"]
+        path = default_root(server.data_dir) / snap["path"]
         manifest = json.loads((path / "manifest.json").read_text())
         hw = manifest["topics"][0]["partitions"][0]["high_watermark"]
         assert hw >= acked_before  # everything acknowledged before the request is in it
@@ -160,10 +161,11 @@ def _snapshot_stays(server, c) -> None:
     after = snapshot_records(path, manifest, "acct", 0)
     assert after == before
     second = c.post("/v1/snapshots", json={"topics": ["acct"]}).json()
-    later = json.loads((server.data_dir / second["path"] / "manifest.json").read_text())
+    root = default_root(server.data_dir)
+    later = json.loads((root / second["path"] / "manifest.json").read_text())
     part = later["topics"][0]["partitions"][0]
     assert part["log_start_offset"] >= hw and part["high_watermark"] >= part["log_start_offset"]
-    records = snapshot_records(server.data_dir / second["path"], later, "acct", 0)
+    records = snapshot_records(root / second["path"], later, "acct", 0)
     offsets = [r.offset for r in records]
     assert offsets == sorted(set(offsets))
     table = {}
@@ -209,7 +211,8 @@ def test_snapshot_auth(app_factory, tmp_path: Path) -> None:
         assert admin.post("/v1/snapshots").status_code == 201
         assert admin.post("/v1/snapshots", json={"topics": ["__consumer_offsets"]}).status_code == 201
         assert len(admin.get("/v1/snapshots").json()["snapshots"]) == 2
-        assert len(list((server.data_dir / "snapshots").iterdir())) == 2  # the refused ones left nothing
+        # the refused ones left nothing
+        assert len(list(default_root(server.data_dir).iterdir())) == 2
     finally:
         for c in clients:
             c.close()
@@ -231,7 +234,7 @@ def test_cli_snapshot_of_a_stopped_data_dir_and_unfinished_ones_removed(app_fact
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    root = server.data_dir / "snapshots"
+    root = default_root(server.data_dir)
     (snap,) = list(root.iterdir())
     manifest = json.loads((snap / "manifest.json").read_text())
     check_manifest(manifest)
@@ -275,14 +278,16 @@ def test_answers_say_paths_relative_to_the_data_dir_never_absolute(server_factor
             produce(c, "t", [{"value": "v"}])
             created = c.post("/v1/snapshots", json={"topics": ["t"]})
             snap = created.json()
-            assert snap["path"] == f"snapshots/{snap['id']}"
+            assert snap["path"] == snap["id"]
             listed, described = c.get("/v1/snapshots"), c.get(f"/v1/snapshots/{snap['id']}")
             assert listed.json()["snapshots"][0]["path"] == described.json()["path"] == snap["path"]
-            # a damaged manifest: a storage_error whose detail names the file from the data dir
-            (server.data_dir / snap["path"] / "manifest.json").write_bytes(b"{not json")
+            # a damaged manifest: a storage_error whose detail names the file from the snapshot dir
+            manifest = default_root(server.data_dir) / snap["path"] / "manifest.json"
+            manifest.write_bytes(b"{not json")
             damaged = c.get(f"/v1/snapshots/{snap['id']}")
             problem = assert_problem(damaged, 500, "storage_error")
-            assert problem["detail"].startswith(f"snapshots/{snap['id']}/manifest.json: "), problem
+            shown = f"<snapshot dir>/{snap['id']}/manifest.json: "
+            assert problem["detail"].startswith(shown), problem
             assert_problem(c.get("/v1/snapshots"), 500, "storage_error")
             assert str(tmp_path) not in _texts(created, listed, described, damaged, c.get("/v1/snapshots"))
     finally:
@@ -308,7 +313,7 @@ def _snapshot_dirs(root: Path) -> list[str]:
 
 def test_the_snapshot_count_cap_refuses_before_writing(server_factory) -> None:
     server = server_factory(EVENTLOG_SNAPSHOT_MAX_COUNT="2").start()
-    root = server.data_dir / "snapshots"
+    root = default_root(server.data_dir)
     try:
         with server.client() as c:
             c.post("/v1/topics", json={"name": "t"})
@@ -326,7 +331,7 @@ def test_the_snapshot_count_cap_refuses_before_writing(server_factory) -> None:
 
 def test_the_snapshot_bytes_cap_counts_copies_not_links_shared_with_the_log(server_factory) -> None:
     server = server_factory(EVENTLOG_SNAPSHOT_MAX_BYTES="300000").start()
-    root = server.data_dir / "snapshots"
+    root = default_root(server.data_dir)
     value = "x" * 1000
     try:
         with server.client() as c:
@@ -381,12 +386,13 @@ def test_the_cli_on_a_stopped_data_dir_keeps_to_the_caps(server_factory) -> None
         command, capture_output=True, text=True, timeout=60, env={**env, "EVENTLOG_SNAPSHOT_MAX_COUNT": "1"}, check=False
     )
     assert refused.returncode == 1 and "1 snapshots exist, at most 1 are allowed" in refused.stderr, refused.stderr
-    assert len(list((server.data_dir / "snapshots").iterdir())) == 1
+    assert len(list(default_root(server.data_dir).iterdir())) == 1
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=60, env={**env, "EVENTLOG_SNAPSHOT_MAX_COUNT": "2"}, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert str(server.data_dir / "snapshots") in done.stdout  # on the operator's machine: the full path
+    # on the operator's machine: the full path
+    assert str(default_root(server.data_dir)) in done.stdout
 
 
 @pytest.mark.parametrize("small", ["data_dir", "snapshot_dir"])
@@ -394,9 +400,9 @@ def test_a_snapshot_on_a_full_disk_is_507_and_leaves_nothing_behind(server_facto
     """A full disk answered 500 and could leave a half-written snapshot directory."""
     fs = small_fs(16 * 1024 * 1024)
     env = {"EVENTLOG_SNAPSHOT_MAX_BYTES": str(1 << 40), "EVENTLOG_CHECKPOINT_INTERVAL_MS": "3600000"}
-    if small == "data_dir":
-        server = server_factory(fs.path, **env)
-        root = fs.path / "snapshots"
+    if small == "data_dir":  # the default snapshot dir, beside the data dir on its filesystem
+        server = server_factory(fs.path / "data", **env)
+        root = fs.path / "data.snapshots"
     else:
         root = fs.path / "snapshots"
         server = server_factory(tmp_path / "data", EVENTLOG_SNAPSHOT_DIR=str(root), **env)
@@ -443,6 +449,126 @@ def _big(server, c) -> None:
     snap = c.post("/v1/snapshots", json={"topics": ["big"]}).json()
     (part,) = snap["partitions"]
     assert part["segments"] >= 190
-    manifest = json.loads((server.data_dir / snap["path"] / "manifest.json").read_text())
+    manifest = json.loads((default_root(server.data_dir) / snap["path"] / MANIFEST).read_text())
     copied = [s for s in manifest["topics"][0]["partitions"][0]["segments"] if s["copied"]]
     assert len(copied) == 1
+
+
+# -- a log dir Kafka can open: snapshots beside it, never in it ---------------------------------
+
+# Apache Kafka's UnifiedLog.parseTopicPartitionName, which LogManager.loadLogs applies to every
+# directory of a log dir (files it passes over): anything it cannot parse stops the broker
+_KAFKA_SUFFIXED = re.compile(r"^(\S+)-(\S+)\.(\S+)-(delete|future|stray)$")
+
+
+def kafka_partition_of(name: str) -> tuple[str, int]:
+    """What Kafka makes of a directory in a log dir; ValueError where it refuses to start."""
+    if "-" not in name:
+        raise ValueError(f"{name}: not in the form of topic-partition")
+    if name.endswith(("-delete", "-future", "-stray")):
+        if not _KAFKA_SUFFIXED.match(name):
+            raise ValueError(f"{name}: not topic-partition.uniqueId-delete/-future/-stray")
+        name = name[: name.rindex(".")]
+    topic, _, partition = name.rpartition("-")
+    if not topic or not re.fullmatch(r"[+-]?\d+", partition):  # Java's Integer.parseInt
+        raise ValueError(f"{name}: not in the form of topic-partition")
+    return topic, int(partition)
+
+
+def kafka_refuses(log_dir: Path) -> list[str]:
+    refused = []
+    for entry in sorted(log_dir.iterdir()):
+        if entry.is_dir():
+            try:
+                kafka_partition_of(entry.name)
+            except ValueError as exc:
+                refused.append(str(exc))
+    return refused
+
+
+def test_kafkas_rule_for_log_dir_entries() -> None:
+    accepted = ("orders-0", "a-b-12", "__metadata-0", "t-0.a1b2c3d4e5f64718293a4b5c6d7e8f90-delete",
+                "t-3.AAAAAAAAAAAAAAAAAAAAAA-stray", "t-1.f00-future")
+    for name in accepted:
+        kafka_partition_of(name)
+    for name in ("snapshots", "data.snapshots", "lost+found", "t-x", "-0", "t-", "t-0-delete"):
+        with pytest.raises(ValueError):
+            kafka_partition_of(name)
+
+
+def test_a_data_dir_after_snapshots_holds_only_what_kafka_accepts(app_factory) -> None:
+    """The outside check: Kafka refuses to start on a log dir holding `snapshots/`. Snapshots
+    now go beside the data dir (`<data dir>.snapshots`, its filesystem: closed segments are
+    still links), and every directory left in the data dir is one Kafka parses."""
+    server = app_factory().start()
+    try:
+        with server.client() as c:
+            configs = {"segment.bytes": 300}
+            c.post("/v1/topics", json={"name": "orders", "partitions": 2, "configs": configs})
+            c.post("/v1/topics", json={"name": "gone"})
+            for i in range(20):
+                produce(c, "orders", [{"key": f"k{i}", "value": f"v{i}"}], partition=i % 2)
+            snap = c.post("/v1/snapshots", json={"topics": ["orders", "__consumer_offsets"]}).json()
+            assert c.delete("/v1/topics/gone").status_code in (200, 202, 204)
+            assert kafka_refuses(server.data_dir) == []
+    finally:
+        server.stop()
+    assert kafka_refuses(server.data_dir) == []
+    root = server.data_dir.parent / f"{server.data_dir.name}.snapshots"
+    manifest = json.loads((root / snap["id"] / "manifest.json").read_text())
+    (orders,) = [t for t in manifest["topics"] if t["name"] == "orders"]
+    part = orders["partitions"][0]
+    linked = [s for s in part["segments"] if not s["copied"]]
+    assert linked, "closed segments"
+    for seg in linked:  # hard links of the live files: the same filesystem
+        live = server.data_dir / part["dir"] / seg["file"]
+        assert (root / snap["id"] / part["dir"] / seg["file"]).stat().st_ino == live.stat().st_ino
+
+
+@pytest.mark.in_process_only  # reads the server's log records
+def test_snapshots_an_older_version_kept_in_the_data_dir_are_moved_beside_it(
+    app_factory, caplog, tmp_path: Path
+) -> None:
+    """Snapshots of older versions (`<data dir>/snapshots`, their default) are moved out at
+    start-up, links and all, and listed as before; an unfinished one is removed; anything else
+    there stays, with a warning, and so does the directory."""
+    legacy = tmp_path / "data" / "snapshots"  # what the older versions' default was
+    old = app_factory(tmp_path / "data", EVENTLOG_SNAPSHOT_DIR=str(legacy)).start()
+    try:
+        with old.client() as c:
+            c.post("/v1/topics", json={"name": "t", "configs": {"segment.bytes": 300}})
+            for i in range(10):
+                produce(c, "t", [{"key": "k", "value": f"v{i}"}])
+            first = c.post("/v1/snapshots", json={"topics": ["t"]}).json()
+            second = c.post("/v1/snapshots", json={"topics": ["t"]}).json()
+    finally:
+        old.stop()
+    # inside the data dir, as older versions answered
+    assert first["path"] == f"snapshots/{first['id']}"
+    assert kafka_refuses(old.data_dir) == ["snapshots: not in the form of topic-partition"]
+    linked = next(p for p in (legacy / first["id"] / "t-0").glob("*.log") if p.stat().st_nlink > 1)
+    (legacy / "20260101T000000000Z-abcdef" / "t-0").mkdir(parents=True)  # unfinished: no manifest
+    server = app_factory(old.data_dir).start()  # the default snapshot dir
+    try:
+        with server.client() as c:
+            listed = c.get("/v1/snapshots").json()["snapshots"]
+            assert [s["id"] for s in listed] == [first["id"], second["id"]]
+            assert listed[0]["path"] == first["id"]
+            assert c.delete(f"/v1/snapshots/{second['id']}").status_code == 204
+    finally:
+        server.stop()
+    root = default_root(server.data_dir)
+    assert not legacy.exists() and kafka_refuses(server.data_dir) == []
+    moved = root / first["id"] / "t-0" / linked.name
+    # a link still
+    assert moved.stat().st_ino == (server.data_dir / "t-0" / linked.name).stat().st_ino
+    assert sorted(p.name for p in root.iterdir()) == [first["id"]]
+    # what is not a snapshot stays, and so does the directory, with a warning saying why
+    legacy.mkdir()
+    (legacy / "notes.txt").write_text("mine")
+    caplog.clear()
+    server = app_factory(old.data_dir).start()
+    server.stop()
+    assert (legacy / "notes.txt").read_text() == "mine"
+    warned = [m for r in caplog.records if "notes.txt: not a snapshot" in (m := r.getMessage())]
+    assert warned and "Apache Kafka will not start on that log dir" in warned[0], warned

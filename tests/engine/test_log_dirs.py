@@ -74,3 +74,24 @@ async def test_the_marker_names_what_each_partition_left(tmp_path: Path) -> None
     assert tails[("t", 1)] == CleanTail(int(active.name[:20]), active.stat().st_size, 5)
     assert tails[("t", 0)] == CleanTail(0, 0, 0)
     assert filenames.parse_segment_file(active.name) is not None
+
+
+async def test_a_new_log_dir_inside_a_log_dir_is_refused(tmp_path: Path) -> None:
+    """A volume written by the older image holds its data dir at its root; the new image's data
+    dir is one level down. Starting there must not serve an empty dir as if the data were gone
+    (nor make the volume's root a log dir Kafka refuses for holding another)."""
+    from engine.errors import DataDirError
+
+    async with open_engine(EngineConfig(log_dirs=(tmp_path,))) as engine:
+        await engine.create_topic("t", 1)
+    with pytest.raises(DataDirError, match="its parent is a log dir"):
+        async with open_engine(EngineConfig(log_dirs=(tmp_path / "data",))):
+            pass
+    assert not (tmp_path / "data").exists()
+    # once the operator has moved the data down, it opens, topics and all
+    (tmp_path / "data").mkdir()
+    for entry in list(tmp_path.iterdir()):
+        if entry.name != "data":
+            entry.rename(tmp_path / "data" / entry.name)
+    async with open_engine(EngineConfig(log_dirs=(tmp_path / "data",))) as engine:
+        assert "t" in engine.topics

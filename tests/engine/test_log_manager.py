@@ -452,3 +452,17 @@ async def test_a_partition_eventlog_creates_writes_in_epoch_0(tmp_path: Path) ->
     async with open_engine(cfg(tmp_path)) as engine:
         assert engine.partition("t", 0).leader_epoch == 0
     assert (tmp_path / "t-0" / "leader-epoch-checkpoint").read_text() == "0\n1\n0 0\n"
+
+
+async def test_an_interrupted_import_leaves_nothing_kafka_would_refuse(tmp_path: Path) -> None:
+    """`<topic>-<partition>.importing` (import-kafka's staging, left by a crash before the
+    topic was registered) is no topic-partition to Kafka, which would refuse the log dir: the
+    next start removes it."""
+    async with open_engine(cfg(tmp_path)):
+        pass
+    staging = tmp_path / "orders-0.importing"
+    staging.mkdir()
+    (staging / "00000000000000000000.log").write_bytes(b"")
+    async with open_engine(cfg(tmp_path)) as engine:
+        assert "orders" not in engine.topics
+    assert not staging.exists()

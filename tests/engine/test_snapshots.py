@@ -108,3 +108,51 @@ async def test_a_failed_snapshot_is_a_storage_error_and_leaves_nothing(tmp_path:
                 await snapshots.take_snapshot(root, infos, T0)
             assert type(failed.value) is raised and isinstance(failed.value.__cause__, OSError)
             assert os.listdir(root) == []
+
+
+# -- where the root is: beside the log dir, never in it ------------------------------------------
+
+
+def test_the_default_root_is_beside_the_log_dir_and_placement_is_checked(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert snapshots.default_root(Path("data")) == tmp_path / "data.snapshots"
+    assert snapshots.default_root(Path("/srv/kafka-logs/")) == Path("/srv/kafka-logs.snapshots")
+    data = tmp_path / "data"
+    data.mkdir()
+    assert snapshots.placement_problems(snapshots.default_root(data), [data]) == []
+    (inside,) = snapshots.placement_problems(data / "snapshots", [data])
+    assert "inside the log dir" in inside and "Apache Kafka refuses" in inside
+
+
+async def test_legacy_snapshots_are_moved_and_stay_readable_where_they_cannot_be(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Snapshots of older versions, inside the log dir: renamed into the root (links stay
+    links); where the rename fails (another filesystem: EXDEV) they stay, untouched and
+    readable where they are, and are listed as left, with why."""
+    data = tmp_path / "data"
+    legacy, root = data / snapshots.LEGACY_DIR, snapshots.default_root(data)
+    async with open_engine(EngineConfig(log_dirs=(data,))) as engine:
+        await engine.create_topic("t", 1, {"segment.bytes": 2000})
+        await produce(engine, "t", 30, 200)
+        manifest = await snapshots.take_snapshot(legacy, snapshots.topic_infos(engine, ["t"]), T0)
+    sid = manifest["snapshot_id"]
+    files = snapshot_files(legacy, sid)
+
+    def cross_device(src, dst) -> None:
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+
+    monkeypatch.setattr(os, "rename", cross_device)
+    kept = snapshots.move_legacy(legacy, root)
+    assert (kept.moved, kept.left) == ([], {sid: os.strerror(errno.EXDEV)})
+    assert snapshots.list_snapshots(legacy) == [manifest] and snapshot_files(legacy, sid) == files
+    monkeypatch.undo()
+    inodes = {p.name: p.stat().st_ino for p in files}
+    moved = snapshots.move_legacy(legacy, root)
+    assert (moved.moved, moved.left) == ([sid], {}) and not legacy.exists()
+    assert snapshots.list_snapshots(root) == [manifest]
+    assert {p.name: p.stat().st_ino for p in snapshot_files(root, sid)} == inodes
+    # nothing left to do
+    assert snapshots.move_legacy(legacy, root) == snapshots.LegacyMove([], [], {})
