@@ -1,8 +1,9 @@
 """Where things are: ApiVersions, Metadata, DescribeCluster, FindCoordinator.
 
 Each shard of a family is a broker (node id = shard index, port = base port + index); a
-partition's leader is its owner shard, its only replica and in-sync replica, at leader epoch 0
-(eventlog has one replica, so its epoch never moves). Shard 0 is the controller and the
+partition's leader is its owner shard, its only replica and in-sync replica, at the latest epoch
+of its leader-epoch history (0 for a partition eventlog made; an imported one keeps Kafka's; it
+never moves after: one replica, no elections). Shard 0 is the controller and the
 coordinator of every group (it holds __consumer_offsets). Internal topics (__metadata,
 __consumer_offsets) are not listed: their records are eventlog's own, not a client's to read.
 
@@ -150,7 +151,8 @@ async def _topic(call: Call, engine: Any, name: str, auto_create: bool) -> Any:
         partitions.append(make(
             part_cls,
             error_code=ErrorCode.kafka_storage_error if offline else ErrorCode.none,
-            partition_index=index, leader_id=-1 if offline else leader, leader_epoch=0,
+            partition_index=index, leader_id=-1 if offline else leader,
+            leader_epoch=-1 if offline else log.current_leader_epoch,
             replica_nodes=(leader,), isr_nodes=() if offline else (leader,),
             offline_replicas=(leader,) if offline else (),
         ))

@@ -31,14 +31,17 @@ from .protocol import make, ms, nested, serves
 logger = logging.getLogger("eventlog.kafka")
 
 MAX_WAIT_MS = 300_000  # (HTTP fetch's own bound on a long-poll)
-LEADER_EPOCH = 0  # one replica: the epoch never moves
 
 
-def _check_epoch(current_leader_epoch: int) -> None:
-    """A client's current_leader_epoch is ours (0) or unknown (-1)."""
-    if current_leader_epoch > LEADER_EPOCH:
+def _check_epoch(log: Any, current_leader_epoch: int) -> None:
+    """A client's current_leader_epoch is the partition's, or unknown (-1): Kafka answers a
+    newer one UNKNOWN_LEADER_EPOCH and an older one FENCED_LEADER_EPOCH."""
+    if current_leader_epoch < 0:
+        return
+    epoch = log.current_leader_epoch
+    if current_leader_epoch > epoch:
         raise KafkaError(ErrorCode.unknown_leader_epoch)
-    if current_leader_epoch < -1:
+    if current_leader_epoch < epoch:
         raise KafkaError(ErrorCode.fenced_leader_epoch)
 
 
@@ -122,8 +125,8 @@ async def _read_all(
                 if name is None:
                     raise KafkaError(ErrorCode.unknown_topic_id)
                 _readable(call, name)
-                _check_epoch(getattr(p, "current_leader_epoch", -1))  # (v9+)
                 log = engine.partition(name, p.partition)
+                _check_epoch(log, getattr(p, "current_leader_epoch", -1))  # (v9+)
                 limit = min(p.partition_max_bytes, budget - total)
                 if limit > 0 or total == 0:
                     slice_ = log.fetch_slice(p.fetch_offset, max(limit, 1))
@@ -188,13 +191,13 @@ async def list_offsets(call: Call, request: Any) -> Any:
                 if engine is None:
                     raise KafkaError(failed)
                 _readable(call, t.name)
-                _check_epoch(getattr(p, "current_leader_epoch", -1))
                 log = engine.partition(t.name, p.partition_index)
+                _check_epoch(log, getattr(p, "current_leader_epoch", -1))
                 timestamp, offset = await _offset(log, p.timestamp)
+                epoch = log.current_leader_epoch if offset >= 0 else -1
                 parts.append(make(
                     part_cls, partition_index=p.partition_index, error_code=ErrorCode.none,
-                    timestamp=timestamp, offset=offset,
-                    leader_epoch=LEADER_EPOCH if offset >= 0 else -1,
+                    timestamp=timestamp, offset=offset, leader_epoch=epoch,
                 ))
             except Exception as exc:
                 code = error_code(exc, "ListOffsets")
@@ -228,8 +231,8 @@ async def _offset(log: Any, timestamp: int) -> tuple[int, int]:
 
 @serves(23, "OffsetForLeaderEpoch", 2, 4)
 async def offset_for_leader_epoch(call: Call, request: Any) -> Any:
-    """Every offset of a partition is in epoch 0: asked for epoch 0 (or any later one, which a
-    client can only have from another cluster), the end of the log; no earlier epoch exists."""
+    """Kafka's answer from the partition's leader-epoch history (LogReads.end_offset_for_epoch):
+    a consumer checks with it that the log did not lose what it read (it never does here)."""
     cls = call.response
     topic_cls = nested(cls, "OffsetForLeaderTopicResult")
     part_cls = nested(cls, "EpochEndOffset")
@@ -242,12 +245,9 @@ async def offset_for_leader_epoch(call: Call, request: Any) -> Any:
                 principal = call.principal
                 if not (principal.may("describe") and principal.covers_topic(t.topic)):
                     raise KafkaError(ErrorCode.topic_authorization_failed)
-                _check_epoch(getattr(p, "current_leader_epoch", -1))
                 log = engine.partition(t.topic, p.partition)
-                if p.leader_epoch < LEADER_EPOCH:
-                    epoch, end = -1, -1
-                else:
-                    epoch, end = LEADER_EPOCH, log.view.high_watermark
+                _check_epoch(log, getattr(p, "current_leader_epoch", -1))
+                epoch, end = log.end_offset_for_epoch(p.leader_epoch)
                 parts.append(make(
                     part_cls, error_code=ErrorCode.none, partition=p.partition, leader_epoch=epoch,
                     end_offset=end,

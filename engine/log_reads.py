@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import anyio
 
-from . import dropped, reader
+from . import checkpoints, dropped, reader
 from .errors import (
     CorruptDataError,
     LogClosedError,
@@ -51,6 +51,45 @@ class LogReads:
     _deleted: bool
     _stop_waiting: bool
     _data_event: PacedEvent
+
+    _epochs: checkpoints.LeaderEpochs | None = None
+
+    @property
+    def leader_epochs(self) -> checkpoints.LeaderEpochs:
+        """The partition's leader-epoch history, (epoch, start offset) ascending: what Kafka's
+        OffsetForLeaderEpoch answers from. Read once from its leader-epoch-checkpoint (an
+        imported partition keeps Kafka's; one eventlog made has [(0, start)]): a partition's
+        epoch never moves after it is made (one replica, no elections)."""
+        epochs = self._epochs
+        if epochs is None:
+            try:
+                epochs = checkpoints.read_leader_epoch_checkpoint(self.directory) or []
+            except (OSError, StorageError):
+                epochs = []
+            self._epochs = epochs = epochs or [(0, 0)]
+        return epochs
+
+    @property
+    def current_leader_epoch(self) -> int:
+        """The epoch this partition's batches are written in: its history's latest."""
+        return self.leader_epochs[-1][0]
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """Kafka's LeaderEpochFileCache.endOffsetFor: (the largest epoch <= `epoch`, the offset
+        where the next epoch starts, or the log end for the latest); (-1, -1) for an epoch
+        past the latest, or before the first with nothing to say."""
+        epochs = self.leader_epochs
+        latest = epochs[-1][0]
+        if epoch == latest:
+            return latest, self.view.high_watermark
+        if epoch > latest or epoch < 0:
+            return -1, -1
+        floor = None
+        for entry_epoch, start in epochs:
+            if entry_epoch > epoch:
+                return (floor if floor is not None else epoch), start
+            floor = entry_epoch
+        return -1, -1
 
     def _on_view(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(view, *args) on the current view."""
