@@ -3,6 +3,7 @@ through each of them: kafka-python, aiokafka, confluent-kafka (librdkafka), kcat
 again, from Debian, through its command line) and KafkaJS (tests/broker/js/client.js).
 
     client.produce(bootstrap, topic, records, codec, sasl=None, **config) -> [(partition, offset)]
+                                                    (offset None where the client does not say)
     client.consume(bootstrap, topic, counts, sasl=None) -> [Rec], by partition then offset
 
 `records` are `Rec`s with their partition (each client's own partitioner is not under test
@@ -112,6 +113,7 @@ class Client:
     text_only = False  # keys and values must be UTF-8 text without tabs or newlines
     per_partition_headers = False  # every record of a partition gets the same headers
     sets_timestamps = True  # the producer can give each record its timestamp
+    reports_offsets = True  # produce answers each record's offset (else None)
 
     def missing(self) -> str | None:
         """Why this client cannot run here (the test skips with it), or None."""
@@ -452,6 +454,7 @@ class Kcat(Client):
     text_only = True
     per_partition_headers = True
     sets_timestamps = False
+    reports_offsets = False
 
     def missing(self) -> str | None:
         if shutil.which("kcat") is None:
@@ -506,13 +509,7 @@ class Kcat(Client):
             done = subprocess.run(args, input=lines, capture_output=True, timeout=TIMEOUT_S)
             if done.returncode != 0 or b"ERROR" in done.stderr:
                 raise ClientError("kcat", done.stderr.decode(errors="replace"))
-        # kcat -P prints no offsets: those a new topic gives, in record order
-        next_offset: dict[int, int] = {}
-        out = []
-        for r in records:
-            next_offset[r.partition] = next_offset.get(r.partition, -1) + 1
-            out.append((r.partition, next_offset[r.partition]))
-        return out
+        return [(r.partition, None) for r in records]  # kcat -P prints no offsets
 
     def consume(self, bootstrap, topic, counts, sasl=None):
         out = []
