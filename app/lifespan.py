@@ -13,6 +13,7 @@ import anyio
 from fastapi import FastAPI
 
 from api.observability import Metrics
+from broker.coordinator import GroupCoordinator
 from broker.listener import Broker, KafkaListener, KafkaListenError, bind
 from broker.produce import ProducerIds
 from engine.errors import EngineError, ShardUnavailableError
@@ -84,6 +85,9 @@ async def start_kafka(app: FastAPI, settings: Settings, engine: LogManager) -> K
         app.state, index, count, settings.kafka_advertised, settings.kafka_port, cluster_id,
         producer_ids=ProducerIds(index),
     )
+    if index == broker.coordinator_id:
+        broker.coordinator = GroupCoordinator()
+        broker.coordinator.start()
     app.state.kafka = broker
     listener = KafkaListener(broker, sock)
     await listener.start()

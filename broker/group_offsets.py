@@ -105,7 +105,9 @@ def _membership(call: Call, request: Any) -> ErrorCode | None:
     instance = getattr(request, "group_instance_id", None)
     if coordinator is None:
         raise KafkaError(ErrorCode.coordinator_not_available)
-    verdict = coordinator.validate_commit(request.group_id, generation, member, instance)
+    verdict = coordinator.validate_commit(
+        request.group_id, generation, member, instance, api_version=call.version
+    )
     return None if verdict in (None, ErrorCode.none, 0) else ErrorCode(verdict)
 
 
@@ -184,8 +186,10 @@ async def offset_delete(call: Call, request: Any) -> Any:
     code = _group_error(call, group)
     coordinator = call.broker.coordinator
     part_code = ErrorCode.none
-    if code is None and coordinator is not None and coordinator.has_members(group):
-        part_code = ErrorCode.group_subscribed_to_topic
+    if code is None and coordinator is not None:
+        (described,) = await coordinator.describe_groups([group])
+        if described.members:
+            part_code = ErrorCode.group_subscribed_to_topic
     principal = call.principal
     if code is None and part_code == ErrorCode.none:
         doomed = [

@@ -131,9 +131,12 @@ class KafkaListener:
         self._server = await asyncio.start_server(self._serve, sock=self.sock, limit=1 << 16)
 
     async def close(self) -> None:
-        """Stop accepting; let requests in progress finish (CLOSE_GRACE_S), close the rest."""
+        """Stop accepting; let requests in progress finish (CLOSE_GRACE_S), close the rest; the
+        group coordinator answers its parked JoinGroups and SyncGroups (NOT_COORDINATOR)."""
         if self._server is not None:
             self._server.close()
+        if self.broker.coordinator is not None:
+            self.broker.coordinator.close()
         idle = self._connections - self._busy
         for task in idle:
             task.cancel()

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "ARCHITECTURE.md"
 DIAGRAM_SOURCE = REPO / "docs" / "architecture_diagram.py"
 DIAGRAM = REPO / "docs" / "architecture.svg"
-PACKAGES = ("engine", "workers", "api", "app", "analytics")  # pyproject's packages
+PACKAGES = ("engine", "workers", "api", "broker", "app", "analytics")  # pyproject's packages
 TOP_DIRS = (*PACKAGES, "bench", "tests", "docs")
 
 # `engine/partition_log.py:PartitionLog.append_soon`: a file and a name defined in it
