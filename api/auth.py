@@ -95,6 +95,16 @@ class Principal:
     def covers_group(self, group: str) -> bool:
         return self.role == "admin" or any(group.startswith(p) for p in self.groups)
 
+    def allows(self, action: str, *, topic: str | None = None, group: str | None = None) -> bool:
+        """Whether this principal may do `action` (on `topic`, on `group`): the one rule of
+        rights, which HTTP's routes (check_access, Policy.authorize) and the Kafka listener
+        (broker/) both ask."""
+        return (
+            self.may(action)
+            and (topic is None or self.covers_topic(topic))
+            and (group is None or self.covers_group(group))
+        )
+
 
 ANONYMOUS_ADMIN = Principal("anonymous", "admin")
 
@@ -328,10 +338,10 @@ def authorize(request: Request, action: str) -> Principal:
 
 def check_access(principal: Principal, action: str, *topics: str | None) -> None:
     """ApiError 403 unless `principal` may do `action` on each of `topics` (None: no topic)."""
-    if not principal.may(action):
+    if not principal.allows(action):
         raise ApiError(403, "forbidden", f"role {principal.role!r} may not {action}")
     for topic in topics:
-        if topic is not None and not principal.covers_topic(topic):
+        if topic is not None and not principal.allows(action, topic=topic):
             raise ApiError(403, "forbidden", f"{principal.name!r} has no access to topic {topic!r}")
 
 

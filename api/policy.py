@@ -279,7 +279,7 @@ class Policy:
             query_topic = values[-1] if values else None
         check_access(principal, right, path_params.get("topic"), query_topic)
         group = path_params.get("group")
-        if group is not None and not principal.covers_group(group):
+        if group is not None and not principal.allows(right, group=group):
             raise ApiError(403, "forbidden", f"{principal.name!r} has no access to group {group!r}")
 
     def admit(

@@ -132,7 +132,7 @@ def _note(call: Call, code: ErrorCode) -> None:
 
 def _may_change(call: Call, topic: str) -> None:
     principal = call.principal
-    if not (principal.may("admin") and principal.covers_topic(topic)):
+    if not (principal.allows("admin", topic=topic)):
         raise KafkaError(
             ErrorCode.topic_authorization_failed,
             f"{principal.name!r} may not change topic {topic!r} (needs the admin right)",
@@ -349,7 +349,7 @@ async def delete_topics(call: Call, request: Any) -> Any:
             engine = call.broker.engine
             name, topic_id = _named(engine, name, topic_id)
             principal = call.principal
-            if by_id and not (principal.may("describe") and principal.covers_topic(name)):
+            if by_id and not (principal.allows("describe", topic=name)):
                 # a topic one may not see cannot be named by its id (Kafka's answer)
                 raise KafkaError(ErrorCode.unknown_topic_id, f"no topic has the id {topic_id}")
             _may_change(call, name)
@@ -468,7 +468,7 @@ def _describe_topic(call: Call, name: str) -> list[tuple[str, str, int, tuple[An
     """(name, value, source, synonyms) of every config of topic `name`; a synonym is (name,
     value, source), from the topic's override down to the built-in default."""
     principal = call.principal
-    if not (principal.may("describe") and principal.covers_topic(name)):
+    if not (principal.allows("describe", topic=name)):
         raise KafkaError(
             ErrorCode.topic_authorization_failed, f"{principal.name!r} may not describe {name!r}"
         )

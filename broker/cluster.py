@@ -103,7 +103,7 @@ def _requested(call: Call, request: Any, engine: Any) -> list[str]:
         principal = call.principal
         return sorted(
             n for n in engine.topics
-            if n not in INTERNAL_TOPICS and principal.covers_topic(n) and principal.may("describe")
+            if n not in INTERNAL_TOPICS and principal.allows("describe", topic=n)
         )
     names = []
     for t in wanted:
@@ -126,12 +126,13 @@ async def _topic(call: Call, engine: Any, name: str, auto_create: bool) -> Any:
     principal = call.principal
     if name in INTERNAL_TOPICS or not name:
         return _topic_error(cls, name, ErrorCode.unknown_topic_or_partition)
-    if not (principal.covers_topic(name) and principal.may("describe")):
+    if not principal.allows("describe", topic=name):
         return _topic_error(cls, name, ErrorCode.topic_authorization_failed)
     state = engine.topics.get(name)
     if state is None:
         settings = call.broker.state.settings
-        if not (auto_create and settings.kafka_auto_create_topics and principal.may("admin")):
+        creates = auto_create and settings.kafka_auto_create_topics
+        if not (creates and principal.allows("admin", topic=name)):
             return _topic_error(cls, name, ErrorCode.unknown_topic_or_partition)
         try:
             state = await engine.create_topic(name)
@@ -202,7 +203,7 @@ async def find_coordinator(call: Call, request: Any) -> Any:
     def answer(key: str) -> tuple[ErrorCode, str | None]:
         if key_type != GROUP_KEY:
             return ErrorCode.transactional_id_authorization_failed, "transactions are not supported"
-        if not (principal.may("group") and principal.covers_group(key)):
+        if not (principal.allows("group", group=key)):
             return ErrorCode.group_authorization_failed, f"no access to group {key!r}"
         return ErrorCode.none, None
 

@@ -47,7 +47,7 @@ def _check_epoch(log: Any, current_leader_epoch: int) -> None:
 
 def _readable(call: Call, topic: str) -> None:
     principal = call.principal
-    if not (principal.may("read") and principal.covers_topic(topic)):
+    if not (principal.allows("read", topic=topic)):
         raise KafkaError(ErrorCode.topic_authorization_failed, f"no read access to {topic!r}")
 
 
@@ -243,7 +243,7 @@ async def offset_for_leader_epoch(call: Call, request: Any) -> Any:
             try:
                 engine = call.broker.engine
                 principal = call.principal
-                if not (principal.may("describe") and principal.covers_topic(t.topic)):
+                if not (principal.allows("describe", topic=t.topic)):
                     raise KafkaError(ErrorCode.topic_authorization_failed)
                 log = engine.partition(t.topic, p.partition)
                 _check_epoch(log, getattr(p, "current_leader_epoch", -1))

@@ -40,7 +40,7 @@ def _group_error(call: Call, group: str) -> ErrorCode | None:
     principal = call.principal
     if not group or len(group) > MAX_GROUP_CHARS:
         return ErrorCode.invalid_group_id
-    if not (principal.may("group") and principal.covers_group(group)):
+    if not (principal.allows("group", group=group)):
         return ErrorCode.group_authorization_failed
     if call.broker.node_id != call.broker.coordinator_id:
         return ErrorCode.not_coordinator

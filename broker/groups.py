@@ -37,7 +37,7 @@ def _coordinator(call: Call, group: str) -> GroupCoordinator:
     principal = call.principal
     if not group:
         raise KafkaError(ErrorCode.invalid_group_id, "a group id must not be empty")
-    if not (principal.may("group") and principal.covers_group(group)):
+    if not (principal.allows("group", group=group)):
         raise KafkaError(ErrorCode.group_authorization_failed, f"no access to group {group!r}")
     broker = call.broker
     if broker.node_id != broker.coordinator_id:
@@ -211,7 +211,7 @@ async def list_groups(call: Call, request: Any) -> Any:
             call.error = code = error_code(exc, "ListGroups")
             return make(cls, throttle_time=ms(0), error_code=code, groups=())
     visible = tuple(
-        g for g in groups if principal.may("group") and principal.covers_group(g.group_id)
+        g for g in groups if principal.allows("group", group=g.group_id)
     )
     return make(cls, throttle_time=ms(0), error_code=result.error, groups=visible)
 

@@ -70,7 +70,7 @@ async def produce(call: Call, request: Any) -> Any:
 
     async def one(topic: str, partition: int, records: Any) -> Any:
         try:
-            if not (principal.may("write") and principal.covers_topic(topic)):
+            if not (principal.allows("write", topic=topic)):
                 raise KafkaError(
                     ErrorCode.topic_authorization_failed, f"no write access to {topic!r}"
                 )
