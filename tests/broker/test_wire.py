@@ -176,14 +176,36 @@ def test_a_frame_size_beyond_the_limits_closes_the_connection(kafka_server, size
     assert api_versions(kafka_server.bootstrap)  # the listener goes on
 
 
-def test_a_frame_at_the_limit_is_read(kafka_server) -> None:
-    """max_request_bytes itself is allowed: a frame that size is read whole (then refused for
-    its trailing bytes, a malformed request, which also closes the connection)."""
+def test_a_frame_at_the_limit_is_read_and_answered(kafka_server) -> None:
+    """max_request_bytes itself is allowed: a frame that size is read whole and answered (the
+    bytes after its body are ignored, as Kafka ignores them)."""
     with Wire(kafka_server.bootstrap) as wire:
-        payload = _api_versions_frame(3, 1)
+        # v3: header v2 (tags after the client id), then two empty compact strings and tags
+        payload = _api_versions_frame(3, 1) + b"\0" + b"\1\1\0"
         wire.sock.sendall(struct.pack(">i", MAX_REQUEST_BYTES) + payload)
         wire.sock.sendall(b"\0" * (MAX_REQUEST_BYTES - len(payload)))
-        assert wire.closed_by_peer()
+        frame = wire.read_frame()
+        assert frame is not None
+        assert struct.unpack_from(">ih", frame, 0) == (1, 0)  # correlation id, no error
+
+
+def test_bytes_after_a_body_are_ignored(kafka_server, new_topic) -> None:
+    """As Kafka: librdkafka's Metadata v9+ for all topics carries 3 bytes after its body
+    (librdkafka#5049: the topics' count written as a 4-byte placeholder, 0x00000000, whose
+    first byte is the compact null). That very request is answered as the same request
+    without them: every topic, on a connection that stays open."""
+    topic = new_topic(1)
+    client_id = b"rdkafka"
+    header = struct.pack(">hhih", 3, 12, 5, len(client_id)) + client_id + b"\0"
+    # topics (null), allow_auto_topic_creation, include_topic_authorized_operations, tags
+    body = b"\0\0\0\0"
+    answers = []
+    with Wire(kafka_server.bootstrap) as wire:
+        for trailing in (b"\1\0\0", b""):
+            wire.send_frame(header + body + trailing)
+            answers.append(wire.read_frame())
+    assert answers[0] is not None and answers[0] == answers[1]
+    assert topic.encode() in answers[0]
 
 
 def test_an_unknown_api_closes_the_connection(kafka_server) -> None:
