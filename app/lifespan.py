@@ -20,6 +20,7 @@ from engine.errors import EngineError, ShardUnavailableError
 from engine.log_manager import LogManager, open_engine
 from workers.manager import Workers
 
+from . import loopwatch
 from .settings import Settings
 from .snapshot import prepare_snapshot_root
 
@@ -41,6 +42,8 @@ def make_lifespan(settings: Settings, metrics: Metrics):
                 if engine.channel is not None:
                     _serve_family(app, engine, workers, metrics)
                 tg.start_soon(workers.run)
+                if settings.loop_block_warn_ms:
+                    tg.start_soon(loopwatch.watch, settings.loop_block_warn_ms / 1000)
                 kafka = await start_kafka(app, settings, engine)
                 # Everything built at start-up lives as long as the process: keep it out of
                 # the cyclic GC's full collections, which would otherwise walk it each time.

@@ -65,6 +65,10 @@ class Settings(BaseSettings):
             "affinity, capped by a container's CPU quota; 1: a single process)"
         ),
     )
+    loop_block_warn_ms: int = Field(
+        0, ge=0, description="log a warning when the event loop wakes up this much later than "
+        "asked (something blocked it: app/loopwatch.py); 0: no watch",
+    )
     shard_heartbeat_timeout_ms: int = Field(
         5_000, ge=500, le=600_000,
         description="a shard whose event loop has not beaten for this long is killed and started again (the "

@@ -12,6 +12,7 @@ limits, the CLI, curl, EVENTLOG_CRASH_AT / EVENTLOG_FAULTS_FILE (read at import)
 
 from __future__ import annotations
 
+import asyncio
 import os
 import resource
 import signal
@@ -25,6 +26,8 @@ from typing import Iterator
 
 import httpx
 import pytest
+
+from app.loopwatch import BLOCKED as LOOP_BLOCKED
 
 from .inprocess import InProcessServer
 
@@ -40,17 +43,55 @@ TEST_PROCESSES: int | None = int(os.environ["EVENTLOG_TEST_PROCESSES"]) if os.en
 # tests start have no Kafka listener unless a test asks for one on ports of its own
 # (tests/broker/). Set at import, for session fixtures too.
 KAFKA_OFF = {"EVENTLOG_KAFKA_PORT": "0"}
-os.environ.update(KAFKA_OFF)
+# Every server a test starts watches its event loop (app/loopwatch.py) and logs a wake-up this
+# late; ServerProcess.stop() fails the test that saw such a line (issue 24: nothing may block
+# the loop). Generous: a 2-core CI machine under the suite's load deschedules processes too.
+LOOP_WATCH = {"EVENTLOG_LOOP_BLOCK_WARN_MS": "1500"}
+KEPT_ENV = {**KAFKA_OFF, **LOOP_WATCH}
+os.environ.update(KEPT_ENV)
 
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No EVENTLOG_* setting from the developer's shell leaks into a test."""
     for name in list(os.environ):
-        if name.startswith("EVENTLOG_") and name not in KAFKA_OFF:
+        if name.startswith("EVENTLOG_") and name not in KEPT_ENV:
             monkeypatch.delenv(name)
-    for name, value in KAFKA_OFF.items():
+    for name, value in KEPT_ENV.items():
         monkeypatch.setenv(name, value)
+
+
+# The in-process check: every callback of an asyncio loop in this process (the tests' own, with
+# the app in process) is timed; one that runs longer than SLOW_CALLBACK_S fails the test that
+# ran it, naming it (asyncio's debug mode does the same, at a far higher cost per callback).
+SLOW_CALLBACK_S = 0.5
+_slow_callbacks: list[tuple[float, str]] = []
+_handle_run = asyncio.events.Handle._run
+
+
+def _timed_run(self: asyncio.events.Handle) -> None:
+    started = time.perf_counter()
+    try:
+        _handle_run(self)
+    finally:
+        took = time.perf_counter() - started
+        if took > SLOW_CALLBACK_S:
+            _slow_callbacks.append((took, repr(self)[:300]))
+
+
+asyncio.events.Handle._run = _timed_run  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True)
+def _loop_not_blocked(request: pytest.FixtureRequest):
+    """Fails a test during which an event loop callback in this process ran too long."""
+    _slow_callbacks.clear()
+    yield
+    if _slow_callbacks and not request.node.get_closest_marker("blocks_loop"):
+        worst = sorted(_slow_callbacks, reverse=True)[:3]
+        _slow_callbacks.clear()
+        blocked = "; ".join(f"{t:.2f} s by {h}" for t, h in worst)
+        pytest.fail(f"the event loop was blocked: {blocked}")
 
 
 def wait_until(condition, timeout: float = 30.0, what: str = "the condition", interval: float = 0.01):
@@ -169,6 +210,10 @@ class ServerProcess:
             code = self.proc.wait(timeout=timeout)
         finally:
             self._log.close()
+        blocked = [line for line in self.log().splitlines() if LOOP_BLOCKED in line]
+        assert not blocked or self.env.get("EVENTLOG_LOOP_BLOCK_WARN_MS") == "0", (
+            "the server's event loop was blocked (app/loopwatch.py):\n" + "\n".join(blocked[:5])
+        )
         return code
 
     def kill(self) -> int:

@@ -40,6 +40,7 @@ ORPHAN_GRACE_S = 5.0
 # Workers run often so that kills land in the middle of their passes; access logs are off
 # because the soak makes thousands of requests a second and the log would only cost CPU.
 SERVER_ENV = {
+    "EVENTLOG_KAFKA_PORT": "0",  # HTTP load only: no Kafka listener on the machine's one 9092
     "EVENTLOG_ACCESS_LOG": "false",
     "EVENTLOG_LOG_LEVEL": "warning",
     "EVENTLOG_RETENTION_CHECK_INTERVAL_MS": "2000",

@@ -29,7 +29,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from ..conftest import ServerProcess
+from ..conftest import KEPT_ENV, ServerProcess
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 # EVENTLOG_SCHEMATHESIS_EXAMPLES=N: a larger budget per operation for a long run, with random
@@ -107,7 +107,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     # one server for the module (the conftest `server` fixture is per test)
     with pytest.MonkeyPatch.context() as mp:
         for name in list(os.environ):
-            if name.startswith("EVENTLOG_"):
+            if name.startswith("EVENTLOG_") and name not in KEPT_ENV:
                 mp.delenv(name)
         # creating a partition takes milliseconds and generated counts go up to 10,000: a low
         # server-wide limit keeps the run short (and generated requests meet it)

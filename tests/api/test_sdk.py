@@ -43,7 +43,7 @@ import pytest
 
 from engine.partitioner import partition_for_key
 
-from ..conftest import VENV_BIN
+from ..conftest import KEPT_ENV, VENV_BIN
 from ..inprocess import ASGITransport, InProcessServer
 from ..kafka_oracle import build_batch
 
@@ -216,7 +216,7 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     auth_file = _write_auth_file(tmp_path / "auth.json")
     with pytest.MonkeyPatch.context() as mp:
         for name in list(os.environ):
-            if name.startswith("EVENTLOG_"):
+            if name.startswith("EVENTLOG_") and name not in KEPT_ENV:
                 mp.delenv(name)
         server = InProcessServer(tmp_path / "data", env={"EVENTLOG_AUTH_FILE": str(auth_file)}).start()
     try:

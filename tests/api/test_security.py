@@ -25,7 +25,7 @@ from api.errors import ServerPaths
 from app.main import create_app
 from app.settings import Settings
 
-from ..conftest import VENV_BIN, free_port, run_eventlog, wait_until
+from ..conftest import KEPT_ENV, VENV_BIN, free_port, run_eventlog, wait_until
 from ..inprocess import InProcessServer
 from .test_api import RAW, assert_problem
 
@@ -109,7 +109,7 @@ def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessSe
     ]}))
     with pytest.MonkeyPatch.context() as mp:
         for name in list(os.environ):
-            if name.startswith("EVENTLOG_"):
+            if name.startswith("EVENTLOG_") and name not in KEPT_ENV:
                 mp.delenv(name)
         server = InProcessServer(tmp_path / "data", env={"EVENTLOG_AUTH_FILE": str(auth)}).start(token=TOKENS["admin"])
     with as_("admin", server) as admin:
@@ -556,7 +556,7 @@ def test_https_with_a_certificate_the_client_verifies(tmp_path: Path) -> None:
     cert, key = _self_signed(tmp_path)
     port = free_port()
     log_path = tmp_path / "server.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLOG_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLOG_")} | KEPT_ENV
     trusted = ssl.create_default_context(cafile=str(cert))
     url = f"https://127.0.0.1:{port}"
     with open(log_path, "wb") as log:

@@ -19,6 +19,7 @@ from app.settings import Settings
 from engine.snapshots import MANIFEST, SnapshotLimits, default_root
 from tests.kafka_oracle import decode_all
 
+from ..conftest import KEPT_ENV
 from .test_api import assert_problem
 
 MANIFEST_KEYS = {"format_version", "snapshot_id", "created_at", "created_ms", "topics"}
@@ -381,7 +382,7 @@ def test_the_cli_on_a_stopped_data_dir_keeps_to_the_caps(server_factory) -> None
     server.stop()
     eventlog = Path(sys.executable).with_name("eventlog")
     command = [str(eventlog), "snapshot", "--data-dir", str(server.data_dir), "--topics", "t"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLOG_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLOG_")} | KEPT_ENV
     refused = subprocess.run(
         command, capture_output=True, text=True, timeout=60, env={**env, "EVENTLOG_SNAPSHOT_MAX_COUNT": "1"}, check=False
     )

@@ -24,7 +24,15 @@ from app import cli
 from app.settings import Settings
 from engine.log_manager import ShardSpec
 
-from ..conftest import VENV_BIN, ServerProcess, child_pids, free_port, pid_alive, wait_until
+from ..conftest import (
+    KEPT_ENV,
+    VENV_BIN,
+    ServerProcess,
+    child_pids,
+    free_port,
+    pid_alive,
+    wait_until,
+)
 
 EVENTLOG = str(VENV_BIN / "eventlog")
 
@@ -197,7 +205,7 @@ def test_serve_without_processes_runs_what_the_default_says(tmp_path: Path) -> N
     server = ServerProcess(tmp_path / "data")
     server.processes = None
     port = server.port
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLOG_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLOG_")} | KEPT_ENV
     with open(tmp_path / "server.log", "wb") as log:
         proc = subprocess.Popen([EVENTLOG, "serve", "--data-dir", str(tmp_path / "data"), "--port", str(port)],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -254,7 +262,7 @@ def test_https_and_ipv6_on_an_inherited_socket(tmp_path: Path) -> None:
         pytest.skip("no IPv6 loopback here")
     cert, key = _self_signed(tmp_path)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLOG_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLOG_")} | KEPT_ENV
     log_path = tmp_path / "server.log"
     trusted = ssl.create_default_context(cafile=str(cert))
     trusted.check_hostname = False  # the certificate names 127.0.0.1 and localhost; its chain is still checked
@@ -295,6 +303,8 @@ def test_settings_cross_to_a_shard_unchanged(tmp_path: Path) -> None:
         quota_window_size_ms=20, snapshot_dir=tmp_path / "snaps", snapshot_max_count=4, snapshot_max_bytes=12345,
         retention_check_interval_ms=1005, cleaner_enabled=False, cleaner_backoff_ms=11, cleaner_dedupe_buffer_size=2 << 20,
         cleaner_run_in="thread", cleaner_io_max_bytes_per_sec=1.5, shard_heartbeat_timeout_ms=1006,
+        kafka_port=9999, kafka_host="::1", kafka_advertised_host="kafka.example",
+        kafka_auto_create_topics=False, loop_block_warn_ms=250,
     )
     assert set(given) == set(Settings.model_fields)
     settings = Settings(**given)

@@ -20,7 +20,7 @@ from engine.format import iter_batches
 from engine.partition_log import prepare_batches
 from engine.records import decode_records
 
-from ..conftest import ServerProcess
+from ..conftest import KEPT_ENV, ServerProcess
 from .support import fix_crc, fuzz_settings, mutated, valid_batches
 
 RAW = "application/vnd.kafka.record-batch.v2"
@@ -32,7 +32,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     """One server for the module: Hypothesis runs every example in one test call."""
     with pytest.MonkeyPatch.context() as mp:
         for name in list(os.environ):
-            if name.startswith("EVENTLOG_"):
+            if name.startswith("EVENTLOG_") and name not in KEPT_ENV:
                 mp.delenv(name)
         server = ServerProcess(Path(tmp_path_factory.mktemp("fuzz-produce")) / "data").start()
     with httpx.Client(base_url=server.url, timeout=30) as c:

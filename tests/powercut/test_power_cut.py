@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ..conftest import VENV_BIN, child_pids, free_port, pid_alive
+from ..conftest import KEPT_ENV, VENV_BIN, child_pids, free_port, pid_alive
 from .mount import HoldMount
 
 pytestmark = pytest.mark.slow
@@ -63,7 +63,7 @@ class Server:
     def start(self, timeout: float = 60.0) -> None:
         self.port = free_port()
         start = self.log.stat().st_size if self.log.exists() else 0
-        env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLOG_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTLOG_")} | KEPT_ENV
         env["EVENTLOG_ACCESS_LOG"] = "false"
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
