@@ -45,10 +45,10 @@ def _check_epoch(log: Any, current_leader_epoch: int) -> None:
         raise KafkaError(ErrorCode.fenced_leader_epoch)
 
 
-def _readable(call: Call, topic: str) -> None:
+def _readable(call: Call, topic: str, right: str = "read") -> None:
     principal = call.principal
-    if not (principal.allows("read", topic=topic)):
-        raise KafkaError(ErrorCode.topic_authorization_failed, f"no read access to {topic!r}")
+    if not (principal.allows(right, topic=topic)):
+        raise KafkaError(ErrorCode.topic_authorization_failed, f"no {right} access to {topic!r}")
 
 
 @serves(1, "Fetch", 4, 16)
@@ -190,7 +190,10 @@ async def list_offsets(call: Call, request: Any) -> Any:
             try:
                 if engine is None:
                     raise KafkaError(failed)
-                _readable(call, t.name)
+                # describe, as Kafka's ListOffsets (offsets are metadata: a producer may ask
+                # them; a client that may not read gets its refusal from Fetch, where every
+                # client reports it, where a refused ListOffsets has aiokafka retry forever)
+                _readable(call, t.name, "describe")
                 log = engine.partition(t.name, p.partition_index)
                 _check_epoch(log, getattr(p, "current_leader_epoch", -1))
                 timestamp, offset = await _offset(log, p.timestamp)

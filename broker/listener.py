@@ -87,6 +87,7 @@ class Connection:
     principal: Principal = ANONYMOUS_ADMIN
     authenticated: bool = False
     mechanism: str | None = None  # chosen by SaslHandshake
+    raw_sasl: bool = False  # after SaslHandshake v0: the next frame is the bare SASL message
 
 
 @dataclass
@@ -203,6 +204,8 @@ class KafkaListener:
                 await asyncio.sleep(call.throttle_ms / 1000)
 
     async def _handle(self, frame: bytes, connection: Connection) -> tuple[Any, bytes | None]:
+        if connection.raw_sasl:
+            return self._raw_sasl(frame, connection)
         key, version, correlation_id = protocol.peek(frame)
         if key == API_VERSIONS_KEY and key in protocol.APIS:
             api = protocol.APIS[key]
@@ -220,6 +223,24 @@ class KafkaListener:
             return call, None
         answer = protocol.encode_response(key, version, correlation_id, response, request.flexible)
         return call, answer
+
+
+    def _raw_sasl(self, message: bytes, connection: Connection) -> tuple[Any, bytes | None]:
+        """KIP-43's flow, after SaslHandshake v0: the frame is the PLAIN message itself, with
+        no Kafka header; success is answered with an empty frame (PLAIN has no challenge), a
+        failure closes the connection (that flow has no error to send), as Kafka does."""
+        from .sasl import authenticate_plain
+
+        connection.raw_sasl = False
+        code, why = authenticate_plain(self.broker.policy, connection, message)
+        call = _Unparsed("SaslAuthenticate", 0, code, close=code != ErrorCode.none)
+        if code != ErrorCode.none:
+            logger.info(
+                "kafka connection from %s: SASL/PLAIN after SaslHandshake v0 failed: %s",
+                _peer(connection.peer), why,
+            )
+            return call, None
+        return call, SIZE.pack(0)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -34,11 +35,23 @@ JS_DIR = Path(__file__).resolve().parent / "js"
 
 class ClientError(Exception):
     """A client's call failed; `kind` is the Kafka error's name where the client gives one
-    (TOPIC_AUTHORIZATION_FAILED, SASL_AUTHENTICATION_FAILED, ...), else the client's own."""
+    (TOPIC_AUTHORIZATION_FAILED, SASL_AUTHENTICATION_FAILED, ...), else the client's own
+    error's, spelled the same way (kafka-python's KafkaTimeoutError: KAFKA_TIMEOUT)."""
 
     def __init__(self, kind: str, detail: str) -> None:
-        super().__init__(f"{kind}: {detail}")
-        self.kind = kind
+        inner = re.search(r"\[Error -?\d+\] (\w+)", detail)
+        if kind == "KafkaError" and inner:  # kafka-python's "Unexpected error in ...Response"
+            kind = inner.group(1)
+        self.kind = kafka_name(kind)
+        super().__init__(f"{self.kind}: {detail}")
+
+
+def kafka_name(name: str) -> str:
+    """TOPIC_AUTHORIZATION_FAILED from kafka-python's and aiokafka's
+    TopicAuthorizationFailedError as from librdkafka's and KafkaJS's own spelling."""
+    if "_" in name or name.isupper():
+        return name.upper()
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name.removesuffix("Error")).upper()
 
 
 @dataclass(frozen=True)
@@ -139,6 +152,13 @@ class Client:
     ) -> list[Rec]:
         raise NotImplementedError
 
+    def list_topics(
+        self, bootstrap: str, sasl: tuple[str, str] | None = None, timeout_s: float = 5.0
+    ) -> set[str]:
+        """The topics a Metadata request for all of them lists (those the principal may
+        describe), within about `timeout_s` (how long a client that cannot connect tries)."""
+        raise NotImplementedError
+
 
 def _sorted(records: list[Rec]) -> list[Rec]:
     return sorted(records, key=lambda r: (r.partition, r.offset))
@@ -190,13 +210,10 @@ class KafkaPython(Client):
                 for r in records
             ]
             producer.flush(timeout=TIMEOUT_S)
-            try:
-                sent = [f.get(timeout=TIMEOUT_S) for f in futures]
-            except KafkaError as exc:
-                raise ClientError(
-                    type(exc).__name__.removesuffix("Error").upper(), str(exc)
-                ) from exc
+            sent = [f.get(timeout=TIMEOUT_S) for f in futures]
             return [(m.partition, m.offset) for m in sent]
+        except KafkaError as exc:
+            raise ClientError(type(exc).__name__, str(exc)) from exc
         finally:
             producer.close(timeout=5)
 
@@ -239,6 +256,27 @@ class KafkaPython(Client):
                             )
                         )
             return _sorted(out)
+        finally:
+            consumer.close()
+
+    def list_topics(self, bootstrap, sasl=None, timeout_s=5.0):
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaError
+
+        try:
+            consumer = KafkaConsumer(
+                bootstrap_servers=bootstrap,
+                group_id=None,
+                request_timeout_ms=10_000,
+                bootstrap_timeout_ms=int(timeout_s * 1000),
+                **self._sasl(sasl),
+            )
+        except KafkaError as exc:  # kafka-python says no more than that it could not bootstrap
+            raise ClientError(type(exc).__name__, str(exc)) from exc
+        try:
+            return set(consumer.topics())
+        except KafkaError as exc:
+            raise ClientError(type(exc).__name__, str(exc)) from exc
         finally:
             consumer.close()
 
@@ -341,6 +379,27 @@ class AioKafka(Client):
         finally:
             await consumer.stop()
         return _sorted(out)
+
+    def list_topics(self, bootstrap, sasl=None, timeout_s=5.0):
+        return asyncio.run(asyncio.wait_for(self._list_topics(bootstrap, sasl), TIMEOUT_S))
+
+    async def _list_topics(self, bootstrap, sasl):
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.errors import KafkaError
+
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            request_timeout_ms=10_000,
+            **self._sasl(sasl),
+        )
+        try:
+            await consumer.start()
+            return set(await consumer.topics())
+        except KafkaError as exc:  # a failed SASL authentication: KafkaConnectionError
+            raise ClientError(type(exc).__name__, str(exc)) from exc
+        finally:
+            await consumer.stop()
 
 
 class Confluent(Client):
@@ -445,6 +504,20 @@ class Confluent(Client):
         finally:
             consumer.close()
 
+    def list_topics(self, bootstrap, sasl=None, timeout_s=5.0):
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        errors: list[Any] = []
+        admin = AdminClient(self.config(bootstrap, sasl, error_cb=errors.append))
+        try:
+            return set(admin.list_topics(timeout=timeout_s).topics)
+        except KafkaException as exc:
+            admin.poll(0)  # (serves error_cb)
+            if any(e.code() == -169 for e in errors):  # _AUTHENTICATION
+                raise ClientError("SASL_AUTHENTICATION_FAILED", str(errors)) from exc
+            raise ClientError(exc.args[0].name(), str(exc)) from exc
+
 
 class Kcat(Client):
     """kcat 1.7 (librdkafka) from Debian: one `kcat -P` per partition (-p, -H name=value for
@@ -507,8 +580,8 @@ class Kcat(Client):
             for name, value in config.items():
                 args += ["-X", f"{name}={value}"]
             done = subprocess.run(args, input=lines, capture_output=True, timeout=TIMEOUT_S)
-            if done.returncode != 0 or b"ERROR" in done.stderr:
-                raise ClientError("kcat", done.stderr.decode(errors="replace"))
+            if done.returncode != 0 or b"ERROR" in done.stderr or b"failed" in done.stderr:
+                raise self._error(done.stderr)
         return [(r.partition, None) for r in records]  # kcat -P prints no offsets
 
     def consume(self, bootstrap, topic, counts, sasl=None):
@@ -531,7 +604,7 @@ class Kcat(Client):
             ]
             done = subprocess.run(args, capture_output=True, timeout=TIMEOUT_S)
             if done.returncode != 0:
-                raise ClientError("kcat", done.stderr.decode(errors="replace"))
+                raise self._error(done.stderr)
             for line in done.stdout.decode().splitlines():
                 m = json.loads(line)
                 flat = m.get("headers") or []
@@ -540,6 +613,29 @@ class Kcat(Client):
                 value = None if m["payload"] is None else m["payload"].encode()
                 out.append(Rec(m["partition"], key, value, headers, m["ts"], m["offset"]))
         return _sorted(out)
+
+    def list_topics(self, bootstrap, sasl=None, timeout_s=5.0):
+        args = [*self._args(bootstrap, sasl), "-L", "-J", "-m", str(max(1, int(timeout_s)))]
+        done = subprocess.run(args, capture_output=True, timeout=TIMEOUT_S)
+        if done.returncode != 0:
+            raise self._error(done.stderr)
+        return {t["topic"] for t in json.loads(done.stdout)["topics"]}
+
+    @staticmethod
+    def _error(stderr: bytes) -> ClientError:
+        """kcat's error, named by librdkafka's text for it."""
+        text = stderr.decode(errors="replace")
+        for phrase, name in KCAT_ERRORS.items():
+            if phrase in text:
+                return ClientError(name, text)
+        return ClientError("kcat", text)
+
+
+KCAT_ERRORS = {
+    "Topic authorization failed": "TOPIC_AUTHORIZATION_FAILED",
+    "SASL authentication error": "SASL_AUTHENTICATION_FAILED",
+    "Unknown topic or partition": "UNKNOWN_TOPIC_OR_PARTITION",
+}
 
 
 class KafkaJS(Client):
@@ -631,6 +727,10 @@ class KafkaJS(Client):
                 for m in self.run(command)["consumed"]
             ]
         )
+
+    def list_topics(self, bootstrap, sasl=None, timeout_s=5.0):
+        command = {"brokers": [bootstrap], "sasl": _js_sasl(sasl), "list": True}
+        return set(self.run(command)["topics"])
 
 
 def _js_sasl(sasl: tuple[str, str] | None) -> dict[str, str] | None:

@@ -4,13 +4,16 @@
 //   {"brokers": ["127.0.0.1:9092"], "sasl": {"username": .., "password": ..} or null,
 //    "produce": {"topic", "codec": "none" | "gzip", "idempotent": bool,
 //                "records": [{"partition", "key", "value", "headers": [[name, value]], "timestamp"}]},
-//    "consume": {"topic", "partitions": {"0": count, ...}, "timeout_ms"}}
+//    "consume": {"topic", "partitions": {"0": count, ...}, "timeout_ms"},
+//    "list": true}
 //
 // Keys, values and header values are base64 (null: none); timestamps are milliseconds.
 // Answer: {"produced": [{"partition", "offset"}] in record order,
-//          "consumed": [{"partition", "offset", "timestamp", "key", "value", "headers"}]},
+//          "consumed": [{"partition", "offset", "timestamp", "key", "value", "headers"}],
+//          "topics": [name, ...] (admin.listTopics: the topics the principal may describe)},
 // or {"error": {"name", "message", "type"}} with exit status 1 (a Kafka error's type is its
-// Kafka name, such as TOPIC_AUTHORIZATION_FAILED).
+// Kafka name, such as TOPIC_AUTHORIZATION_FAILED; a failed SASL authentication's is
+// SASL_AUTHENTICATION_FAILED).
 //
 // Consuming: KafkaJS has no consumer without a group (its consumer joins one, and the group
 // APIs are not served yet), so "consume" reads through KafkaJS's own Fetch request and decoder,
@@ -141,12 +144,30 @@ async function main () {
   const answer = {}
   if (command.produce) answer.produced = await produce(kafka, command.produce)
   if (command.consume) answer.consumed = await consume(kafka, command.consume)
+  if (command.list) {
+    const admin = kafka.admin()
+    await admin.connect()
+    try {
+      answer.topics = await admin.listTopics()
+    } finally {
+      await admin.disconnect()
+    }
+  }
   process.stdout.write(JSON.stringify(answer) + '\n')
+}
+
+function kafkaType (error) {
+  // a retried error wraps the protocol error that ended the retries
+  for (let e = error; e; e = e.cause || e.originalError) {
+    if (e.type) return e.type
+    if (e.name === 'KafkaJSSASLAuthenticationError') return 'SASL_AUTHENTICATION_FAILED'
+  }
+  return null
 }
 
 main().catch(error => {
   process.stdout.write(JSON.stringify({
-    error: { name: error.name, message: error.message, type: error.type || null }
+    error: { name: error.name, message: error.message, type: kafkaType(error) }
   }) + '\n')
   process.exit(1)
 })
