@@ -328,7 +328,11 @@ class AioKafka(Client):
                 )
                 for r in records
             ]
-            sent = [await f for f in futures]
+            # every future awaited, so none is left with an error nobody retrieved
+            sent = await asyncio.gather(*futures, return_exceptions=True)
+            for result in sent:
+                if isinstance(result, BaseException):
+                    raise result
         except KafkaError as exc:
             raise ClientError(type(exc).__name__, str(exc)) from exc
         finally:
