@@ -23,6 +23,7 @@ from kio.schema.errors import ErrorCode
 
 from engine.groups import MAX_GROUP_CHARS
 
+from .coordinator import GroupState
 from .errors import KafkaError, error_code
 from .listener import Call
 from .protocol import has, make, ms, nested, serves
@@ -178,7 +179,8 @@ async def offset_delete(call: Call, request: Any) -> Any:
     """Forget a group's committed offsets of some partitions. Kafka refuses this for a
     partition the group's members are subscribed to (GROUP_SUBSCRIBED_TO_TOPIC); eventlog
     refuses it while the group has members at all (the subscriptions are the members'
-    opaque metadata)."""
+    opaque metadata). A group with neither members nor offsets does not exist:
+    GROUP_ID_NOT_FOUND, as Kafka answers (OffsetMetadataManager.deleteOffsets)."""
     cls = call.response
     topic_cls = nested(cls, "OffsetDeleteResponseTopic")
     part_cls = nested(cls, "OffsetDeleteResponsePartition")
@@ -190,6 +192,12 @@ async def offset_delete(call: Call, request: Any) -> Any:
         (described,) = await coordinator.describe_groups([group])
         if described.members:
             part_code = ErrorCode.group_subscribed_to_topic
+        elif described.state == GroupState.DEAD.value:  # unknown to the coordinator
+            try:
+                if not await _ready(call.broker.engine.groups.fetch(group)):
+                    code = ErrorCode.group_id_not_found
+            except Exception as exc:
+                code = error_code(exc, "OffsetDelete")
     principal = call.principal
     if code is None and part_code == ErrorCode.none:
         doomed = [
