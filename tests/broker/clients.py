@@ -736,6 +736,30 @@ class KafkaJS(Client):
         command = {"brokers": [bootstrap], "sasl": _js_sasl(sasl), "list": True}
         return set(self.run(command)["topics"])
 
+    def group_consume(self, bootstrap: str, topic: str, group: str, count: int) -> list[Rec]:
+        """`count` records through KafkaJS's own consumer, a member of `group` subscribed to
+        `topic` from the beginning, each committed once processed (in delivery order)."""
+        command = {
+            "brokers": [bootstrap],
+            "group": {
+                "topic": topic,
+                "group": group,
+                "count": count,
+                "timeout_ms": int(TIMEOUT_S * 1000),
+            },
+        }
+        return [
+            Rec(
+                m["partition"],
+                self._bytes(m["key"]),
+                self._bytes(m["value"]),
+                tuple((k, self._bytes(v) or b"") for k, v in m["headers"]),
+                m["timestamp"],
+                m["offset"],
+            )
+            for m in self.run(command)["grouped"]
+        ]
+
 
 def _js_sasl(sasl: tuple[str, str] | None) -> dict[str, str] | None:
     return None if sasl is None else {"username": sasl[0], "password": sasl[1]}

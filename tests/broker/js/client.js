@@ -5,20 +5,23 @@
 //    "produce": {"topic", "codec": "none" | "gzip", "idempotent": bool,
 //                "records": [{"partition", "key", "value", "headers": [[name, value]], "timestamp"}]},
 //    "consume": {"topic", "partitions": {"0": count, ...}, "timeout_ms"},
-//    "list": true}
+//    "list": true,
+//    "group": {"topic", "group", "count", "timeout_ms"}}
 //
 // Keys, values and header values are base64 (null: none); timestamps are milliseconds.
 // Answer: {"produced": [{"partition", "offset"}] in record order,
 //          "consumed": [{"partition", "offset", "timestamp", "key", "value", "headers"}],
-//          "topics": [name, ...] (admin.listTopics: the topics the principal may describe)},
+//          "topics": [name, ...] (admin.listTopics: the topics the principal may describe),
+//          "grouped": [records like "consumed"] (KafkaJS's consumer in group "group",
+//                     subscribed from the beginning, until "count" records, committing each)},
 // or {"error": {"name", "message", "type"}} with exit status 1 (a Kafka error's type is its
 // Kafka name, such as TOPIC_AUTHORIZATION_FAILED; a failed SASL authentication's is
 // SASL_AUTHENTICATION_FAILED).
 //
-// Consuming: KafkaJS has no consumer without a group (its consumer joins one, and the group
-// APIs are not served yet), so "consume" reads through KafkaJS's own Fetch request and decoder,
-// the ones its consumer uses: the cluster of a producer, asked for each partition's leader,
-// then Fetch from offset 0 until each partition has the count asked for.
+// Consuming: KafkaJS has no consumer without a group (its consumer joins one), so "consume"
+// reads through KafkaJS's own Fetch request and decoder, the ones its consumer uses: the
+// cluster of a producer, asked for each partition's leader, then Fetch from offset 0 until
+// each partition has the count asked for. "group" is KafkaJS's consumer itself.
 'use strict'
 
 const { Kafka, CompressionTypes, Partitioners, logLevel } = require('kafkajs')
@@ -128,6 +131,49 @@ async function consume (kafka, command) {
   }
 }
 
+async function group (kafka, command) {
+  const consumer = kafka.consumer({
+    groupId: command.group,
+    sessionTimeout: 10000,
+    heartbeatInterval: 500,
+    // a fetch long-polls this long at the end of the log, and disconnect waits for the one in
+    // flight (KafkaJS's default is 5 s)
+    maxWaitTimeInMs: 200,
+    allowAutoTopicCreation: false
+  })
+  await consumer.connect()
+  const consumed = []
+  try {
+    await consumer.subscribe({ topic: command.topic, fromBeginning: true })
+    await new Promise((resolve, reject) => {
+      const timer = setTimeout(
+        () => reject(new Error(`timed out after ${consumed.length} of ${command.count} records`)),
+        command.timeout_ms || 20000)
+      consumer.run({
+        autoCommit: true,
+        autoCommitThreshold: 1, // each record committed once processed
+        eachMessage: async ({ partition, message }) => {
+          consumed.push({
+            partition,
+            offset: Number(message.offset),
+            timestamp: Number(message.timestamp),
+            key: out(message.key),
+            value: out(message.value),
+            headers: Object.entries(message.headers || {}).map(([name, value]) => [name, out(value)])
+          })
+          if (consumed.length >= command.count) {
+            clearTimeout(timer)
+            resolve()
+          }
+        }
+      }).catch(reject)
+    })
+  } finally {
+    await consumer.disconnect() // (commits what was processed, then leaves the group)
+  }
+  return consumed
+}
+
 async function main () {
   const chunks = []
   for await (const chunk of process.stdin) chunks.push(chunk)
@@ -144,6 +190,7 @@ async function main () {
   const answer = {}
   if (command.produce) answer.produced = await produce(kafka, command.produce)
   if (command.consume) answer.consumed = await consume(kafka, command.consume)
+  if (command.group) answer.grouped = await group(kafka, command.group)
   if (command.list) {
     const admin = kafka.admin()
     await admin.connect()
