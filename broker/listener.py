@@ -163,6 +163,11 @@ class KafkaListener:
             pass
         except BadRequest as exc:
             logger.info("kafka connection from %s closed: %s", _peer(connection.peer), exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a handler's bug: this connection closes, the others go on
+            peer = _peer(connection.peer)
+            logger.exception("kafka connection from %s closed: request failed", peer)
         finally:
             self._connections.discard(task)
             self._busy.discard(task)
