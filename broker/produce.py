@@ -29,6 +29,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from api.quotas import PRODUCE
+from engine.faults import crash_point
 from engine.produce import ProduceService
 
 from .errors import KafkaError, error_code, message_of
@@ -107,6 +108,9 @@ async def produce(call: Call, request: Any) -> Any:
         for part in parts:
             if part.error_code != ErrorCode.none and not call.error:
                 call.error = part.error_code
+    # a crash with the request's records durable and its answer unsent: the producer retries
+    # them, and its idempotence must keep them once (tests/broker/test_shard_faults.py)
+    crash_point("kafka.produce.after_append")
     if acks == 0:
         return None
     return make(cls, responses=tuple(topics), throttle_time=ms(call.throttle_ms))

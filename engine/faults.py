@@ -14,6 +14,7 @@ Points:
     clean.after_cleaned         a compaction pass wrote its .cleaned segments (in its process)
     clean.mid_recopy            a compaction pass is half way through writing a .cleaned segment
     repair.after_cleaned        recovery wrote a repaired segment as .cleaned, not yet renamed
+    kafka.produce.after_append  a Kafka Produce request's records are durable, its answer unsent
 """
 
 from __future__ import annotations

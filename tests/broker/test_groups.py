@@ -4,12 +4,13 @@ consumed and committed once; kafka-python and aiokafka groups; and one set of gr
 protocols: what a Kafka consumer commits is what GET /v1/groups shows, an HTTP commit is where a
 Kafka consumer resumes, and the admin clients list, describe and delete the same groups.
 
-"Consumed once" under at-least-once delivery, precisely: every record is delivered to some
-member; a record whose commit was answered is never delivered again; a record is delivered
-again only if its earlier delivery was not committed (its member died before its commit was
-answered, or the commit was refused because a rebalance had begun: REBALANCE_IN_PROGRESS,
-ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID); no record's commit is answered twice; and at the end the
-group's committed offset of each partition is its high watermark.
+"Consumed once" under at-least-once delivery, precisely (`check_consumed_once`): every record
+is delivered to some member; no record is delivered after a commit covering it (a commit of its
+offset or a later one on its partition) was answered; a record is delivered again only when the
+member that had it died, or had a commit on that partition refused or unanswered after that
+delivery (refused because a rebalance had begun: REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION,
+UNKNOWN_MEMBER_ID); no record's own commit is answered twice; and at the end the group's
+committed offset of each partition is its high watermark.
 
 The coordinator waits Kafka's group.initial.rebalance.delay.ms (3 s) before a new group's
 first generation, so every test that subscribes pays it once.
@@ -17,6 +18,8 @@ first generation, so every test that subscribes pays it once.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import os
 import signal
@@ -25,6 +28,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -45,17 +49,20 @@ def _group() -> str:
 
 class SteadyProducer:
     """An idempotent confluent-kafka producer writing unique values ("0", "1", ...) round robin
-    over the partitions at RATE_PER_S, in a thread, until stopped; `acked` holds the values the
-    delivery callback confirmed, `failed` the errors it reported."""
+    over the partitions at `rate` records a second, in a thread, until stopped; `acked` holds
+    the values the delivery callback confirmed, `failed` the errors it reported."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int, **config: Any) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, partitions: int, rate: float = RATE_PER_S,
+        **config: Any,
+    ) -> None:
         from confluent_kafka import Producer
 
         self.producer = Producer({
             "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
             "linger.ms": 5, **config,
         })
-        self.topic, self.partitions = topic, partitions
+        self.topic, self.partitions, self.rate = topic, partitions, rate
         self.sent = 0
         self.acked: list[str] = []
         self.failed: list[str] = []
@@ -78,7 +85,7 @@ class SteadyProducer:
             )
             self.sent += 1
             self.producer.poll(0)  # delivery reports
-            time.sleep(1 / RATE_PER_S)
+            time.sleep(1 / self.rate)
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop producing and wait for every record's delivery report (once: later calls do
@@ -159,14 +166,20 @@ def _processed_by(journal: list[dict[str, Any]], member: str) -> int:
 
 
 def check_consumed_once(
-    journal: list[dict[str, Any]], records: dict[tuple[int, int], str], dead: set[str] = frozenset()
+    journal: list[dict[str, Any]],
+    records: dict[tuple[int, int], str],
+    dead: Iterable[str] = (),
+    refusals: Iterable[str] = REFUSED_IN_REBALANCE,
 ) -> Counter:
     """The module's "consumed once" (see its docstring) for `records` ((partition, offset) ->
-    value, every record of the topic); `dead` are the members killed without closing. Returns
-    why the records delivered twice were (a Counter of reasons)."""
+    value, every record of the topic); `dead` are the members killed without closing,
+    `refusals` the errors a commit may fail with. Returns why the records delivered twice
+    were (a Counter of reasons)."""
+    dead, refusals = set(dead), set(refusals)
     deliveries: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     answered: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
-    refused: dict[tuple[int, int, str], dict[str, Any]] = {}
+    covered: dict[int, list[tuple[float, int]]] = defaultdict(list)  # partition: (t, offset)
+    failed: dict[tuple[str, int], list[float]] = defaultdict(list)  # (member, partition): [t]
     for e in journal:
         key = (e.get("partition"), e.get("offset"))
         if e["event"] == "processed":
@@ -174,33 +187,47 @@ def check_consumed_once(
             deliveries[key].append(e)
         elif e["event"] == "committed":
             answered[key].append(e)
+            covered[e["partition"]].append((e["t"], e["offset"]))
         elif e["event"] == "commit_failed":
-            assert e["error"] in REFUSED_IN_REBALANCE, e
-            refused[(*key, e["member"])] = e
+            assert e["error"] in refusals, e
+            failed[(e["member"], e["partition"])].append(e["t"])
         elif e["event"] == "error":
             raise AssertionError(f"a consumer reported an error: {e}")
     missing = sorted(set(records) - set(deliveries))
     assert not missing, f"{len(missing)} records never delivered, e.g. {missing[:5]}"
+    # per partition: the highest offset an answered commit covered by each time
+    high: dict[int, tuple[list[float], list[int]]] = {}
+    for partition, commits in covered.items():
+        commits.sort()
+        times, most, top = [], [], -1
+        for t, offset in commits:
+            top = max(top, offset)
+            times.append(t)
+            most.append(top)
+        high[partition] = (times, most)
     reasons: Counter = Counter()
-    for key, delivered in deliveries.items():
-        commits = answered.get(key, [])
-        assert len(commits) <= 1, f"{key} committed twice: {commits}"
-        if commits:
-            later = [d for d in delivered if d["t"] > commits[0]["t"]]
-            assert not later, f"{key} delivered again after its commit was answered: {later}"
-        if len(delivered) > 1:
-            for d in sorted(delivered, key=lambda d: d["t"])[:-1]:
-                # a delivery before the last one was not committed: why
-                if (*key, d["member"]) in refused:
-                    reasons["commit refused in a rebalance"] += 1
-                elif d["member"] in dead:
-                    reasons["its member died before the commit was answered"] += 1
-                else:
-                    raise AssertionError(f"{key} delivered again though {d} was not refused")
-        elif not commits:
-            # only a dead member may have left a record with no answered commit (it died after
-            # the commit reached the coordinator but before it journaled the answer)
-            assert delivered[0]["member"] in dead, f"{key} was never committed: {delivered}"
+    for (partition, offset), delivered in deliveries.items():
+        commits = answered.get((partition, offset), [])
+        assert len(commits) <= 1, f"{(partition, offset)} committed twice: {commits}"
+        times, most = high.get(partition, ([], []))
+        for d in delivered:
+            i = bisect.bisect_left(times, d["t"])
+            assert i == 0 or most[i - 1] < offset, (
+                f"{d} delivered after a commit of offset {most[i - 1]} was answered"
+            )
+        delivered = sorted(delivered, key=lambda d: d["t"])
+        for d, again in itertools.pairwise(delivered):
+            # why the earlier delivery did not keep the record from coming again
+            refused = [
+                t for t in failed.get((d["member"], partition), []) if d["t"] <= t <= again["t"]
+            ]
+            if refused:
+                reasons["a commit refused or unanswered"] += 1
+            elif d["member"] in dead:
+                reasons["its member died before the commit was answered"] += 1
+            else:
+                raise AssertionError(f"{(partition, offset)} delivered again ({again}) though "
+                                     f"no commit of {d['member']} failed after {d}")
     return reasons
 
 
