@@ -11,11 +11,15 @@ of the same rows); http_shards (JSON produce from wrk against `eventlog serve --
 and `--processes 2`, with the server's cores per cell); http_small (one-record appends over 100
 partitions from wrk, against Redis with appendfsync always); http_fanout (1,000 SSE subscribers
 of one partition, from the C client in bench/fanout/, against Redis pub/sub); groups (one consumer
-group's offsets and a page of GET /v1/groups at 10 to 100,000 groups). bench/capacity/ is the capacity run for
+group's offsets and a page of GET /v1/groups at 10 to 100,000 groups); kafka_small (256 B
+records over 100 partitions from librdkafka producers, against Redis AOF always -P 16 and our HTTP
+one-record path) and kafka_consume (librdkafka reading 1 GB against cat of the segment files),
+with kafka_clients holding their librdkafka load. bench/capacity/ is the capacity run for
 big machines (its own scripts; see bench/README.md).
 """
 
 BENCHMARKS = (
     "append", "read", "lookup", "restart", "http_produce", "http_raw", "http_fetch", "compaction", "snapshot", "spark",
     "http_shards", "http_small", "http_fanout", "http_keys", "groups",
+    "kafka_small", "kafka_consume",
 )

@@ -57,6 +57,8 @@ SPACE_GB = {
     "http_fanout": (0.5, 0.5),
     "http_keys": (2.5, 0.5),
     "groups": (0.5, 0.5),
+    "kafka_small": (3, 1),  # deleted topics linger file.delete.delay.ms (60 s): a few cells
+    "kafka_consume": (2.5, 0.8),
 }
 
 

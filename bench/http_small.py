@@ -95,15 +95,7 @@ def run(ctx: Context) -> dict[str, Any]:
         raise RuntimeError("eventlog serve has no --processes option in this tree")
     redis_benchmark = require("redis-benchmark", "redis-tools")
     value = "v" * VALUE_BYTES
-    script = work / "post.lua"
-    script.write_text(
-        'local body = \'{"records": [{"value": "' + value + '"}]}\'\n'
-        'local headers = {["Content-Type"] = "application/json"}\n'
-        "math.randomseed(os.time())\n"
-        "request = function()\n"
-        f"  return wrk.format('POST', '/v1/topics/t/partitions/' .. math.random(0, {PARTITIONS - 1}) .. '/records', headers, body)\n"
-        "end\n" + WRK_DONE_LUA
-    )
+    script = post_script(work / "post.lua")
     servers: dict[str, Any] = {
         "eventlog-p1": ShardedServer(ctx, work / "p1", 1, True),
         "eventlog-p2": ShardedServer(ctx, work / "p2", 2, True),
@@ -149,6 +141,21 @@ def run(ctx: Context) -> dict[str, Any]:
     return {"params": p, "results": results, "summary": _summary(results)}
 
 
+def post_script(path: Path) -> Path:
+    """wrk's Lua script: one-record POSTs of the 256 B value to a partition of topic t drawn at
+    random per request (bench.kafka_small measures the same HTTP path next to Kafka's)."""
+    value = "v" * VALUE_BYTES
+    path.write_text(
+        'local body = \'{"records": [{"value": "' + value + '"}]}\'\n'
+        'local headers = {["Content-Type"] = "application/json"}\n'
+        "math.randomseed(os.time())\n"
+        "request = function()\n"
+        f"  return wrk.format('POST', '/v1/topics/t/partitions/' .. math.random(0, {PARTITIONS - 1}) .. '/records', headers, body)\n"
+        "end\n" + WRK_DONE_LUA
+    )
+    return path
+
+
 def _stored(client: httpx.Client) -> int:
     return sum(part["high_watermark"] for part in client.get("/v1/topics/t").json()["partitions"])
 
@@ -190,10 +197,17 @@ def _eventlog_cell(server: ShardedServer, script: Path, seconds: int) -> dict[st
     }
 
 
-def _redis_cell(server: AlwaysRedis, redis_benchmark: str, value: str, rate: float, seconds: int) -> dict[str, Any]:
-    n = max(10 * CONNECTIONS, int(rate * seconds))
+def _redis_cell(
+    server: AlwaysRedis, redis_benchmark: str, value: str, rate: float, seconds: int, pipeline: int = 1
+) -> dict[str, Any]:
+    """redis-benchmark's XADDs to 100 streams for about `seconds` at the last `rate`; `pipeline`
+    > 1 adds -P (bench.kafka_small's peer: -P 16)."""
+    n = max(10 * CONNECTIONS * pipeline, int(rate * seconds))
+    if pipeline > 1:  # redis-benchmark -P sends whole pipelines: -n a multiple, or it overshoots
+        n -= n % (CONNECTIONS * pipeline)
     cmd = [
         redis_benchmark, "-h", "127.0.0.1", "-p", str(server.port), "-c", str(CONNECTIONS), "-r", "100",
+        *(["-P", str(pipeline)] if pipeline > 1 else []),
         "-n", str(n), "--csv", "XADD", "stream:__rand_int__", "*", "f", value,
     ]  # fmt: skip
     cpu0, tools0, (busy0, _) = tree_cpu_seconds(server.pid), children_cpu_seconds(), machine_busy_seconds()

@@ -301,6 +301,9 @@ class EventlogServer(Server):
         # the benchmarks measure one process unless told otherwise (bench.http_shards and the
         # capacity run pass --processes themselves)
         env.setdefault("EVENTLOG_PROCESSES", "1")
+        # no Kafka listener unless a benchmark asks for one (bench.kafka_small.KafkaServer): on
+        # its default port 9092 a second server started beside the first could not bind
+        env["EVENTLOG_KAFKA_PORT"] = "0"
         extracted = ctx.engine_source.get("extracted_to")
         if extracted:  # --engine-ref: the server imports that engine/
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [extracted, env.get("PYTHONPATH")]))

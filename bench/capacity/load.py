@@ -4,12 +4,14 @@ dd; one JSON line per measurement.
 
 usage (from the repository root; run.sh sets the environment up):
     python bench/capacity/load.py --work DIR --out FILE.jsonl [--processes 1,2,4,8,16]
-        [--cell-seconds 10] [--client-cpus K] [--no-peers] [--only json,python,raw,fetch,small,fanout]
+        [--cell-seconds 10] [--client-cpus K] [--no-peers]
+        [--only json,python,raw,fetch,small,fanout,kafka,consume]
 
 Standard library only, plus the project itself on sys.path (for the ~1 MiB Kafka batch, encoded
 with bench.data as the append and http_raw benchmarks do) and redis-py for the Python Redis
-clients (skipped, with the reason recorded, when it is missing). wrk, redis-server and
-redis-benchmark come from PATH.
+clients (skipped, with the reason recorded, when it is missing), and confluent-kafka for the
+Kafka cells (bench/kafka_clients.py; skipped likewise). wrk, redis-server, redis-benchmark and
+kcat come from PATH.
 
 Cores. With 4 CPUs or more, the last K CPUs (--client-cpus, default a quarter, at least 2) run
 the load generators and the rest run the server under test (its supervisor and shards, or
@@ -34,12 +36,21 @@ on a fresh topic, deleted afterwards):
   and 400 connections; the high watermarks must hold every acknowledged record;
 * fanout-sse: 1,000 SSE subscribers of one partition (bench/fanout/subscribers.c: prepare.sh
   builds it into .device/, else gcc here), a one-record produce every 10 ms: delivery latency,
-  exactly once in order, server memory per subscriber.
+  exactly once in order, server memory per subscriber;
+* kafka-produce (issue 25, the cells of bench/kafka_small.py): 256 B records to a 100-partition
+  topic over the Kafka listener (EVENTLOG_KAFKA_PORT; broker i on port + i) from 2 and 4
+  confluent-kafka producer processes (acks=all, linger.ms=5, idempotent) pinned to the client
+  CPUs; the high watermarks must hold every acknowledged record;
+* kafka-consume (issue 25, bench/kafka_consume.py's): 1 GB of 16 KiB batches of 1 KiB records
+  in 16 partitions, filled over HTTP, read from the beginning by kcat (when it runs here) and
+  by a confluent-kafka consumer process, both on the client CPUs, against `cat` of the segment
+  files to /dev/null in the same cell (warm page cache).
 Peers (unless --no-peers): redis-server (appendonly yes, appendfsync everysec, then always; no
 RDB), pinned like the server, fed by `redis-benchmark -P 500 XADD mystream * field <100 B>` at
 4, 16 and 64 connections (the stream's length is checked) and by 4 and 12 redis-py processes
 pipelining 500 XADDs (key and value fields) per round trip; `redis-benchmark -r 100 XADD
-stream:__rand_int__ * f <256 B>` at 100 and 400 connections without pipelining (small); the same
+stream:__rand_int__ * f <256 B>` at 100 and 400 connections without pipelining (small), and with
+-P 16 at 100 connections against AOF always (kafka: issue 25's peer); the same
 subscribers SUBSCRIBEd to Redis pub/sub with a PUBLISH every 10 ms (fanout, once); dd if=/dev/zero bs=1M
 conv=fdatasync (1 GiB, before and after the eventlog cells) and dd of a warm 1 GiB file to
 /dev/null (the page cache's read rate).
@@ -99,6 +110,15 @@ FANOUT_INTERVAL_S = 0.010
 FANOUT_WARM_UP = 100
 FANOUT_RECORDS = 500
 SMALL_GUESS = 50_000  # XADD/s without pipelining: the first -n; then the last rate
+# Kafka (issue 25): bench/kafka_small.py's and bench/kafka_consume.py's cells
+KAFKA_PRODUCERS = (2, 4)  # confluent-kafka producer processes (on the client CPUs)
+KAFKA_PIPELINE = 16  # the Redis peer: redis-benchmark -P 16, AOF always
+KAFKA_GUESS = 250_000  # XADD/s at -P 16: the first -n
+CONSUME_PARTITIONS = 16
+CONSUME_BYTES = 1_000_000_000
+CONSUME_RECORD_BYTES = 1024
+CONSUME_RECORDS_PER_BATCH = 15  # ~16 KiB batches, Kafka's default batch.size
+CONSUME_BATCHES_PER_REQUEST = 64
 
 LUA_DONE = """
 done = function(summary, latency, requests)
@@ -269,12 +289,35 @@ def serve_knows_processes() -> bool:
     return "--processes" in done.stdout
 
 
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive free ports (a family's Kafka listeners: port + i)."""
+    for _ in range(200):
+        first, taken = free_port(), []
+        try:
+            for i in range(1, count):
+                s = socket.socket()
+                taken.append(s)
+                s.bind(("127.0.0.1", first + i))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in taken:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
 class Eventlog:
-    def __init__(self, work: Path, processes: int, flag: bool, cpus: Cpus) -> None:
+    def __init__(
+        self, work: Path, processes: int, flag: bool, cpus: Cpus, kafka: bool = False
+    ) -> None:
         self.dir = work / f"eventlog-p{processes}"
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
         self.port = free_port()
+        # the Kafka listener only for the Kafka cells, on free ports (shard i on kafka_port + i)
+        self.kafka_port = free_ports(processes) if kafka else 0
+        env = {**os.environ, "EVENTLOG_KAFKA_PORT": str(self.kafka_port)}
         self.cmd = [sys.executable, "-m", "app.cli", "serve", "--data-dir", str(self.dir / "data"),
                     "--host", "127.0.0.1", "--port", str(self.port)]
         if flag:
@@ -283,7 +326,7 @@ class Eventlog:
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
                 [*cpus.taskset(cpus.server), *self.cmd], cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                stderr=subprocess.STDOUT, start_new_session=True, env=env,
             )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -437,7 +480,7 @@ def client_processes(
 
 def eventlog_cells(out: Output, args: argparse.Namespace, cpus: Cpus, n: int, flag: bool) -> None:
     work = args.work
-    server = Eventlog(work, n, flag, cpus)
+    server = Eventlog(work, n, flag, cpus, kafka=bool({"kafka", "consume"} & args.only))
     base = {"system": "eventlog", "processes": n, "server_pids": len(tree_pids(server.pid))}
     secs = args.cell_seconds
     url = f"http://127.0.0.1:{server.port}"
@@ -545,6 +588,10 @@ def eventlog_cells(out: Output, args: argparse.Namespace, cpus: Cpus, n: int, fl
                          mb_per_s=round(r["bytes"] / (r["duration_us"] / 1e6) / 1e6, 1),
                          p50_ms=r["p50_us"] / 1000, p99_ms=r["p99_us"] / 1000, non2xx=r["non2xx"],
                          socket_errors=r["socket_errors"], **cpu, command=r["command"])
+        if "kafka" in args.only:
+            kafka_produce_cells(out, base, server, cpus, secs)
+        if "consume" in args.only:
+            kafka_consume_cell(out, base, server, cpus, work)
     finally:
         status = server.stop()
         out.emit(**base, cell="server-exit", exit_status=status, command=" ".join(server.cmd),
@@ -584,6 +631,170 @@ def fanout_cell(out: Output, base: dict[str, object], server: Eventlog, cpus: Cp
 
 
 # -- peers --------------------------------------------------------------------------------------
+
+
+def _kafka_clients() -> tuple[object | None, str | None]:
+    """bench/kafka_clients.py, or why it cannot run here (no confluent-kafka wheel)."""
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError as exc:
+        return None, f"confluent-kafka not importable: {exc}"
+    from bench import kafka_clients
+
+    return kafka_clients, None
+
+
+def kafka_produce_cells(
+    out: Output, base: dict[str, object], server: Eventlog, cpus: Cpus, secs: int
+) -> None:
+    """bench/kafka_small.py's cell: 256 B records to 100 partitions from librdkafka producer
+    processes on the client CPUs (acks=all, linger.ms=5, idempotent), every acknowledged record
+    checked against the high watermarks."""
+    clients, why = _kafka_clients()
+    if clients is None:
+        out.emit(**base, cell="kafka-produce", skipped=why)
+        return
+    bootstrap = f"127.0.0.1:{server.kafka_port}"
+    for producers in KAFKA_PRODUCERS:
+        topic = f"kafka-{producers}"
+        server.create_topic(topic, SMALL_PARTITIONS)
+        meters: dict[str, Meter] = {}
+
+        def start(meters: dict[str, Meter] = meters) -> None:  # the producers are connected
+            meters["cell"] = Meter(server.pid)  # (after its quiet gate)
+
+        r = clients.run_producers(
+            bootstrap,
+            topic,
+            SMALL_PARTITIONS,
+            len(SMALL_VALUE),
+            producers,
+            secs,
+            on_start=start,
+            cpus=cpus.client if cpus.pinned else None,
+        )
+        cpu = meters["cell"].stop()
+        stored = server.stored(topic)
+        server.delete_topic(topic)
+        acknowledged = r["acknowledged"]
+        out.emit(
+            **base,
+            cell="kafka-produce",
+            partitions=SMALL_PARTITIONS,
+            producer_processes=producers,
+            value_bytes=len(SMALL_VALUE),
+            records_per_s=round(acknowledged / r["seconds"]),
+            seconds=r["seconds"],
+            sent=r["sent"],
+            acknowledged=acknowledged,
+            failed=r["failed"],
+            unflushed=r["unflushed"],
+            stored=stored,
+            lost=max(0, acknowledged - stored),
+            producer_cpu_s=r["producer_cpu_seconds"],
+            config=clients.PRODUCER_CONFIG,
+            **cpu,
+        )
+
+
+def kafka_consume_cell(
+    out: Output, base: dict[str, object], server: Eventlog, cpus: Cpus, work: Path
+) -> None:
+    """bench/kafka_consume.py's cell: 1 GB of ~16 KiB batches over 16 partitions, filled over HTTP,
+    read from the beginning by kcat and by a confluent-kafka consumer process (both on the
+    client CPUs), against cat of the segment files, warm page cache; two passes of each."""
+    clients, why = _kafka_clients()
+    if clients is None:
+        out.emit(**base, cell="kafka-consume", skipped=why)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bench.data import encode_records_batch
+
+    topic = "consume"
+    server.create_topic(topic, CONSUME_PARTITIONS)
+    batch = bytes(encode_records_batch(CONSUME_RECORD_BYTES, CONSUME_RECORDS_PER_BATCH))
+    body = batch * CONSUME_BATCHES_PER_REQUEST
+    requests = CONSUME_BYTES // len(body)
+
+    def post(i: int) -> None:
+        status, text = server.call(
+            "POST", f"/v1/topics/{topic}/partitions/{i % CONSUME_PARTITIONS}/records", body, RAW
+        )
+        if status != 200:
+            raise RuntimeError(f"fill: {status} {text[:300]!r}")
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(post, range(requests)))
+    fill_s = time.perf_counter() - t0
+    records = requests * CONSUME_BATCHES_PER_REQUEST * CONSUME_RECORDS_PER_BATCH
+    stored = server.stored(topic)
+    if stored != records:
+        raise RuntimeError(f"fill: {records} records sent, the high watermarks count {stored}")
+    files = sorted(
+        str(f)
+        for p in range(CONSUME_PARTITIONS)
+        for f in (server.dir / "data" / f"{topic}-{p}").glob("*.log")
+    )
+    file_bytes = sum(Path(f).stat().st_size for f in files)
+    subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)  # warm
+    bootstrap = f"127.0.0.1:{server.kafka_port}"
+    client_cpus = cpus.client if cpus.pinned else None
+    readers = ["cat", "python"]
+    try:
+        check = clients.kcat_consume(
+            bootstrap, topic, records, check=True, taskset=cpus.taskset(cpus.client)
+        )
+        if check["value_bytes"] != records * CONSUME_RECORD_BYTES:
+            raise RuntimeError(
+                f"kcat read {check['value_bytes']} value bytes of {records * CONSUME_RECORD_BYTES}"
+            )
+        readers.insert(1, "kcat")
+    except (OSError, RuntimeError) as exc:  # not installed, or its libraries missing here
+        out.emit(**base, cell="kafka-consume", reader="kcat", skipped=repr(exc)[:500])
+    cell = {
+        **base,
+        "cell": "kafka-consume",
+        "partitions": CONSUME_PARTITIONS,
+        "records": records,
+        "file_bytes": file_bytes,
+        "segments": len(files),
+        "fill_s": round(fill_s, 2),
+    }
+    for repeat in range(2):
+        for reader in readers:
+            meter = Meter(server.pid)
+            if reader == "cat":
+                t1 = time.perf_counter()
+                subprocess.run(
+                    [*cpus.taskset(cpus.client), "cat", *files],
+                    stdout=subprocess.DEVNULL,
+                    check=True,
+                )
+                r: dict[str, object] = {"seconds": round(time.perf_counter() - t1, 4)}
+            elif reader == "kcat":
+                r = clients.kcat_consume(
+                    bootstrap, topic, records, taskset=cpus.taskset(cpus.client)
+                )
+            else:
+                r = clients.consume_in_process(
+                    bootstrap, topic, CONSUME_PARTITIONS, records, cpus=client_cpus
+                )
+                if r["messages"] != records or r["value_bytes"] != records * CONSUME_RECORD_BYTES:
+                    raise RuntimeError(
+                        f"confluent-kafka read {r['messages']} of {records} messages"
+                    )
+            cpu = meter.stop()
+            out.emit(
+                **cell,
+                reader=reader,
+                repeat=repeat,
+                mb_per_s=round(file_bytes / float(r["seconds"]) / 1e6, 1),
+                **r,
+                **cpu,
+            )
+    server.delete_topic(topic)
 
 
 def redis_cells(out: Output, args: argparse.Namespace, cpus: Cpus, fsync: str) -> None:
@@ -645,6 +856,28 @@ def redis_cells(out: Output, args: argparse.Namespace, cpus: Cpus, fsync: str) -
                 out.emit(**base, cell="small-redis-benchmark", connections=connections, threads=threads, appends=n,
                          appends_per_s=round(n / cpu["wall_s"]), p50_ms=p50, p99_ms=p99, **cpu,
                          command=" ".join(bench[:-1]) + " <256-byte value>")
+        if "kafka" in args.only and fsync == "always":  # issue 25's peer: -P 16, 100 streams
+            # whole pipelines per connection (redis-benchmark -P overshoots -n otherwise)
+            whole = SMALL_CONNECTIONS[0] * KAFKA_PIPELINE
+            n = KAFKA_GUESS * args.cell_seconds // whole * whole
+            threads = max(1, min(SMALL_CONNECTIONS[0], len(cpus.client)))
+            bench = ["redis-benchmark", "-p", str(port), "-c", str(SMALL_CONNECTIONS[0]),
+                     "--threads", str(threads), "-n", str(n), "-P", str(KAFKA_PIPELINE),
+                     "-r", str(SMALL_PARTITIONS), "--csv", "XADD", "stream:__rand_int__", "*", "f",
+                     SMALL_VALUE]
+            meter = Meter(server.pid)
+            done = subprocess.run([*cpus.taskset(cpus.client), *bench], capture_output=True,
+                                  text=True, check=True)
+            cpu = meter.stop()
+            rows = list(csv.DictReader(io.StringIO(done.stdout)))
+            stored = sum(int(cli("XLEN", f"stream:{i:012d}")) for i in range(SMALL_PARTITIONS))
+            cli("FLUSHALL")
+            out.emit(**base, cell="kafka-redis-benchmark", connections=SMALL_CONNECTIONS[0],
+                     pipeline=KAFKA_PIPELINE, threads=threads, appends=n, stored=stored,
+                     appends_per_s=round(n / cpu["wall_s"]),
+                     p50_ms=float(rows[-1]["p50_latency_ms"]) if rows else None,
+                     p99_ms=float(rows[-1]["p99_latency_ms"]) if rows else None, **cpu,
+                     command=" ".join(bench[:-1]) + " <256-byte value>")
         if "fanout" in args.only and fsync == "always":  # pub/sub keeps nothing: once is enough
             binary = subscribers_binary(args.work)
             rss0 = fanout.rss_bytes([server.pid])
@@ -708,7 +941,9 @@ def machine(args: argparse.Namespace, cpus: Cpus, flag: bool) -> dict[str, objec
     fs = max((m for m in mounts if target == m[1] or target.startswith(m[1].rstrip("/") + "/")),
              key=lambda m: len(m[1]), default=None)
     tools = {}
-    for tool, flag_ in (("wrk", "-v"), ("redis-server", "--version"), ("redis-benchmark", "--version")):
+    tools_asked = (("wrk", "-v"), ("redis-server", "--version"),
+                   ("redis-benchmark", "--version"), ("kcat", "-V"))
+    for tool, flag_ in tools_asked:
         try:
             done = subprocess.run([tool, flag_], capture_output=True, text=True, check=False)
             tools[tool] = ((done.stdout or done.stderr).strip().splitlines() or [None])[0]
@@ -744,7 +979,8 @@ def main() -> int:
     parser.add_argument("--cell-seconds", type=int, default=int(os.environ.get("CELL_SECONDS", "10")))
     parser.add_argument("--client-cpus", type=int, default=None, help="CPUs for the load generators")
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip Redis and dd")
-    parser.add_argument("--only", default="json,python,raw,fetch,small,fanout", help="eventlog cells to run")
+    parser.add_argument("--only", default="json,python,raw,fetch,small,fanout,kafka,consume",
+                        help="eventlog cells to run")
     args = parser.parse_args()
     args.only = set(args.only.split(","))
     args.work.mkdir(parents=True, exist_ok=True)

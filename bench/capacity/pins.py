@@ -1,6 +1,7 @@
 """Print `name==version` for every package the server needs at run time, as this venv has it:
 the dependencies in pyproject.toml's [project] (their extras too, e.g. uvicorn[standard]) and
-everything they require in turn, plus the load script's Python Redis client (redis, hiredis).
+everything they require in turn, plus the load script's Python Redis client (redis, hiredis)
+and Kafka client (confluent-kafka).
 Versions are the installed ones, so the capacity run uses what the tests here ran against.
 
 usage: .venv/bin/python bench/capacity/pins.py   (prepare.sh feeds this to pip download)
@@ -18,7 +19,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
-EXTRA = ("redis[hiredis]",)  # the load script's Redis clients
+# the load script's Redis clients, and librdkafka's Python client for its Kafka cells (the wheel
+# carries librdkafka itself)
+EXTRA = ("redis[hiredis]", "confluent-kafka")
 
 
 def closure(roots: list[str], environment: dict[str, str]) -> dict[str, str]:

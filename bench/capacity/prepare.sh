@@ -5,7 +5,9 @@
 #                   dependencies and theirs, pinned to this .venv's versions by pins.py) and
 #                   redis-py + hiredis, for CPython $PY_VERSION (default 3.12) on x86_64 Linux
 #   .device/debs/   Debian packages of wrk, redis-server, redis-tools (redis-benchmark,
-#                   redis-cli) and the libraries they need that a CUDA/Ubuntu image may lack
+#                   redis-cli), kcat (with librdkafka1, libyajl2; it also needs libssl3,
+#                   libsasl2-2, liblz4-1, libzstd1 from the image, else the Kafka consume cell
+#                   skips it) and the libraries they need that a CUDA/Ubuntu image may lack
 #   .device/subscribers  bench/fanout/subscribers.c built with gcc (the fan-out cells' client)
 #   .device/pins.txt, .device/SOURCE (the commit and whether engine/ api/ app/ workers/ differ)
 # Usage, from the repository root after `make install`: bash bench/capacity/prepare.sh
@@ -27,7 +29,7 @@ done
 .venv/bin/python -m pip download --quiet --no-deps --only-binary=:all: --python-version "$PY_VERSION" \
     --implementation cp $platforms -d .device/whl -r .device/pins.txt
 (cd .device/debs && apt-get download wrk libluajit-5.1-2 libluajit-5.1-common redis-server redis-tools \
-    libjemalloc2 liblzf1 >/dev/null)
+    libjemalloc2 liblzf1 kcat librdkafka1 libyajl2 >/dev/null)
 # the fan-out cells' client (the device machine has no compiler); static, so any glibc runs it
 gcc -O2 -Wall -static -o .device/subscribers bench/fanout/subscribers.c 2>/dev/null \
     || gcc -O2 -Wall -o .device/subscribers bench/fanout/subscribers.c

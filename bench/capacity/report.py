@@ -34,6 +34,9 @@ GOAL_SMALL_APPENDS = 60_000
 GOAL_FANOUT_P50_MS = 5.0  # issue 13: 1,000 SSE subscribers, a record every 10 ms
 GOAL_FANOUT_P99_MS = 20.0
 GOAL_FANOUT_KB = 20.0
+GOAL_KAFKA_REDIS = 1.0  # issue 25: Kafka produce of 256 B records >= 1.0 x Redis AOF always -P 16
+GOAL_KAFKA_HTTP = 10.0  # ... and >= 10 x our own HTTP one-record appends
+GOAL_KAFKA_CONSUME = 0.3  # issue 25: librdkafka reading 1 GB >= 0.3 x cat of the segment files
 JUDGED_FROM_CPUS = 16
 
 
@@ -67,6 +70,27 @@ def _fanout(cell: dict[str, Any]) -> dict[str, Any]:
             **{k: cell[k] for k in ("kb_per_subscriber", "exactly_once_in_order", "server_cores", "subscribers")}}
 
 
+def _consume(passes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Per reader of the kafka-consume cell (cat, kcat, python): the median MB/s of its passes,
+    and each consumer's ratio to cat's median (cat's seconds / the consumer's)."""
+    if not passes:
+        return None
+    out: dict[str, Any] = {"file_bytes": passes[0].get("file_bytes")}
+    for reader in ("cat", "kcat", "python"):
+        runs = [c for c in passes if c.get("reader") == reader]
+        if runs:
+            rates = [c["mb_per_s"] for c in runs]
+            cores = [c["server_cores"] for c in runs]
+            out[reader] = {"median_mb_per_s": round(statistics.median(rates), 1), "mb_per_s": rates,
+                           "server_cores": round(statistics.median(cores), 2)}
+    if "cat" in out:
+        for reader in ("kcat", "python"):
+            if reader in out:
+                ratio = out[reader]["median_mb_per_s"] / out["cat"]["median_mb_per_s"]
+                out[reader]["ratio_to_cat"] = round(ratio, 4)
+    return out
+
+
 def summarize(machines: list[dict[str, Any]], cells: list[dict[str, Any]]) -> dict[str, Any]:
     def of(**match: Any) -> list[dict[str, Any]]:
         return [c for c in cells if all(c.get(k) == v for k, v in match.items())]
@@ -76,15 +100,22 @@ def summarize(machines: list[dict[str, Any]], cells: list[dict[str, Any]]) -> di
     for n in counts:
         row: dict[str, Any] = {}
         for kind, key in (("json-wrk", "records_per_s"), ("json-python", "records_per_s"),
-                          ("raw-produce", "mb_per_s"), ("raw-fetch", "mb_per_s"), ("small-wrk", "appends_per_s")):
+                          ("raw-produce", "mb_per_s"), ("raw-fetch", "mb_per_s"),
+                          ("small-wrk", "appends_per_s"), ("kafka-produce", "records_per_s")):
             best = _best(of(system="eventlog", processes=n, cell=kind), key)
             if best is not None:
+                shape = ("partitions", "connections", "client_processes", "p99_ms",
+                         "producer_processes", "lost")
                 row[kind] = {key: best[key], "server_cores": best["server_cores"],
                              "other_cores": best.get("other_cores"),
-                             **{k: best[k] for k in ("partitions", "connections", "client_processes", "p99_ms") if k in best}}
+                             **{k: best[k] for k in shape if k in best}}
         fan = of(system="eventlog", processes=n, cell="fanout-sse")
         if fan:
             row["fanout-sse"] = _fanout(fan[-1])
+        passes = of(system="eventlog", processes=n, cell="kafka-consume")
+        consume = _consume([c for c in passes if "mb_per_s" in c])
+        if consume:
+            row["kafka-consume"] = consume
         eventlog_cells = [c for c in of(system="eventlog", processes=n) if "server_cores" in c]
         row["max_server_cores"] = max((c["server_cores"] for c in eventlog_cells), default=None)
         row["lost_records"] = sum(c.get("lost", 0) for c in eventlog_cells)
@@ -104,6 +135,12 @@ def summarize(machines: list[dict[str, Any]], cells: list[dict[str, Any]]) -> di
             peers[f"redis {aof} small-redis-benchmark"] = {
                 k: best.get(k) for k in ("appends_per_s", "p50_ms", "p99_ms", "server_cores", "other_cores", "connections")
             }
+    found = [c for c in of(system="redis", cell="kafka-redis-benchmark") if "appends_per_s" in c]
+    best = _best(found, "appends_per_s")
+    if best is not None:
+        keys = ("appends_per_s", "p50_ms", "p99_ms", "server_cores", "other_cores", "connections",
+                "pipeline")
+        peers["redis always kafka-redis-benchmark"] = {k: best.get(k) for k in keys}
     fan = of(system="redis", cell="fanout-redis-pubsub")
     if fan:
         peers["redis pubsub fanout"] = _fanout(fan[-1])
@@ -192,6 +229,36 @@ def goals(machine: dict[str, Any], s: dict[str, Any]) -> list[dict[str, Any]]:
             "other cells grew first)", f"{cell['kb_per_subscriber']:.1f} KB",
             f"Redis: {peer['kb_per_subscriber']:.1f} KB" if peer else "-", GOAL_FANOUT_KB / max(cell["kb_per_subscriber"], 0.01),
             f"<= {GOAL_FANOUT_KB:.0f} KB (ratio = goal / ours)", 1.0)
+    kafka = best_over_n("kafka-produce", "records_per_s")
+    peer = peers.get("redis always kafka-redis-benchmark")
+    if kafka and peer:
+        n, cell = kafka
+        row("Kafka produce, 256 B records over 100 partitions, acks=all (best cell), records/s "
+            "vs Redis XADD AOF always -P 16",
+            f"{cell['records_per_s']:,}/s at N = {n}, {cell.get('producer_processes')} producer "
+            f"processes ({cell['server_cores']:.2f} cores)",
+            f"redis-benchmark -c 100 -P 16 -r 100: {peer['appends_per_s']:,}/s",
+            cell["records_per_s"] / peer["appends_per_s"], f">= {GOAL_KAFKA_REDIS}",
+            GOAL_KAFKA_REDIS)
+    if kafka and small:
+        row("Kafka produce (best cell) vs HTTP one-record appends (best small-wrk cell)",
+            f"{kafka[1]['records_per_s']:,}/s at N = {kafka[0]}",
+            f"HTTP one-record POSTs from wrk: {small[1]['appends_per_s']:,}/s at N = {small[0]}",
+            kafka[1]["records_per_s"] / small[1]["appends_per_s"], f">= {GOAL_KAFKA_HTTP}",
+            GOAL_KAFKA_HTTP)
+    consumes = [(n, r["kafka-consume"]) for n, r in by.items() if "kafka-consume" in r]
+    reader = "kcat" if any("kcat" in c for _n, c in consumes) else "python"
+    consumes = [(n, c) for n, c in consumes if reader in c and "ratio_to_cat" in c[reader]]
+    if consumes:
+        n, cell = max(consumes, key=lambda x: x[1][reader]["ratio_to_cat"])
+        name = "kcat (librdkafka in C)" if reader == "kcat" else "confluent-kafka (Python)"
+        gb = cell["file_bytes"] / 1e9
+        row(f"Kafka consume of {gb:.1f} GB from the start (best N), {name}, MB/s vs cat of the "
+            "segment files (warm page cache)",
+            f"{cell[reader]['median_mb_per_s']:,} MB/s at N = {n} "
+            f"({cell[reader]['server_cores']:.2f} cores)",
+            f"cat > /dev/null: {cell['cat']['median_mb_per_s']:,} MB/s",
+            cell[reader]["ratio_to_cat"], f">= {GOAL_KAFKA_CONSUME}", GOAL_KAFKA_CONSUME)
     fetch = best_over_n("raw-fetch", "mb_per_s")
     if fetch:
         n, cell = fetch
@@ -315,9 +382,16 @@ def main(argv: list[str] | None = None) -> int:
             return f"p50 {v['p50_ms']:.2f} ms, p99 {v['p99_ms']:.2f} ms, {v['kb_per_subscriber']} KB/subscriber"
         return next((f"{v[key]:,} {unit}" for key, unit in units if v.get(key) is not None), "?")
 
+    def describe(kind: str, v: dict[str, Any]) -> str:
+        if kind == "kafka-consume":  # one figure per reader
+            readers = [r for r in ("cat", "kcat", "python") if r in v]
+            rates = [f"{r} {v[r]['median_mb_per_s']:,} MB/s" for r in readers]
+            return "kafka-consume " + ", ".join(rates)
+        return f"{kind} {figure(v)} at {v['server_cores']:.2f} cores"
+
     for n, row in summary["by_processes"].items():
-        print(f"N = {n}: " + "; ".join(
-            f"{kind} {figure(v)} at {v['server_cores']:.2f} cores" for kind, v in row.items() if isinstance(v, dict)))
+        parts = [describe(kind, v) for kind, v in row.items() if isinstance(v, dict)]
+        print(f"N = {n}: " + "; ".join(parts))
     for name, peer in summary["peers"].items():
         print(f"{name}: {figure(peer)}")
     for r in document["summary"]:

@@ -8,7 +8,7 @@
 # On a machine with the project's .venv (this one): PYTHON=.venv/bin/python bash bench/capacity/run.sh
 #
 # Environment: PROCESSES (default 1,2,4,8,16; capped at the CPU count), CELL_SECONDS (10),
-# PEERS (1: also Redis and dd; 0: eventlog only), ONLY (json,python,raw,fetch,small,fanout), CLIENT_CPUS
+# PEERS (1: also Redis and dd; 0: eventlog only), ONLY (json,python,raw,fetch,small,fanout,kafka,consume), CLIENT_CPUS
 # (default a quarter of the CPUs), HOST_LABEL (names the results), WORK (scratch dir on the
 # disk to measure; default /var/tmp/eventlog-capacity), OUT (where capacity.jsonl and
 # capacity.log go; default bench/work/capacity).
@@ -41,7 +41,7 @@ set -o pipefail
 # shellcheck disable=SC2086  # $peers is empty or one option
 "$PYTHON" bench/capacity/load.py --work "$WORK" --out "$OUT/capacity.jsonl" \
     --processes "${PROCESSES:-1,2,4,8,16}" --cell-seconds "${CELL_SECONDS:-10}" \
-    --only "${ONLY:-json,python,raw,fetch,small,fanout}" ${CLIENT_CPUS:+--client-cpus "$CLIENT_CPUS"} $peers \
+    --only "${ONLY:-json,python,raw,fetch,small,fanout,kafka,consume}" ${CLIENT_CPUS:+--client-cpus "$CLIENT_CPUS"} $peers \
     2>&1 | tee "$OUT/capacity.log"
 status=$?
 rm -rf "$WORK"
