@@ -13,6 +13,8 @@ What other packages may use:
                                                 KeyAt, KeyIsNew, KeyHasRecords)
     slicing                                     big JSON documents and lists off the event loop
     errors                                      the error classes API code maps to HTTP
+    interface                                   the above typed: Engine, Topic, Partition, Groups,
+                                                the protocols api/ and broker/ are checked against
 
 Names are imported lazily, so `import engine.format` (all analytics/ may use) stays free of
 anyio and the rest.
