@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Body, Request
 
@@ -21,6 +21,9 @@ from .schemas import (
     RetentionRun,
 )
 
+if TYPE_CHECKING:
+    from workers.manager import Workers
+
 router = APIRouter(prefix="/v1/admin", tags=["admin"], route_class=PolicyRoute)
 
 _problems: dict[int | str, dict[str, Any]] = {
@@ -32,8 +35,8 @@ _problems: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _workers(request: Request) -> Any:
-    workers = request.app.state.workers
+def _workers(request: Request) -> Workers:
+    workers: Workers | None = request.app.state.workers
     if workers is None:
         raise LogClosedError("workers")
     return workers
@@ -44,7 +47,7 @@ async def _on_every_shard(request: Request, what: str, body: MaintenanceRequest 
     shard's too (each shard cleans the partitions it owns)."""
     topic = body.topic if body else None
     partition = body.partition if body else None
-    engine = request.app.state.engine
+    engine: Engine = request.app.state.engine
     if partition is not None:
         if topic is None:
             raise ApiError(422, "validation_error", "`partition` needs `topic`")

@@ -49,7 +49,7 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Awaitable, Callable
 
 import aiofiles
 import aiofiles.os
@@ -312,7 +312,7 @@ def principal_of(request: Request) -> Principal:
     return getattr(request.state, "principal", ANONYMOUS_ADMIN)
 
 
-def require(action: str) -> Callable[..., Principal]:
+def require(action: str) -> Callable[..., Awaitable[Principal]]:
     """A dependency: the caller may do `action`, on the path's topic and group if any."""
 
     async def check(  # async: no threadpool hop for a dictionary lookup

@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.types import Scope
 
 from engine import errors as e
 
@@ -223,11 +224,11 @@ def validation_problem(exc: RequestValidationError) -> Response:
     if invalid_json is not None:  # a body that is not JSON: as produce answers it
         reason = (invalid_json.get("ctx") or {}).get("error") or invalid_json.get("msg", "invalid JSON")
         return problem(400, "invalid_json", f"request body is not valid JSON: {reason}")
-    errors = [
+    errors: list[dict[str, Any]] = [
         {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
         for err in exc.errors()
     ]
-    first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+    first: dict[str, Any] = errors[0] if errors else {"loc": [], "msg": "invalid request"}
     where = ".".join(str(p) for p in first["loc"])
     return problem(422, "validation_error", f"{where}: {first['msg']}" if where else first["msg"], errors=errors)
 
@@ -237,7 +238,7 @@ async def _http_handler(_request: Request, exc: Exception) -> Response:
     return http_problem(exc, _request.app, _request.scope)
 
 
-def http_problem(exc: StarletteHTTPException, app: Any, scope: dict[str, Any]) -> Response:
+def http_problem(exc: StarletteHTTPException, app: Any, scope: Scope) -> Response:
     codes = {
         400: "invalid_json",  # FastAPI: a JSON body it cannot decode (a BOM, then bytes that are not UTF-8)
         404: "not_found", 405: "method_not_allowed", 406: "not_acceptable", 413: "request_too_large", 415: "unsupported_media_type",
@@ -252,7 +253,7 @@ def http_problem(exc: StarletteHTTPException, app: Any, scope: dict[str, Any]) -
     return response
 
 
-def problem_for(exc: Exception, state: Any, scope: dict[str, Any]) -> Response:
+def problem_for(exc: Exception, state: Any, scope: Scope) -> Response:
     """The one mapping, for code that answers an exception itself (api/policy.py): what the
     exception handlers below answer; anything unexpected is logged and answers 500."""
     if isinstance(exc, ApiError):
@@ -267,7 +268,7 @@ def problem_for(exc: Exception, state: Any, scope: dict[str, Any]) -> Response:
     return problem(500, "internal_error", "internal error")
 
 
-def allowed_methods(app: Any, scope: dict[str, Any]) -> list[str]:
+def allowed_methods(app: Any, scope: Scope) -> list[str]:
     """The methods the routes matching scope's path take, HEAD wherever GET (app/main.py)."""
     from starlette.routing import Match
 

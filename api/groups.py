@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from engine.groups import MAX_GROUP_CHARS
+from engine.errors import LogClosedError
+from engine.groups import MAX_GROUP_CHARS, CommittedOffset
+from engine.interface import Groups, MaybeAwaitable
 
 from .auth import Describer, GroupMember, principal_of
 from .deps import Engine
@@ -21,6 +23,7 @@ DEFAULT_GROUPS_PAGE = 1000
 MAX_GROUPS_PAGE = 10_000
 
 router = APIRouter(prefix="/v1/groups", tags=["groups"], route_class=PolicyRoute)
+T = TypeVar("T")
 
 _problems: dict[int | str, dict[str, Any]] = {
     400: {"model": Problem, "description": "invalid_request (group id)"},
@@ -31,7 +34,7 @@ _problems: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _model(group: str, committed) -> GroupOffsets:  # noqa: ANN001
+def _model(group: str, committed: Sequence[CommittedOffset]) -> GroupOffsets:
     return GroupOffsets(
         group=group,
         offsets=[
@@ -54,7 +57,7 @@ async def commit_offsets(group: str, body: GroupOffsetsCommit, request: Request,
         engine.partition(item.topic, item.partition)  # 404 for an unknown topic or partition
         if not principal.covers_topic(item.topic):
             raise ApiError(403, "forbidden", f"{principal.name!r} has no access to topic {item.topic!r}")
-    committed = await engine.groups.commit(group, [(o.topic, o.partition, o.offset, o.metadata) for o in body.offsets])
+    committed = await _groups(engine).commit(group, [(o.topic, o.partition, o.offset, o.metadata) for o in body.offsets])
     return _model(group, committed)
 
 
@@ -70,7 +73,7 @@ async def fetch_offsets(
     topic: str | None = Query(None, description="only this topic's offsets"),
 ) -> GroupOffsets:
     principal = principal_of(request)
-    committed = [c for c in await _ready(engine.groups.fetch(group, topic)) if principal.covers_topic(c.topic)]
+    committed = [c for c in await _ready(_groups(engine).fetch(group, topic)) if principal.covers_topic(c.topic)]
     return _model(group, committed)
 
 
@@ -86,10 +89,10 @@ async def delete_offsets(
     group: str, request: Request, engine: Engine, _principal: GroupMember, topic: str | None = Query(None)
 ) -> Response:
     principal = principal_of(request)
-    topics = {c.topic for c in await _ready(engine.groups.fetch(group, topic))}
+    topics = {c.topic for c in await _ready(_groups(engine).fetch(group, topic))}
     for t in sorted(topics):
         if principal.covers_topic(t):
-            await engine.groups.delete(group, t)
+            await _groups(engine).delete(group, t)
     return Response(status_code=204)
 
 
@@ -121,10 +124,18 @@ async def list_groups(
     if principal.role != "admin":
         def accept(group: str, topics: Iterable[str]) -> bool:
             return principal.covers_group(group) and any(map(principal.covers_topic, topics))
-    groups, next_after = await _ready(engine.groups.groups_page(limit, after, accept))
+    groups, next_after = await _ready(_groups(engine).groups_page(limit, after, accept))
     return GroupList(groups=groups, next_after=next_after)
 
 
-async def _ready(value: Any) -> Any:
+def _groups(engine: Engine) -> Groups:
+    """The engine's group offsets: loaded before an engine is open, so there once it serves."""
+    groups = engine.groups
+    if groups is None:
+        raise LogClosedError("groups")
+    return groups
+
+
+async def _ready(value: MaybeAwaitable[T]) -> T:
     """A lone process's group offsets answer at once; a shard's ask shard 0 (awaitable)."""
     return await value if inspect.isawaitable(value) else value

@@ -22,10 +22,13 @@ from typing import Any
 import anyio
 import orjson
 from fastapi import APIRouter, Header, Query, Request
+from prometheus_client import Counter
 from starlette.responses import Response, StreamingResponse
 
 from engine.errors import LogClosedError, OffsetOutOfRangeError
+from engine.interface import Partition
 from engine.partitioner import partition_for_key
+from engine.produce import KeyProduced
 
 from .auth import Reader, Writer
 from .conditions import key_condition
@@ -99,7 +102,7 @@ def _start_after(offset: int | None, after_offset: int | None) -> int | None:
     return after_offset
 
 
-def _key_partition(engine: Any, topic: str, key: bytes) -> Any:
+def _key_partition(engine: Engine, topic: str, key: bytes) -> Partition:
     state = engine.topic(topic)
     return engine.partition(topic, partition_for_key(key, len(state.partitions)))
 
@@ -201,7 +204,7 @@ async def append_key_records(
     return Response(key_answer(done), media_type="application/json", headers=headers)
 
 
-def key_answer(done: Any) -> bytes:
+def key_answer(done: KeyProduced) -> bytes:
     """A per-key append's answer (KeyProduceResponse), from engine.produce.KeyProduced (the hot
     lane, api/lane.py, answers it too)."""
     return orjson.dumps({"partition": done.partition, "offsets": done.offsets, "base_offset": done.offsets[0],
@@ -234,7 +237,7 @@ async def stream_key_records(
     key_format: Format = Query(Format.string, description=KEY_DOC),
     value_format: Format = Format.string,
     last_event_id: int | None = Header(None, ge=-1, description="resume after this offset (sent by EventSource on reconnect)"),
-) -> StreamingResponse:
+) -> Response:  # an EventStreamResponse (api/sse.py): documented by response_class
     data = path_key(key, key_format.value)
     log = _key_partition(engine, topic, data)
     log.check_open()
@@ -253,7 +256,7 @@ class _KeyEvents:
     """One key's records as events (a source of api/sse.py's core), after offset `after`; on a
     compacted topic a tombstone ends the stream with an `end` event."""
 
-    def __init__(self, engine: Any, log: Any, topic: str, data: bytes, after: int, kf: str, vf: str, fetched: Any) -> None:
+    def __init__(self, engine: Engine, log: Partition, topic: str, data: bytes, after: int, kf: str, vf: str, fetched: Counter) -> None:
         self.engine = engine
         self.log = log
         self.data = data

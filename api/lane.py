@@ -37,6 +37,9 @@ import orjson
 from starlette.datastructures import QueryParams
 from starlette.types import Receive, Scope, Send
 
+from engine.interface import Engine
+from engine.produce import ProduceService
+
 from . import keys, records, sse
 from .auth import ANONYMOUS_ADMIN
 from .conditions import key_condition
@@ -219,7 +222,7 @@ class HotLane:
             policy.observe(scope, route, status, started, sent, principal)
 
     async def _append_key(
-        self, scope: Scope, receive: Receive, send: Send, service: Any, topic: str, key_text: str, key_format: str,
+        self, scope: Scope, receive: Receive, send: Send, service: ProduceService, topic: str, key_text: str, key_format: str,
         declared: int, started: float, received: list[int], content_type: bytes | None, principal: str,
         idempotency_key: bytes | None, if_match: bytes | None, if_none_match: bytes | None,
     ) -> tuple[int, int]:
@@ -263,7 +266,7 @@ class HotLane:
                     self.rules[STREAM_ROUTE], "GET", scope["path"], length, authorization, {"topic": topic},
                     scope.get("query_string", b""),
                 )
-                engine = self.state.engine
+                engine: Engine = self.state.engine  # open: admit checked it
                 log = engine.partition(topic, partition)
                 offset = stream_start(log, offset, last_event_id)
             except Exception as exc:

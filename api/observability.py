@@ -18,7 +18,7 @@ import logging
 import os
 import platform
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from prometheus_client import (
@@ -35,7 +35,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from engine.commits import CommitBatcher, batcher_for
 from engine.groups import GroupOffsets
+from engine.interface import Engine
 from engine.shards import CRASH_LOOP
+
+if TYPE_CHECKING:
+    from engine.partition_log import PartitionLog
+    from workers.manager import Workers
 
 access_logger = logging.getLogger("eventlog.access")
 
@@ -93,10 +98,10 @@ class Metrics:
         self.in_flight = 0  # requests being handled; the request policy counts them on the event loop
         r.register(_InFlightCollector(self))
         r.register(_StreamCollector())
-        self._engine: Any = None
-        self._workers: Any = None
+        self._engine: Engine | None = None
+        self._workers: Workers | None = None
 
-    def attach(self, engine: Any, workers: Any = None) -> None:
+    def attach(self, engine: Engine, workers: Workers | None = None) -> None:
         """Observe a log manager (its commits, fsyncs, and partitions at scrape time) and the
         cleanup workers' figures."""
         self._engine = engine
@@ -110,13 +115,13 @@ class Metrics:
         if getattr(engine, "table", None) is not None:
             self.registry.register(_ShardCollector(engine))
 
-    def _on_commit(self, log: Any, requests: int, records: int, size: int) -> None:
+    def _on_commit(self, log: PartitionLog, requests: int, records: int, size: int) -> None:
         self.commit_requests.observe(requests)
         self.commit_records.observe(records)
         self.produced_records.labels(log.topic).inc(records)
         self.produced_bytes.labels(log.topic).inc(size)
 
-    def _on_fsync(self, _log: Any, seconds: float) -> None:
+    def _on_fsync(self, _log: PartitionLog, seconds: float) -> None:
         self.fsync.observe(seconds)
 
 
@@ -124,11 +129,12 @@ class _ShardCollector:
     """A shard family's health, as the supervisor keeps it in the partition table: every shard
     reads the same table, so /metrics takes the largest of their answers (metrics_merge)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
     def collect(self):  # noqa: ANN201 -- prometheus-client's collector protocol
         table = self.engine.table
+        assert table is not None  # registered for a shard family only (Metrics.attach)
         up = GaugeMetricFamily(
             "eventlog_shard_up", "1 if the shard serves and answers, 0 while it is down, restarting or silent",
             labels=["shard"],
@@ -261,7 +267,7 @@ class _PartitionCollector:
         return [hw, start, size, segments, offline, corrupt, waiters, lag, free, total]
 
 
-def _group_lag(engine: Any, lag: GaugeMetricFamily) -> None:
+def _group_lag(engine: Engine, lag: GaugeMetricFamily) -> None:
     """Each committed offset's lag, from the process that holds the group offsets (the only
     one, or shard 0 of a family: a family's /metrics sums its shards)."""
     groups = getattr(engine, "groups", None)
@@ -288,7 +294,7 @@ def _version() -> str:
 class _WorkerCollector:
     """The retention deleter's and the compactor's figures (workers.manager.WorkerFigures)."""
 
-    def __init__(self, workers: Any) -> None:
+    def __init__(self, workers: Workers) -> None:
         self.workers = workers
 
     def collect(self):  # noqa: ANN201 -- prometheus-client's collector protocol

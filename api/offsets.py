@@ -137,8 +137,10 @@ async def describe_maintenance(
         if workers is None:
             raise LogClosedError("workers")
         state = workers.maintenance(topic, partition)
-    else:
-        state = await engine.channel.call(owner, "maintenance", topic, partition)
+    else:  # another shard's partition: a family, which has a channel
+        channel = engine.channel
+        assert channel is not None
+        state = await channel.call(owner, "maintenance", topic, partition)
     return PartitionMaintenance(
         topic=topic, partition=partition, cleanup_policy=log.config.cleanup_policy, owner_shard=owner, **state
     )

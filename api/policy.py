@@ -55,6 +55,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.errors import LogClosedError
+from engine.interface import Engine
 
 from .auth import ANONYMOUS_ADMIN, Authenticator, Principal, check_access
 from .errors import ApiError, problem_for
@@ -259,10 +260,10 @@ class Policy:
             raise over_quota(quotas, principal, kind, throttle)
         return True
 
-    def engine(self) -> Any:
+    def engine(self) -> Engine:
         """The engine, 503 while it is not open (starting, or stopping)."""
         state = self.state
-        engine = state.engine
+        engine: Engine | None = state.engine
         if engine is None or state.shutting_down:
             raise LogClosedError("engine")
         return engine

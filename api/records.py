@@ -32,6 +32,7 @@ from engine.errors import (
     StorageError,
     TopicDeletedError,
 )
+from engine.interface import Partition
 from engine.log_reads import INLINE_READ_BYTES
 from engine.produce import (
     INLINE_JSON_BYTES,
@@ -41,6 +42,8 @@ from engine.produce import (
     parse_body,
 )
 from engine.reader import RecordsResult
+from engine.records import Record
+from engine.segments import LogView
 from engine.slicing import dumps_parts, free_in_slices, gc_paused
 
 from . import formats
@@ -70,10 +73,10 @@ DROPPED_HEADER_DOC = {
     }
 }
 
-_services: weakref.WeakKeyDictionary[Any, ProduceService] = weakref.WeakKeyDictionary()
+_services: weakref.WeakKeyDictionary[Engine, ProduceService] = weakref.WeakKeyDictionary()
 
 
-def produce_service(engine: Any) -> ProduceService:
+def produce_service(engine: Engine) -> ProduceService:
     """The engine's produce service (one per engine)."""
     service = _services.get(engine)
     if service is None:
@@ -110,7 +113,7 @@ IF_MATCH_DOC = (
 )
 
 
-def _record_bytes(record: Any) -> int:
+def _record_bytes(record: Record) -> int:
     return 48 + len(record.key or b"") + len(record.value or b"") + sum(len(k) + len(v or b"") for k, v in record.headers)
 
 
@@ -247,7 +250,7 @@ def check_json_body(content_type: str | None) -> None:
     raise ApiError(415, "unsupported_media_type", "use application/json")
 
 
-async def _produce(request: Request, engine: Any, principal: Principal, topic: str, idempotency_key: str | None) -> Response:
+async def _produce(request: Request, engine: Engine, principal: Principal, topic: str, idempotency_key: str | None) -> Response:
     check_json_body(request.headers.get("content-type"))
     parts, replayed = await produce_service(engine).produce_json(
         topic, await _read_body(request), principal=principal.name, idempotency_key=idempotency_key,
@@ -295,7 +298,7 @@ async def produce_to_partition(
 
 
 async def _produce_to_partition(
-    request: Request, engine: Any, principal: Principal, topic: str, partition: int, idempotency_key: str | None,
+    request: Request, engine: Engine, principal: Principal, topic: str, partition: int, idempotency_key: str | None,
     if_match: str | None,
 ) -> Response:
     service = produce_service(engine)
@@ -397,7 +400,7 @@ async def fetch(
 
 
 async def _fetch(
-    request: Request, engine: Any, topic: str, partition: int, offset: int | None, max_records: int, max_bytes: int,
+    request: Request, engine: Engine, topic: str, partition: int, offset: int | None, max_records: int, max_bytes: int,
     max_wait_ms: int, kf: str, vf: str,
 ) -> Response:
     log = engine.partition(topic, partition)
@@ -471,7 +474,7 @@ class _Answers:
         self._bytes = 0
         self.reused = 0  # answers given again (eventlog_fetch_answers_reused_total)
 
-    def get(self, key: tuple, log: Any, view: Any) -> Any:
+    def get(self, key: tuple, log: Partition, view: LogView) -> Any:
         kept = self._kept.get(key)
         if kept is None or kept[0]() is not log or kept[1] is not view:
             return None
@@ -480,7 +483,7 @@ class _Answers:
         self.reused += 1
         return kept[2]
 
-    def put(self, key: tuple, log: Any, view: Any, value: Any, size: int) -> None:
+    def put(self, key: tuple, log: Partition, view: LogView, value: Any, size: int) -> None:
         if size > self.BUDGET_BYTES // 16:
             return
         old = self._kept.pop(key, None)
@@ -536,7 +539,7 @@ def _sse_events(result: RecordsResult, kf: str, vf: str) -> bytes:
     )
 
 
-def stream_start(log: Any, offset: int | None, last_event_id: int | None) -> int:
+def stream_start(log: Partition, offset: int | None, last_event_id: int | None) -> int:
     """Where an event stream starts: after Last-Event-ID, else at `offset`, else at the end;
     OffsetOutOfRangeError (416) outside the log."""
     if last_event_id is not None:
@@ -573,7 +576,7 @@ async def stream(
     key_format: Format = Format.string,
     value_format: Format = Format.string,
     last_event_id: int | None = Header(None, ge=-1, description="resume after this offset (sent by EventSource on reconnect)"),
-) -> StreamingResponse:
+) -> Response:  # an EventStreamResponse (api/sse.py): documented by response_class
     from .sse import EventStreamResponse, PartitionEvents  # (sse.py builds on this module)
 
     log = engine.partition(topic, partition)

@@ -22,14 +22,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from prometheus_client import Counter
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from engine.errors import LogClosedError, OffsetOutOfRangeError, StorageError
+from engine.interface import Engine, Partition
 
 from .auth import Principal
 from .errors import ApiError, ServerPaths
-from .policy import SENT_KEY, THROTTLED_KEY
+from .policy import SENT_KEY, THROTTLED_KEY, Policy
 from .quotas import FETCH
 from .records import SSE_KEEPALIVE_S, error_event
 from .tail import FANOUT, TAILS, TRANSPORT_SCOPE_KEY, Parked
@@ -45,7 +47,9 @@ _KEEPALIVE = b": keepalive\n\n"
 
 class Source(Protocol):
     first: bytes
-    position: int
+
+    @property
+    def position(self) -> int: ...
 
     async def next(self, stream: Stream) -> bytes | None: ...
 
@@ -69,7 +73,7 @@ async def run(
     send: Send,
     source: Source,
     *,
-    policy: Any,
+    policy: Policy,
     throttled: Principal | None,
     paths: ServerPaths | None,
 ) -> Stream:
@@ -132,7 +136,7 @@ async def run(
 class EventStreamResponse(Response):
     """A documented route's answer: `source` served by run() under the request's policy."""
 
-    def __init__(self, source: Source, policy: Any, paths: ServerPaths | None) -> None:
+    def __init__(self, source: Source, policy: Policy, paths: ServerPaths | None) -> None:
         self.source = source
         self.policy = policy
         self.paths = paths
@@ -160,7 +164,7 @@ class PartitionEvents:
     subscriber at that position (api/tail.py), a subscriber caught up parked with the pusher."""
 
     def __init__(
-        self, engine: Any, log: Any, position: int, kf: str, vf: str, fetched: Any
+        self, engine: Engine, log: Partition, position: int, kf: str, vf: str, fetched: Counter
     ) -> None:
         self.engine = engine
         self.log = log

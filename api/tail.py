@@ -32,9 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Callable
 from typing import Any
 
-from engine.log_reads import LogReads
+from prometheus_client import Counter
+
+from engine.interface import Partition
 
 from . import records
 
@@ -56,15 +59,15 @@ class Chunk:
 
 class Tails:
     def __init__(self) -> None:
-        self._chunks: weakref.WeakKeyDictionary[Any, dict[tuple[int, str, str], asyncio.Future[Chunk | None]]] = (
+        self._chunks: weakref.WeakKeyDictionary[Partition, dict[tuple[int, str, str], asyncio.Future[Chunk | None]]] = (
             weakref.WeakKeyDictionary()
         )
-        self._tailed: dict[LogReads, int] = {}
+        self._tailed: dict[Partition, int] = {}
         self._ticker: asyncio.TimerHandle | None = None
         self._ticker_loop: asyncio.AbstractEventLoop | None = None
         self.reads = 0  # chunks read and encoded (a figure for tests and benchmarks)
 
-    async def chunk(self, log: LogReads, position: int, kf: str, vf: str) -> Chunk:
+    async def chunk(self, log: Partition, position: int, kf: str, vf: str) -> Chunk:
         """The events for the records from `position` (up to SSE_CHUNK_RECORDS/_BYTES), in
         formats kf/vf; raises what the read raises (OffsetOutOfRangeError, CorruptDataError, ...)."""
         cache = self._chunks.get(log)
@@ -103,7 +106,7 @@ class Tails:
         future.set_result(chunk)
         return chunk
 
-    async def wait(self, log: LogReads, position: int, counted: bool = True) -> bool:
+    async def wait(self, log: Partition, position: int, counted: bool = True) -> bool:
         """Wait for records at `position` (True), or for the next tick or the log's close or
         shutdown (False: look at the log again; send a keep-alive if it is time). `counted`:
         the wait shows in the log's waiters (the pusher's does not: its parked subscribers
@@ -159,12 +162,12 @@ class Fanout:
 
     def __init__(self, tails: Tails) -> None:
         self.tails = tails
-        self._parked: dict[tuple[Any, str, str], list[Parked]] = {}
+        self._parked: dict[tuple[Partition, str, str], list[Parked]] = {}
         self._pushers: set[asyncio.Future[None]] = set()
         self.pushed = 0  # chunks written to parked subscribers (a figure for tests)
 
     async def park(
-        self, log: LogReads, kf: str, vf: str, sub: Parked, fetched: Any, keepalive_s: float, stopping: Any,
+        self, log: Partition, kf: str, vf: str, sub: Parked, fetched: Counter, keepalive_s: float, stopping: Callable[[], bool],
     ) -> None:
         """Hand the subscriber `sub` to the pusher until it is handed back; `sub` then says where
         it is (position, bytes written, time of the last write). Cancelled with it when its
@@ -194,7 +197,7 @@ class Fanout:
                     log.wake_waiters(force=True)
 
     async def _push(
-        self, key: tuple[Any, str, str], subs: list[Parked], fetched: Any, keepalive_s: float, stopping: Any,
+        self, key: tuple[Partition, str, str], subs: list[Parked], fetched: Counter, keepalive_s: float, stopping: Callable[[], bool],
     ) -> None:
         log, kf, vf = key
         tails = self.tails

@@ -9,7 +9,8 @@ from pydantic import BaseModel, Field, StrictInt
 from starlette.responses import Response
 
 from engine.config import is_internal
-from engine.log_manager import OfflinePartition, TopicState
+from engine import interface
+from engine.log_manager import OfflinePartition
 from engine.metadata import INTERNAL_TOPICS
 
 from .auth import Admin, Describer, principal_of
@@ -34,7 +35,7 @@ _change_problems: dict[int | str, dict[str, Any]] = {
 }
 
 
-def topic_model(state: TopicState) -> Topic:
+def topic_model(state: interface.Topic) -> Topic:
     return Topic(
         name=state.name,
         partitions=len(state.partitions),
@@ -45,7 +46,7 @@ def topic_model(state: TopicState) -> Topic:
     )
 
 
-def topic_detail(state: TopicState) -> TopicDetail:
+def topic_detail(state: interface.Topic) -> TopicDetail:
     partitions = []
     for log in state.partitions:
         if isinstance(log, OfflinePartition):

@@ -41,6 +41,7 @@ from kio.schema.errors import ErrorCode
 
 from engine.config import CONFIG_DEFS, LogConfig, normalise_overrides, validate_new_topic_name
 from engine.errors import InvalidConfigError, InvalidPartitionsError, TopicExistsError
+from engine.interface import Engine
 from engine.log_manager import MAX_PARTITIONS
 from engine.metadata import INTERNAL_TOPICS, refuse_internal
 
@@ -230,7 +231,7 @@ def _check_create_request(call: Call, topic: Any, duplicated: set[str]) -> dict[
 
 
 def _check_create(
-    engine: Any, name: str, partitions: int | None, configs: Mapping[str, str]
+    engine: Engine, name: str, partitions: int | None, configs: Mapping[str, str]
 ) -> tuple[int, dict[str, str], LogConfig]:
     """Everything LogManager.create_topic checks, creating nothing (validate_only): the
     partition count, the overrides and the config they make."""
@@ -306,7 +307,7 @@ async def create_topics(call: Call, request: Any) -> Any:
 # -- DeleteTopics ----------------------------------------------------------------------------
 
 
-def _named(engine: Any, name: str | None, topic_id: uuid.UUID | None) -> tuple[str, uuid.UUID]:
+def _named(engine: Engine, name: str | None, topic_id: uuid.UUID | None) -> tuple[str, uuid.UUID]:
     """The topic a DeleteTopicState names (by name, or by id from v6), and its id."""
     by_id = topic_id is not None and topic_id != NO_UUID
     if name is not None and by_id:
@@ -318,8 +319,8 @@ def _named(engine: Any, name: str | None, topic_id: uuid.UUID | None) -> tuple[s
         raise KafkaError(ErrorCode.unknown_topic_id, f"no topic has the id {topic_id}")
     if name is None:
         raise KafkaError(ErrorCode.invalid_request, "a topic needs a name or an id")
-    state = engine.topics.get(name)
-    return name, topic_uuid(state.meta.topic_id) if state is not None else NO_UUID
+    named = engine.topics.get(name)
+    return name, topic_uuid(named.meta.topic_id) if named is not None else NO_UUID
 
 
 @serves(20, "DeleteTopics", 1, 6)
@@ -371,7 +372,7 @@ async def delete_topics(call: Call, request: Any) -> Any:
 # -- CreatePartitions ------------------------------------------------------------------------
 
 
-def _check_add_partitions(engine: Any, name: str, count: int) -> None:
+def _check_add_partitions(engine: Engine, name: str, count: int) -> None:
     """Everything LogManager.add_partitions checks, adding nothing (validate_only)."""
     refuse_internal(name)
     current = len(engine.topic(name).partitions)
@@ -520,7 +521,7 @@ def _describe_broker(call: Call, name: str) -> list[tuple[str, str, int, tuple[A
     ]
     for key, value in broker.engine.config.default_log_config.to_kafka().items():
         source = STATIC_BROKER_CONFIG if key in server else DEFAULT_CONFIG
-        synonyms = ((broker_name(key), value, source),)
+        synonyms: tuple[tuple[str, str, int], ...] = ((broker_name(key), value, source),)
         if source == STATIC_BROKER_CONFIG:
             synonyms += ((broker_name(key), builtin[key], DEFAULT_CONFIG),)
         out.append((broker_name(key), value, source, synonyms))
@@ -650,7 +651,7 @@ def _check_keys(configs: tuple[Any, ...]) -> None:
 
 
 async def _alter_all(
-    call: Call, request: Any, change: Callable[[Any, Any], Awaitable[None]], what: str
+    call: Call, request: Any, change: Callable[[Engine, Any], Awaitable[None]], what: str
 ) -> Any:
     """AlterConfigs and IncrementalAlterConfigs: each resource checked and changed by
     `change(engine, resource)` (topics only), answered on its own."""
@@ -684,7 +685,7 @@ async def alter_configs(call: Call, request: Any) -> Any:
     """A topic's whole set of overrides replaced by the request's (Kafka's semantics: a config
     not named goes back to its default)."""
 
-    async def change(engine: Any, resource: Any) -> None:
+    async def change(engine: Engine, resource: Any) -> None:
         configs: dict[str, str] = {}
         for c in resource.configs:
             if c.value is None:
@@ -739,7 +740,7 @@ async def incremental_alter_configs(call: Call, request: Any) -> Any:
     """SET, DELETE (back to the default), APPEND and SUBTRACT (cleanup.policy) on a topic's
     overrides; the configs not named keep theirs."""
 
-    async def change(engine: Any, resource: Any) -> None:
+    async def change(engine: Engine, resource: Any) -> None:
         name = resource.resource_name
         refuse_internal(name)
         state = engine.topic(name)

@@ -23,6 +23,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from engine.errors import EngineError, TopicExistsError
+from engine.interface import Engine
 from engine.metadata import INTERNAL_TOPICS
 from engine.topic_state import OfflinePartition
 
@@ -95,7 +96,7 @@ async def metadata(call: Call, request: Any) -> Any:
     )
 
 
-def _requested(call: Call, request: Any, engine: Any) -> list[str]:
+def _requested(call: Call, request: Any, engine: Engine) -> list[str]:
     """The topic names asked for: every topic the principal may describe when the request
     names none (v0: an empty list; v1+: null)."""
     wanted = request.topics
@@ -114,14 +115,14 @@ def _requested(call: Call, request: Any, engine: Any) -> list[str]:
     return names
 
 
-def _name_of_id(engine: Any, topic_id: uuid.UUID) -> str | None:
+def _name_of_id(engine: Engine, topic_id: uuid.UUID) -> str | None:
     for name, state in engine.topics.items():
         if topic_uuid(state.meta.topic_id) == topic_id:
             return name
     return None
 
 
-async def _topic(call: Call, engine: Any, name: str, auto_create: bool) -> Any:
+async def _topic(call: Call, engine: Engine, name: str, auto_create: bool) -> Any:
     cls = nested(call.response, "MetadataResponseTopic")
     principal = call.principal
     if name in INTERNAL_TOPICS or not name:
@@ -153,7 +154,7 @@ async def _topic(call: Call, engine: Any, name: str, auto_create: bool) -> Any:
             part_cls,
             error_code=ErrorCode.kafka_storage_error if offline else ErrorCode.none,
             partition_index=index, leader_id=-1 if offline else leader,
-            leader_epoch=-1 if offline else log.current_leader_epoch,
+            leader_epoch=-1 if isinstance(log, OfflinePartition) else log.current_leader_epoch,
             replica_nodes=(leader,), isr_nodes=() if offline else (leader,),
             offline_replicas=(leader,) if offline else (),
         ))

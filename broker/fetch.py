@@ -22,10 +22,11 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from api.quotas import FETCH
+from engine.interface import Engine, Partition
 
 from .cluster import topic_uuid
 from .errors import KafkaError, error_code
-from .listener import Call
+from .listener import Broker, Call
 from .protocol import make, ms, nested, serves
 
 logger = logging.getLogger("eventlog.kafka")
@@ -33,7 +34,7 @@ logger = logging.getLogger("eventlog.kafka")
 MAX_WAIT_MS = 300_000  # (HTTP fetch's own bound on a long-poll)
 
 
-def _check_epoch(log: Any, current_leader_epoch: int) -> None:
+def _check_epoch(log: Partition, current_leader_epoch: int) -> None:
     """A client's current_leader_epoch is the partition's, or unknown (-1): Kafka answers a
     newer one UNKNOWN_LEADER_EPOCH and an older one FENCED_LEADER_EPOCH."""
     if current_leader_epoch < 0:
@@ -88,11 +89,11 @@ async def fetch(call: Call, request: Any) -> Any:
     )
 
 
-def engine_stopping(broker: Any) -> bool:
+def engine_stopping(broker: Broker) -> bool:
     return bool(broker.state.shutting_down)
 
 
-def _topic_names(engine: Any, topics: Any, by_id: bool) -> dict[int, str | None]:
+def _topic_names(engine: Engine, topics: Any, by_id: bool) -> dict[int, str | None]:
     """id(FetchTopic) -> the topic's name (None: a topic id we do not know)."""
     names: dict[int, str | None] = {}
     ids = None
@@ -107,19 +108,20 @@ def _topic_names(engine: Any, topics: Any, by_id: bool) -> dict[int, str | None]
 
 
 async def _read_all(
-    call: Call, engine: Any, request: Any, names: dict[int, str | None]
-) -> tuple[list[list[Any]], int, list[tuple[Any, int]]]:
+    call: Call, engine: Engine, request: Any, names: dict[int, str | None]
+) -> tuple[list[list[Any]], int, list[tuple[Partition, int]]]:
     """Every partition's answer, the bytes in all, and (log, offset) of the partitions a wait
     may see grow."""
     part_cls = nested(call.response, "PartitionData")
     budget = request.max_bytes if request.max_bytes > 0 else 1 << 31
     total = 0
-    waits: list[tuple[Any, int]] = []
+    waits: list[tuple[Partition, int]] = []
     answers = []
     for t in request.topics:
         name = names[id(t)]
         parts = []
         for p in t.partitions:
+            data: bytes | memoryview
             data, error, log = b"", ErrorCode.none, None
             try:
                 if name is None:
@@ -148,7 +150,9 @@ async def _read_all(
     return answers, total, waits
 
 
-def _partition(part_cls: Any, index: int, error: ErrorCode, log: Any, data: Any) -> Any:
+def _partition(
+    part_cls: Any, index: int, error: ErrorCode, log: Partition | None, data: bytes | memoryview
+) -> Any:
     if log is not None and error == ErrorCode.none:
         view = log.view
         hw, start = view.high_watermark, view.log_start_offset
@@ -161,7 +165,7 @@ def _partition(part_cls: Any, index: int, error: ErrorCode, log: Any, data: Any)
     )
 
 
-async def _wait_any(waits: list[tuple[Any, int]], timeout_s: float) -> None:
+async def _wait_any(waits: list[tuple[Partition, int]], timeout_s: float) -> None:
     """Until any of the partitions has data past its offset, or `timeout_s`."""
     tasks = [asyncio.ensure_future(log.wait_for_data(offset, timeout_s)) for log, offset in waits]
     try:
@@ -213,7 +217,7 @@ async def list_offsets(call: Call, request: Any) -> Any:
     return make(cls, throttle_time=ms(0), topics=tuple(topics))
 
 
-async def _offset(log: Any, timestamp: int) -> tuple[int, int]:
+async def _offset(log: Partition, timestamp: int) -> tuple[int, int]:
     """(timestamp, offset) ListOffsets answers for a partition (-1 for none)."""
     view = log.view
     if timestamp in (EARLIEST, EARLIEST_LOCAL):

@@ -17,11 +17,13 @@ answers -1, which clients read as "unknown" and skip the epoch check for.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
+from engine.errors import LogClosedError
 from engine.groups import MAX_GROUP_CHARS
+from engine.interface import Groups, MaybeAwaitable
 
 from .coordinator import GroupState
 from .errors import KafkaError, error_code
@@ -29,9 +31,19 @@ from .listener import Call
 from .protocol import has, make, ms, nested, serves
 
 NO_OFFSET = -1
+T = TypeVar("T")
 
 
-async def _ready(value: Any) -> Any:
+def offsets_of(call: Call) -> Groups:
+    """The engine's group offsets (GroupOffsets on shard 0, RemoteGroups elsewhere). They are
+    loaded before the engine opens, so this raises only what Broker.engine raises."""
+    groups = call.broker.engine.groups
+    if groups is None:
+        raise LogClosedError("groups")
+    return groups
+
+
+async def _ready(value: MaybeAwaitable[T]) -> T:
     """GroupOffsets answers fetches at once on shard 0; RemoteGroups elsewhere with a call."""
     return await value if inspect.isawaitable(value) else value
 
@@ -80,7 +92,7 @@ async def offset_commit(call: Call, request: Any) -> Any:
                     errors[key] = error_code(exc, "OffsetCommit")
     if wanted:
         try:
-            await engine.groups.commit(group, wanted)
+            await offsets_of(call).commit(group, wanted)
         except Exception as exc:
             failed = error_code(exc, "OffsetCommit")
             errors.update({(t, p): failed for t, p, _o, _m in wanted})
@@ -144,7 +156,7 @@ async def _fetch_group(
         call.error = code
         return code, ()
     try:
-        committed = await _ready(call.broker.engine.groups.fetch(group))
+        committed = await _ready(offsets_of(call).fetch(group))
     except Exception as exc:
         call.error = error_code(exc, "OffsetFetch")
         return call.error, ()
@@ -194,7 +206,7 @@ async def offset_delete(call: Call, request: Any) -> Any:
             part_code = ErrorCode.group_subscribed_to_topic
         elif described.state == GroupState.DEAD.value:  # unknown to the coordinator
             try:
-                if not await _ready(call.broker.engine.groups.fetch(group)):
+                if not await _ready(offsets_of(call).fetch(group)):
                     code = ErrorCode.group_id_not_found
             except Exception as exc:
                 code = error_code(exc, "OffsetDelete")
@@ -205,7 +217,7 @@ async def offset_delete(call: Call, request: Any) -> Any:
             if principal.covers_topic(t.name)
         ]
         try:
-            await call.broker.engine.groups.delete_partitions(group, doomed)
+            await offsets_of(call).delete_partitions(group, doomed)
         except Exception as exc:
             code = error_code(exc, "OffsetDelete")
 

@@ -12,12 +12,15 @@ deletes its offsets, as Kafka's coordinator, which loads both from __consumer_of
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
+from engine.interface import MaybeAwaitable
+
 from .coordinator import GroupCoordinator
 from .errors import KafkaError, error_code
+from .group_offsets import offsets_of
 from .listener import Call
 from .protocol import has, make, ms, nested, serves
 
@@ -25,9 +28,10 @@ CLASSIC = "classic"
 EMPTY = "Empty"
 DEAD = "Dead"
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
+T = TypeVar("T")
 
 
-async def _ready(value: Any) -> Any:
+async def _ready(value: MaybeAwaitable[T]) -> T:
     return await value if inspect.isawaitable(value) else value
 
 
@@ -173,12 +177,11 @@ async def leave_group(call: Call, request: Any) -> Any:
 
 async def _offset_groups(call: Call) -> set[str]:
     """The groups that have committed offsets (on the coordinator shard only)."""
-    engine = call.broker.engine
-    return set(await _ready(engine.groups.groups()))
+    return set(await _ready(offsets_of(call).groups()))
 
 
 async def _has_offsets(call: Call, group: str) -> bool:
-    return bool(await _ready(call.broker.engine.groups.fetch(group)))
+    return bool(await _ready(offsets_of(call).fetch(group)))
 
 
 @serves(16, "ListGroups", 0, 5)
@@ -265,7 +268,7 @@ async def delete_groups(call: Call, request: Any) -> Any:
             verdicts = await coordinator.delete_groups([group])
             code = verdicts.get(group, ErrorCode.group_id_not_found)
             if code in (ErrorCode.none, ErrorCode.group_id_not_found):
-                removed = await call.broker.engine.groups.delete(group)
+                removed = await offsets_of(call).delete(group)
                 if removed:
                     code = ErrorCode.none
         except Exception as exc:
