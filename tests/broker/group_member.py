@@ -3,7 +3,10 @@ test can tell which records were delivered, to whom, and which were committed. A
 (librdkafka) member runs in a thread of the test (`Member`) or as a process of its own
 (`spawn_args`, run as `python -m tests.broker.group_member`: the one a test kills with SIGKILL,
 so that its session expires with whatever it had not committed); kafka-python and aiokafka
-members run in a thread (`Member(..., client="kafka-python" | "aiokafka")`).
+members run in a thread (`Member(..., client="kafka-python" | "aiokafka")`). A member whose
+commit fails does what an at-least-once application does: it drops the rest of what it polled
+and reads it again from the failed record on (`rewind`), so a refused commit never leaves a
+record behind.
 
 Each journal entry is a dict: {"event": "assigned" | "revoked" | "lost" | "processed" |
 "committed" | "commit_failed" | "error" | "closed", "member": name, "t": time.monotonic() (one
@@ -121,22 +124,37 @@ def run_kafka_python(
     consumer.subscribe([topic], listener=Listener())
     try:
         while not stop.is_set():
-            for tp, messages in consumer.poll(timeout_ms=100).items():
-                for m in messages:
-                    record = {"partition": tp.partition, "offset": m.offset,
-                              "value": m.value.decode()}
-                    note("processed", **record)
-                    offsets = {TopicPartition(topic, tp.partition):
-                               OffsetAndMetadata(m.offset + 1, "", -1)}
-                    try:
-                        consumer.commit(offsets)
-                    except KafkaError as exc:
-                        note("commit_failed", error=error_name(exc), **record)
-                    else:
-                        note("committed", **record)
+            batch = [(tp, m) for tp, ms in consumer.poll(timeout_ms=100).items() for m in ms]
+            for i, (tp, m) in enumerate(batch):
+                record = {"partition": tp.partition, "offset": m.offset, "value": m.value.decode()}
+                note("processed", **record)
+                offsets = {TopicPartition(topic, tp.partition):
+                           OffsetAndMetadata(m.offset + 1, "", -1)}
+                try:
+                    consumer.commit(offsets)
+                except KafkaError as exc:
+                    note("commit_failed", error=error_name(exc), **record)
+                    rewind(consumer.seek, batch[i:], (KafkaError, AssertionError))
+                    break
+                note("committed", **record)
     finally:
         consumer.close()
         note("closed")
+
+
+def rewind(seek: Callable[[Any, int], None], rest: list[tuple[Any, Any]], gone: Any) -> None:
+    """After a failed commit, what an at-least-once application does with the rest of a polled
+    batch: nothing, and it reads it again: each partition's position goes back to its first
+    record not committed (the one whose commit failed, in its partition). A partition no longer
+    assigned (`gone` is raised) is read by its new owner from the committed offset."""
+    first: dict[Any, int] = {}
+    for tp, m in rest:
+        first.setdefault(tp, m.offset)
+    for tp, offset in first.items():
+        try:
+            seek(tp, offset)
+        except gone:
+            pass
 
 
 NOT_IN_GROUP = "NOT_IN_GROUP"  # the client refused to commit: it knows it left the generation
@@ -152,7 +170,7 @@ def error_name(exc: BaseException) -> str:
             return str(name)
     if "not part of an active group" in str(exc):
         return NOT_IN_GROUP
-    return f"{type(exc).__name__}: {exc}"
+    return type(exc).__name__  # the client's own: a connection refused, a timeout
 
 
 def run_aiokafka(
@@ -186,18 +204,19 @@ def run_aiokafka(
         try:
             while not stop.is_set():
                 polled = await consumer.getmany(timeout_ms=100)
-                for tp, messages in polled.items():
-                    for m in messages:
-                        record = {"partition": tp.partition, "offset": m.offset,
-                                  "value": m.value.decode()}
-                        note("processed", **record)
-                        offsets = {TopicPartition(topic, tp.partition): m.offset + 1}
-                        try:
-                            await consumer.commit(offsets)
-                        except KafkaError as exc:
-                            note("commit_failed", error=error_name(exc), **record)
-                        else:
-                            note("committed", **record)
+                batch = [(tp, m) for tp, ms in polled.items() for m in ms]
+                for i, (tp, m) in enumerate(batch):
+                    record = {"partition": tp.partition, "offset": m.offset,
+                              "value": m.value.decode()}
+                    note("processed", **record)
+                    offsets = {TopicPartition(topic, tp.partition): m.offset + 1}
+                    try:
+                        await consumer.commit(offsets)
+                    except KafkaError as exc:
+                        note("commit_failed", error=error_name(exc), **record)
+                        rewind(consumer.seek, batch[i:], (KafkaError, AssertionError))
+                        break
+                    note("committed", **record)
         finally:
             await consumer.stop()
             note("closed")

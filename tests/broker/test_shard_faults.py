@@ -17,10 +17,12 @@ a server per test for the crashes.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
 import uuid
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +35,7 @@ from tests.app.test_supervisor import _identity
 from tests.conftest import ServerProcess, wait_until
 
 from .conftest import KafkaServer, start_kafka_server
-from .group_member import Member
+from .group_member import NOT_IN_GROUP, Member
 from .test_groups import (
     REFUSED_IN_REBALANCE,
     SteadyProducer,
@@ -56,8 +58,11 @@ RIDE_OUT = {"message.timeout.ms": 60_000, "retry.backoff.ms": 50, "retry.backoff
 # away with the commit unanswered, and the coordinator's for a member it no longer knows
 COORDINATOR_GONE = {
     "NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS",
+    "GROUP_ID_NOT_FOUND", "REQUEST_TIMED_OUT",
+    # librdkafka's own
     "_TRANSPORT", "_WAIT_COORD", "_TIMED_OUT", "_NO_OFFSET", "_ASSIGNMENT_LOST",
-    "GROUP_ID_NOT_FOUND",
+    # kafka-python's and aiokafka's own (group_member.error_name)
+    NOT_IN_GROUP, "KafkaConnectionError", "NodeNotReadyError", "KafkaTimeoutError",
 }
 
 
@@ -91,6 +96,15 @@ def _kill_shard(kafka: KafkaServer, index: int) -> None:
     assert {i: p for i, p in after.items() if i != index} == {
         i: p for i, p in before.items() if i != index
     }, "another shard was restarted"
+
+
+def _drop_refused_sockets() -> None:
+    """Collect the sockets kafka-python 3.0.12 leaves open when a connect is refused (the
+    coordinator was down: kafka/net/inet.py sock_connect raises without closing its socket),
+    without their ResourceWarning, which the suite makes an error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
 
 
 def _topic_on_both_shards(kafka: KafkaServer) -> str:
@@ -148,22 +162,24 @@ def test_an_idempotent_producer_writes_each_record_once_through_a_shard_kill(
     _check_written_once(family.http, topic, producer)
 
 
+@pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python", "aiokafka"])
 def test_a_group_rejoins_and_resumes_from_its_commits_through_a_coordinator_kill(
-    family: KafkaServer,
+    family: KafkaServer, client: str
 ) -> None:
-    """Two confluent-kafka members share a topic, committing each record, while records are
-    produced; shard 0, their coordinator, is SIGKILLed: its groups' membership goes with it,
-    the members rejoin once it is back (a new generation: the initial rebalance delay again),
-    and read on from what they had committed: nothing lost, nothing delivered again that was
-    committed, the committed offsets at the high watermarks in the end."""
+    """Two members (confluent-kafka, kafka-python or aiokafka) share a topic, committing each
+    record, while records are produced; shard 0, their coordinator, is SIGKILLed: its groups'
+    membership goes with it, the members rejoin once it is back (a new generation: the initial
+    rebalance delay again), and read on from what they had committed: nothing lost, nothing
+    delivered again that was committed, the committed offsets at the high watermarks in the
+    end."""
     topic, group = _topic_on_both_shards(family), _group()
     bootstrap, http = family.bootstrap, family.http
     journal: list[dict[str, Any]] = []
     producer = SteadyProducer(bootstrap, topic, PARTITIONS, **RIDE_OUT)
     members: list[Member] = []
     try:
-        members.append(Member(bootstrap, topic, group, "a", journal))
-        members.append(Member(bootstrap, topic, group, "b", journal))
+        members.append(Member(bootstrap, topic, group, "a", journal, client=client))
+        members.append(Member(bootstrap, topic, group, "b", journal, client=client))
         wait_until(lambda: _shared_by(journal, {"a", "b"}), timeout=30, what="a and b sharing")
         before = len(journal)
         _kill_shard(family, 0)
@@ -188,6 +204,7 @@ def test_a_group_rejoins_and_resumes_from_its_commits_through_a_coordinator_kill
         producer.stop()
         for member in members:
             member.close()
+        _drop_refused_sockets()
     records = _check_written_once(http, topic, producer)
     check_consumed_once(journal, records, refusals=REFUSED_IN_REBALANCE | COORDINATOR_GONE)
 
