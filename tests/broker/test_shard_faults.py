@@ -34,7 +34,7 @@ from engine.shards import owner_of
 from tests.app.test_supervisor import _identity
 from tests.conftest import ServerProcess, wait_until
 
-from .conftest import KafkaServer, start_kafka_server
+from .conftest import SHARD_COUNTS, KafkaServer, start_kafka_server
 from .group_member import NOT_IN_GROUP, Member
 from .test_groups import (
     REFUSED_IN_REBALANCE,
@@ -209,7 +209,7 @@ def test_a_group_rejoins_and_resumes_from_its_commits_through_a_coordinator_kill
     check_consumed_once(journal, records, refusals=REFUSED_IN_REBALANCE | COORDINATOR_GONE)
 
 
-@pytest.mark.parametrize("processes", [1, 2], ids=lambda n: f"N={n}")
+@pytest.mark.parametrize("processes", SHARD_COUNTS, ids=lambda n: f"N={n}")
 def test_an_idempotent_producer_rides_out_a_server_crash_and_restart(
     tmp_path: Path, processes: int
 ) -> None:
