@@ -22,7 +22,7 @@ import logging
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
@@ -32,6 +32,12 @@ from engine.shards import owner_of
 
 from . import protocol
 from .protocol import API_VERSIONS_KEY, SIZE, BadRequest
+
+if TYPE_CHECKING:
+    from api.policy import Policy
+    from engine.interface import Engine
+
+    from .coordinator import GroupCoordinator
 
 logger = logging.getLogger("eventlog.kafka")
 
@@ -52,15 +58,15 @@ class Broker:
     host: str  # advertised host
     port: int  # broker 0's port; broker i listens on port + i
     cluster_id: str
-    coordinator: Any = None  # broker/coordinator.py's GroupCoordinator, on the coordinator shard
-    producer_ids: Any = None  # broker/producers.py's ProducerIds
+    coordinator: GroupCoordinator | None = None  # on the coordinator shard
+    producer_ids: Any = None  # broker/produce.py's ProducerIds
 
     @property
-    def policy(self) -> Any:
+    def policy(self) -> Policy:
         return self.state.policy
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Engine:
         """The engine; LogClosedError while starting or stopping (policy.engine)."""
         return self.state.policy.engine()
 
@@ -105,6 +111,14 @@ class Call:
     error: int = 0  # the request's overall error (the access log's status)
     close: bool = False  # close the connection once the response is written (a failed SASL)
     notes: dict[str, Any] = field(default_factory=dict)
+    # for an API served in order (Produce): resolved once the request's effects have their
+    # place (its appends queued); the connection's next request is started only then
+    admitted: asyncio.Future[None] | None = None
+
+    def admit(self) -> None:
+        """The request's effects are in order: the connection may start its next request."""
+        if self.admitted is not None and not self.admitted.done():
+            self.admitted.set_result(None)
 
     @property
     def principal(self) -> Principal:
@@ -124,7 +138,8 @@ class KafkaListener:
         self.sock = sock
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
-        self._busy: set[asyncio.Task[None]] = set()  # connections with a request in progress
+        self._states: dict[asyncio.Task[None], _ConnectionState] = {}
+        self._closing = False  # no new requests are read
 
     async def start(self) -> None:
         from . import apis  # noqa: F401  (registers every handler)
@@ -132,18 +147,17 @@ class KafkaListener:
         self._server = await asyncio.start_server(self._serve, sock=self.sock, limit=1 << 16)
 
     async def close(self) -> None:
-        """Stop accepting; let requests in progress finish (CLOSE_GRACE_S), close the rest; the
-        group coordinator answers its parked JoinGroups and SyncGroups (NOT_COORDINATOR)."""
+        """Stop accepting and reading requests; let those in service finish (CLOSE_GRACE_S),
+        then close every connection; the group coordinator answers its parked JoinGroups and
+        SyncGroups (NOT_COORDINATOR)."""
+        self._closing = True
         if self._server is not None:
             self._server.close()
         if self.broker.coordinator is not None:
             self.broker.coordinator.close()
-        idle = self._connections - self._busy
-        for task in idle:
-            task.cancel()
-        busy = list(self._busy)
+        busy = [state.idle.wait() for state in self._states.values() if state.in_flight]
         if busy:
-            await asyncio.wait(busy, timeout=CLOSE_GRACE_S)
+            await asyncio.wait([asyncio.ensure_future(b) for b in busy], timeout=CLOSE_GRACE_S)
         for task in list(self._connections):
             task.cancel()
         if self._connections:
@@ -170,17 +184,45 @@ class KafkaListener:
             logger.exception("kafka connection from %s closed: request failed", peer)
         finally:
             self._connections.discard(task)
-            self._busy.discard(task)
             writer.close()
 
     async def _requests(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: Connection
     ) -> None:
+        """Read requests and answer them in order, up to MAX_IN_FLIGHT of them in service at
+        once: a client's pipelined requests (librdkafka keeps 5 Produce requests in flight per
+        connection) share the group commits their appends meet, instead of one fsync each in
+        turn. An API served in order (Produce) starts the next request only once its own
+        appends are queued (Call.admitted), so a connection's appends to a partition keep the
+        order they were sent in (an idempotent producer's sequences). Until SASL is done,
+        requests are served one at a time."""
+        state = _ConnectionState()
+        answers: asyncio.Queue[_InFlight] = asyncio.Queue(MAX_IN_FLIGHT)
+        reading = asyncio.ensure_future(self._read(reader, connection, answers, state))
+        writing = asyncio.ensure_future(self._write(writer, connection, answers, state))
+        self._states[asyncio.current_task()] = state  # type: ignore[index]
+        try:
+            await asyncio.wait({reading, writing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reading, writing):
+                task.cancel()
+            await asyncio.wait({reading, writing})
+            self._states.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+        for task in (writing, reading):  # the writer's error first: it is the request's
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+
+    async def _read(
+        self, reader: asyncio.StreamReader, connection: Connection,
+        answers: asyncio.Queue[_InFlight], state: _ConnectionState,
+    ) -> None:
         policy = self.broker.policy
         limit = policy.max_request_bytes
-        task = asyncio.current_task()
-        assert task is not None
-        while True:
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            mute = state.mute_until - loop.time()
+            if mute > 0:  # muted, as Kafka mutes a throttled channel
+                await asyncio.sleep(mute)
             async with asyncio.timeout(IDLE_TIMEOUT_S):
                 head = await reader.readexactly(4)
             (size,) = SIZE.unpack(head)
@@ -191,44 +233,78 @@ class KafkaListener:
             async with asyncio.timeout(policy.timeout_s):
                 frame = await reader.readexactly(size)
             started = time.perf_counter()
-            self._busy.add(task)
+            call, answer = self._start(frame, connection)
+            state.begin()
+            await answers.put(_InFlight(started, call, answer))
+            waits: set[asyncio.Future[Any]] = {answer}
+            if isinstance(call, Call) and call.admitted is not None:
+                waits.add(call.admitted)
+            elif connection.authenticated and not connection.raw_sasl:
+                continue
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+
+    async def _write(
+        self, writer: asyncio.StreamWriter, connection: Connection,
+        answers: asyncio.Queue[_InFlight], state: _ConnectionState,
+    ) -> None:
+        policy = self.broker.policy
+        loop = asyncio.get_running_loop()
+        while True:
+            item = await answers.get()
+            call = item.call
             try:
-                call, answer = await self._handle(frame, connection)
+                answer = await item.answer
                 if answer is not None:
                     writer.write(answer)
                     await writer.drain()
             finally:
-                self._busy.discard(task)
+                state.end()
             policy.observe_kafka(
-                call.api_name, call.version, call.error, started, call.sent, connection.peer,
+                call.api_name, call.version, call.error, item.started, call.sent, connection.peer,
                 connection.principal.name,
             )
             if call.close:
                 return
-            if call.throttle_ms > 0:  # muted, as Kafka mutes a throttled channel
-                await asyncio.sleep(call.throttle_ms / 1000)
+            if call.throttle_ms > 0:
+                state.mute_until = max(state.mute_until, loop.time() + call.throttle_ms / 1000)
 
-    async def _handle(self, frame: bytes, connection: Connection) -> tuple[Any, bytes | None]:
+    def _start(self, frame: bytes, connection: Connection) -> tuple[Any, asyncio.Future[Any]]:
+        """The request in `frame` parsed, its handler started: (its Call, the future of its
+        framed answer, None for none). Raises BadRequest for a request that does not parse."""
+        loop = asyncio.get_running_loop()
         if connection.raw_sasl:
-            return self._raw_sasl(frame, connection)
+            call, answer = self._raw_sasl(frame, connection)
+            return call, _done(loop, answer)
         key, version, correlation_id = protocol.peek(frame)
         if key == API_VERSIONS_KEY and key in protocol.APIS:
             api = protocol.APIS[key]
             if not api.min_version <= version <= api.max_version:
                 refused = _Unparsed("ApiVersions", version, ErrorCode.unsupported_version)
-                return refused, unsupported(correlation_id)
+                return refused, _done(loop, unsupported(correlation_id))
         request = protocol.parse(frame)
         if not connection.authenticated and key not in (
             API_VERSIONS_KEY, SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY,
         ):
             raise BadRequest(f"{request.api.name} before SASL authentication")
         call = Call(self.broker, connection, key, version, request.client_id, request.api.name)
-        response = await request.api.handler(call, request.body)
-        if response is None:
-            return call, None
-        answer = protocol.encode_response(key, version, correlation_id, response, request.flexible)
-        return call, answer
+        if request.api.ordered:
+            call.admitted = loop.create_future()
+        task = asyncio.ensure_future(self._handle(call, request, correlation_id))
+        task.add_done_callback(_retrieve)
+        return call, task
 
+    async def _handle(
+        self, call: Call, request: protocol.Request, correlation_id: int
+    ) -> bytes | None:
+        try:
+            response = await request.api.handler(call, request.body)
+        finally:
+            call.admit()
+        if response is None:
+            return None
+        return protocol.encode_response(
+            call.api_key, call.version, correlation_id, response, request.flexible
+        )
 
     def _raw_sasl(self, message: bytes, connection: Connection) -> tuple[Any, bytes | None]:
         """KIP-43's flow, after SaslHandshake v0: the frame is the PLAIN message itself, with
@@ -246,6 +322,48 @@ class KafkaListener:
             )
             return call, None
         return call, SIZE.pack(0)
+
+
+MAX_IN_FLIGHT = 16  # requests of one connection in service at once (librdkafka sends up to 5)
+
+
+class _ConnectionState:
+    """What a connection's reader and writer share: requests in service, the mute's end."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.mute_until = 0.0  # loop time: no request is read before it (a quota's throttle)
+
+    def begin(self) -> None:
+        self.in_flight += 1
+        self.idle.clear()
+
+    def end(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight:
+            self.idle.set()
+
+
+@dataclass(frozen=True, slots=True)
+class _InFlight:
+    started: float  # perf_counter when its bytes were in
+    call: Any  # Call, or _Unparsed
+    answer: asyncio.Future[bytes | None]
+
+
+def _done(loop: asyncio.AbstractEventLoop, answer: bytes | None) -> asyncio.Future[bytes | None]:
+    future: asyncio.Future[bytes | None] = loop.create_future()
+    future.set_result(answer)
+    return future
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Marks a handler's error as seen: the writer raises it when it comes to the request; one
+    whose connection closed before is of no one's concern (its client is gone)."""
+    if not task.cancelled():
+        task.exception()
 
 
 @dataclass

@@ -42,7 +42,7 @@ ACKS = (0, 1, -1)
 EPOCH_MAX = 32767  # producer epochs are int16; past it the producer gets a new id
 
 
-@serves(0, "Produce", 3, 11)
+@serves(0, "Produce", 3, 11, ordered=True)
 async def produce(call: Call, request: Any) -> Any:
     broker = call.broker
     policy = broker.policy
@@ -68,8 +68,24 @@ async def produce(call: Call, request: Any) -> Any:
         return _all_failed(call, request, code, message)
     service = ProduceService(engine)
     max_inflated = broker.state.settings.max_inflated_bytes_per_request
+    # the request is admitted (the connection's next one may start) once every partition's
+    # append is queued or refused: pipelined requests then append in the order sent
+    unqueued = [sum(len(t.partition_data) for t in request.topic_data)]
+
+    def queued() -> None:
+        unqueued[0] -= 1
+        if not unqueued[0]:
+            call.admit()
 
     async def one(topic: str, partition: int, records: Any) -> Any:
+        marked = False
+
+        def mark() -> None:
+            nonlocal marked
+            if not marked:
+                marked = True
+                queued()
+
         try:
             if not (principal.allows("write", topic=topic)):
                 raise KafkaError(
@@ -80,7 +96,7 @@ async def produce(call: Call, request: Any) -> Any:
             log = service.partition(topic, partition)
             result = await service.produce_raw(
                 topic, partition, bytearray(records), principal=principal.name,
-                max_inflated_bytes=max_inflated,
+                max_inflated_bytes=max_inflated, queued=mark,
             )
             append_time = result.timestamp if log.config.log_append_time else -1
             return make(
@@ -90,6 +106,7 @@ async def produce(call: Call, request: Any) -> Any:
                 record_errors=(), error_message=None,
             )
         except Exception as exc:
+            mark()
             code = error_code(exc, "Produce")
             return make(
                 part_cls, index=partition, error_code=code, base_offset=-1,
@@ -112,6 +129,7 @@ async def produce(call: Call, request: Any) -> Any:
     # them, and its idempotence must keep them once (tests/broker/test_shard_faults.py)
     crash_point("kafka.produce.after_append")
     if acks == 0:
+        call.close = bool(call.error)  # Kafka's answer to a failed acks=0 request: it closes
         return None
     return make(cls, responses=tuple(topics), throttle_time=ms(call.throttle_ms))
 

@@ -56,20 +56,26 @@ class Api:
     max_version: int
     handler: Handler
     # the quota and right it needs are the handler's own business (topics differ per partition)
+    # served in order: a connection's next request starts once this one is admitted (its
+    # appends queued: broker/listener.py), so pipelined appends keep their order
+    ordered: bool = False
 
 
 APIS: dict[int, Api] = {}
 
 
-def serves(key: int, name: str, min_version: int, max_version: int) -> Callable[[Handler], Handler]:
-    """Register `handler` as the server of API `key`, versions min..max (both served by kio)."""
+def serves(
+    key: int, name: str, min_version: int, max_version: int, *, ordered: bool = False
+) -> Callable[[Handler], Handler]:
+    """Register `handler` as the server of API `key`, versions min..max (both served by kio);
+    `ordered`: see Api.ordered (the handler calls call.admit() once its effects are queued)."""
 
     def register(handler: Handler) -> Handler:
         if key in APIS:
             raise RuntimeError(f"API {key} ({name}) registered twice")
         for version in (min_version, max_version):
             load_request_schema(key, version)  # (raises if kio has no such version)
-        APIS[key] = Api(key, name, min_version, max_version, handler)
+        APIS[key] = Api(key, name, min_version, max_version, handler, ordered)
         return handler
 
     return register

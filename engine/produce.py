@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence, TypeVar
 import anyio
 import orjson
 
-from . import compression
+from . import compression, interface
 from .conditions import ExpectedOffset, KeyCondition, key_version
 from .config import LogConfig
 from .errors import (
@@ -116,7 +116,8 @@ class Partition(Protocol):
     config: LogConfig
 
     async def append(
-        self, batches: Sequence[PreparedBatch], *, expected_offset: int | None = None, size: int | None = None
+        self, batches: Sequence[PreparedBatch], *, expected_offset: int | None = None, size: int | None = None,
+        key_condition: tuple[bytes, int] | None = None,
     ) -> AppendResult: ...
 
     def append_soon(
@@ -399,10 +400,10 @@ def _offsets(prepared: _PreparedJson, results: dict[int, AppendResult]) -> list[
 class ProduceService:
     """Produce requests against one engine (a LogManager, or a shard's view of the family)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: interface.Engine) -> None:
         self.engine = engine
 
-    def partition(self, topic: str, partition: int) -> Partition:
+    def partition(self, topic: str, partition: int) -> interface.Partition:
         """The partition a produce to (topic, partition) writes: refuses internal topics, and
         raises TopicNotFoundError, PartitionNotFoundError, PartitionOfflineError. A router calls
         it before reading the body."""
@@ -484,7 +485,7 @@ class ProduceService:
                     group.append(rec)
         if expected_offset is not None and len(by_partition) > 1:
             raise InvalidFieldError("expected_offset: the records go to several partitions; a conditional append writes one")
-        groups = {}
+        groups: dict[int, tuple[Partition, list[PreparedBatch]]] = {}
         for p, recs in by_partition.items():
             log = self.engine.partition(topic, p)
             groups[p] = (log, encode_batches(recs, log, producer_id))
@@ -578,24 +579,31 @@ class ProduceService:
         idempotency_key: str | None = None,
         condition: ExpectedOffset | None = None,
         max_inflated_bytes: int | None = None,
+        queued: Callable[[], None] | None = None,
     ) -> RawProduced:
         """Append the v2 batches of `body` (rewritten in place: offsets, and the Idempotency-Key's
         producer id), if the partition's next offset is `condition`'s (OffsetMismatchError
         otherwise). Compressed batches inflate to at most `max_inflated_bytes` in all. A big
         body (it may hold a million small batches) is checked in a worker thread and its batch
-        objects are freed there."""
+        objects are freed there. `queued` is called once the append has its place in the
+        partition's queue (appends queued later come after it: a Kafka connection's pipelined
+        requests keep their order, broker/listener.py)."""
         log = self.partition(topic, partition)
         expected_offset = expected_offset_of(condition, None)
         producer_id = producer_id_for(principal, idempotency_key)
         prepare = functools.partial(prepare_raw, body, log, producer_id, max_inflated_bytes)
         if len(body) <= VALIDATE_IN_THREAD_BYTES:
             batches, max_timestamp = prepare()
-            result = await _append(log, batches, expected_offset, producer_id, len(body))
+            result = await _append(
+                log, batches, expected_offset, producer_id, len(body), queued=queued
+            )
         else:
             with gc_paused():
                 batches, max_timestamp = await anyio.to_thread.run_sync(prepare)
                 try:
-                    result = await _append(log, batches, expected_offset, producer_id, len(body))
+                    result = await _append(
+                        log, batches, expected_offset, producer_id, len(body), queued=queued
+                    )
                 except Exception:  # the append is over (a cancelled one may still be queued: left alone)
                     await anyio.to_thread.run_sync(free_in_slices, batches)
                     raise
@@ -708,11 +716,26 @@ def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
 
 async def _append(
     log: Partition, batches: list[PreparedBatch], expected_offset: int | None, producer_id: int, size: int | None = None,
-    *, key_condition: tuple[bytes, int] | None = None,
+    *, key_condition: tuple[bytes, int] | None = None, queued: Callable[[], None] | None = None,
 ) -> AppendResult:
     """log.append; a sequence error of an Idempotency-Key's producer id means the key was
-    reused for another request."""
+    reused for another request. With `queued`: through append_soon, which queues at once (in
+    call order, also while the queue is full), calling `queued` then."""
     try:
+        if queued is not None:
+            future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+
+            def answered(result: AppendResult | None, error: BaseException | None) -> None:
+                if future.done():
+                    return
+                if error is None:
+                    future.set_result(result)  # type: ignore[arg-type]
+                else:
+                    future.set_exception(error)
+
+            log.append_soon(batches, answered, expected_offset=expected_offset, size=size)
+            queued()
+            return await future
         if key_condition is not None:
             return await log.append(batches, expected_offset=expected_offset, size=size, key_condition=key_condition)
         return await log.append(batches, expected_offset=expected_offset, size=size)

@@ -146,3 +146,40 @@ def test_a_retried_batch_is_answered_with_its_offset_and_written_once(
         (epoch, 2),
         (bumped, 0),
     ]
+
+
+@pytest.mark.parametrize("partition", [0, 1])
+def test_pipelined_produce_requests_append_in_the_order_sent(
+    kafka_server, new_topic, partition: int
+) -> None:
+    """librdkafka keeps up to 5 Produce requests in flight on a connection: the listener serves
+    them together (their appends share commits) but queues their appends in the order sent, so
+    an idempotent producer's sequences never arrive out of order, and answers them in order.
+    A big batch (checked in a worker thread) first, small ones behind it."""
+    topic = new_topic(2)
+    with Wire(kafka_server.bootstrap) as wire:
+        pid, epoch = _init_producer(wire)
+        sizes = [12000, 2, 2, 2, 2, 2, 2, 2]  # the first over the engine's in-thread threshold
+        sequence = 0
+        cls = ProduceRequest[9]
+        for count in sizes:
+            batch = _batch(pid, epoch, sequence, count)
+            part = cls.TopicProduceData.PartitionProduceData(index=partition, records=batch)
+            wire.protocol.send_request(cls(
+                transactional_id=None, acks=-1, timeout_ms=10_000,
+                topic_data=[cls.TopicProduceData(name=topic, partition_data=[part])],
+            ))
+            sequence += count
+        wire.sock.sendall(wire.protocol.send_bytes())  # all eight before any answer
+        answers = []
+        while len(answers) < len(sizes):
+            data = wire.sock.recv(1 << 16)
+            assert data, "the broker closed the connection"
+            answers += [a for _, a in wire.protocol.receive_bytes(data)]
+    results = [t.partition_responses[0] for a in answers for t in a.responses]
+    assert [r.error_code for r in results] == [0] * len(sizes)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    assert [r.base_offset for r in results] == starts  # answered in order, appended in order
+    batches, decoded = decode_all(read_raw(kafka_server.http, topic, partition))
+    assert [b.base_sequence for b in batches] == starts
+    assert len(decoded) == sum(sizes)
