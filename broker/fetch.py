@@ -161,7 +161,7 @@ def _partition(
     return make(
         part_cls, partition_index=index, error_code=error, high_watermark=hw,
         last_stable_offset=hw, log_start_offset=start, aborted_transactions=None,
-        preferred_read_replica=-1, records=bytes(data),
+        preferred_read_replica=-1, records=data,
     )
 
 

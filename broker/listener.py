@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("eventlog.kafka")
 
+Buffer = bytes | memoryview  # a framed answer
 SASL_HANDSHAKE_KEY = 17
 SASL_AUTHENTICATE_KEY = 36
 IDLE_TIMEOUT_S = 600.0  # Kafka's connections.max.idle.ms
@@ -295,7 +296,7 @@ class KafkaListener:
 
     async def _handle(
         self, call: Call, request: protocol.Request, correlation_id: int
-    ) -> bytes | None:
+    ) -> Buffer | None:
         try:
             response = await request.api.handler(call, request.body)
         finally:
@@ -350,11 +351,13 @@ class _ConnectionState:
 class _InFlight:
     started: float  # perf_counter when its bytes were in
     call: Any  # Call, or _Unparsed
-    answer: asyncio.Future[bytes | None]
+    answer: asyncio.Future[Buffer | None]
 
 
-def _done(loop: asyncio.AbstractEventLoop, answer: bytes | None) -> asyncio.Future[bytes | None]:
-    future: asyncio.Future[bytes | None] = loop.create_future()
+def _done(
+    loop: asyncio.AbstractEventLoop, answer: Buffer | None
+) -> asyncio.Future[Buffer | None]:
+    future: asyncio.Future[Buffer | None] = loop.create_future()
     future.set_result(answer)
     return future
 
@@ -378,7 +381,7 @@ class _Unparsed:
     close: bool = False
 
 
-def unsupported(correlation_id: int) -> bytes:
+def unsupported(correlation_id: int) -> Buffer:
     """ApiVersions v0's UNSUPPORTED_VERSION answer, with the versions we serve: the client
     retries with one of them (KIP-511)."""
     from .cluster import api_versions_body

@@ -148,8 +148,10 @@ def parse(frame: bytes | bytearray | memoryview) -> Request:
 
 def encode_response(
     key: int, version: int, correlation_id: int, body: Any, flexible: bool
-) -> bytes:
-    """The framed response: size, header (v1 when flexible, but v0 for ApiVersions), body."""
+) -> memoryview:
+    """The framed response: size, header (v1 when flexible, but v0 for ApiVersions), body; a
+    view of the buffer it was written in (a Fetch answer's record bytes are copied once, into
+    it, and not again before the socket)."""
     out = io.BytesIO()
     out.write(b"\0\0\0\0")
     if flexible and key != API_VERSIONS_KEY:
@@ -159,8 +161,7 @@ def encode_response(
     _writer(type(body))(out, body)
     data = out.getbuffer()
     SIZE.pack_into(data, 0, len(data) - 4)
-    del data
-    return out.getvalue()
+    return data
 
 
 # -- building responses across versions --------------------------------------------------------
