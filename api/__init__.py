@@ -7,14 +7,26 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from . import admin, console, docs, groups, health, keys, offsets, records, snapshots, topics
+from . import (
+    admin,
+    console,
+    docs,
+    groups,
+    health,
+    keys,
+    offsets,
+    queues,
+    records,
+    snapshots,
+    topics,
+)
 from .errors import PROBLEM_JSON, install_error_handlers
 from .schemas import KeyProduceRequest, ProduceRequest
 
 # operations under a produce or fetch quota (quotas.py)
 _QUOTA_OPERATIONS = frozenset({
     "produceRecords", "produceToPartition", "fetchRecords", "streamRecords", "appendKeyRecords", "readKeyRecords",
-    "streamKeyRecords",
+    "streamKeyRecords", "leaseQueueRecords",
 })
 # models referenced only from openapi_extra (bodies parsed by hand) must still be published
 _EXTRA_SCHEMAS = (ProduceRequest, KeyProduceRequest)
@@ -31,6 +43,7 @@ def install_routes(app: FastAPI) -> None:
     app.include_router(keys.router)
     app.include_router(offsets.router)
     app.include_router(groups.router)
+    app.include_router(queues.router)
     app.include_router(admin.router)
     app.include_router(snapshots.router)
     app.include_router(health.server_router)

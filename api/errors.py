@@ -51,6 +51,8 @@ ENGINE_ERRORS: dict[type[e.EngineError], tuple[int, str]] = {
     e.SnapshotLimitError: (507, "snapshot_limit"),
     e.TopicNotFoundError: (404, "topic_not_found"),
     e.PartitionNotFoundError: (404, "partition_not_found"),
+    e.QueueNotFoundError: (404, "queue_not_found"),
+    e.QueueExistsError: (409, "queue_exists"),
     e.NotFoundError: (404, "not_found"),
     e.TopicExistsError: (409, "topic_exists"),
     e.InvalidTopicNameError: (422, "invalid_topic_name"),

@@ -44,6 +44,8 @@ KINDS = (PRODUCE, FETCH)
 
 _PRODUCE_PATH = re.compile(r"^/v1/topics/[^/]+/(?:partitions/[^/]+/|keys/.*/)?records$")
 _FETCH_PATH = re.compile(r"^/v1/topics/[^/]+/(?:partitions/[^/]+|keys/.*)/records(?:/stream)?$")
+# a queue's lease (api/queues.py): its records count as fetched
+_LEASE_PATH = re.compile(r"^/v1/topics/[^/]+/queues/[^/]+/lease$")
 
 
 def request_kind(method: str, path: str) -> str | None:
@@ -51,6 +53,8 @@ def request_kind(method: str, path: str) -> str | None:
     if method == "POST" and _PRODUCE_PATH.match(path):
         return PRODUCE
     if method == "GET" and _FETCH_PATH.match(path):
+        return FETCH
+    if method == "POST" and _LEASE_PATH.match(path):
         return FETCH
     return None
 

@@ -11,7 +11,7 @@ JSON schema is the same). records.py's hand-parsed produce bodies are held to th
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
@@ -410,3 +410,136 @@ class Snapshot(BaseModel):
 
 class SnapshotList(BaseModel):
     snapshots: list[Snapshot]
+
+
+
+# -- queues (api/queues.py, engine/queues.py) --------------------------------------------------
+
+
+class QueueStartTime(BaseModel):
+    timestamp: StrictInt = Field(
+        ge=0, description="ms since the epoch: the first record at or after it"
+    )
+    model_config = ConfigDict(extra="forbid")
+
+
+class QueueCreate(BaseModel):
+    """A queue's settings (PUT): the same again answers 200, others 409 queue_exists."""
+
+    lock_ms: StrictInt = Field(
+        30_000, ge=100, le=43_200_000, description="how long a lease holds its record"
+    )
+    max_deliveries: StrictInt = Field(
+        5,
+        ge=1,
+        le=1000,
+        description="after this many deliveries without an ack, the record is dead-lettered",
+    )
+    ordering: Literal["none", "key"] = Field(
+        "none",
+        description="key: no record is leased while an earlier record of its key is leased "
+        "or waiting",
+    )
+    start: Literal["earliest", "latest"] | QueueStartTime = Field(
+        "earliest",
+        description='where each partition\'s queue begins: "earliest", "latest" or '
+        '{"timestamp": ms}',
+    )
+    dead_letter_topic: str | None = Field(
+        None,
+        min_length=1,
+        max_length=249,
+        description="where dead records go, with headers naming their source; null: archived",
+    )
+    model_config = ConfigDict(extra="forbid")
+
+
+class QueuePartition(BaseModel):
+    partition: int
+    start_offset: int = Field(description="the first offset not yet acknowledged or dead-lettered")
+    end_offset: int = Field(description="the partition's high watermark")
+    available: int = Field(description="records waiting for a lease (read or not yet)")
+    leased: int
+    acked: int = Field(description="acknowledged since the queue was made")
+    dead_lettered: int = Field(description="dead-lettered or archived since the queue was made")
+    lag: int = Field(description="records from start_offset to end_offset not yet settled")
+    redeliveries: int = Field(
+        description="leases of a record delivered before (since this server started)"
+    )
+    lost_to_retention: int = Field(
+        description="unsettled records retention deleted (since this server started)"
+    )
+
+
+class Queue(BaseModel):
+    topic: str
+    queue: str
+    lock_ms: int
+    max_deliveries: int
+    ordering: str
+    start: str | QueueStartTime
+    dead_letter_topic: str | None
+    created_ms: int
+    partitions: list[QueuePartition]
+
+
+class QueueList(BaseModel):
+    queues: list[str] = Field(description="sorted by name")
+
+
+class LeaseRequest(BaseModel):
+    max_records: StrictInt = Field(100, ge=1, le=10_000)
+    lock_ms: StrictInt | None = Field(
+        None, ge=100, le=43_200_000, description="default: the queue's lock_ms"
+    )
+    wait_ms: StrictInt = Field(
+        0, ge=0, le=30_000, description="long-poll: wait this long for a record"
+    )
+    model_config = ConfigDict(extra="forbid")
+
+
+class LeasedRecord(BaseModel):
+    partition: int
+    offset: int
+    key: Any = Field(description="in the requested key_format; null for a null key")
+    value: Any = Field(description="in the requested value_format; null for a tombstone")
+    headers: list[RecordHeader]
+    timestamp: int
+    delivery_count: int = Field(description="1 on the first delivery")
+    lease: str = Field(description="opaque: pass it to ack, release, reject or renew")
+    lease_expires_at: int = Field(
+        description="ms since the epoch; then the record is delivered again"
+    )
+
+
+class LeaseResponse(BaseModel):
+    records: list[LeasedRecord]
+
+
+class LeasesRequest(BaseModel):
+    leases: list[str] = Field(min_length=1, max_length=10_000)
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReleaseRequest(LeasesRequest):
+    delay_ms: StrictInt = Field(
+        0, ge=0, le=43_200_000, description="leasable again only after this"
+    )
+
+
+class RenewRequest(LeasesRequest):
+    lock_ms: StrictInt | None = Field(
+        None, ge=100, le=43_200_000, description="default: the queue's lock_ms"
+    )
+
+
+class LeaseStatus(BaseModel):
+    lease: str
+    status: Literal["acked", "released", "rejected", "renewed", "expired", "unknown"] = Field(
+        description="expired: the lease no longer holds its record (its lock ran out, or it "
+        "was settled); unknown: not a lease of this queue"
+    )
+
+
+class LeaseResults(BaseModel):
+    results: list[LeaseStatus]

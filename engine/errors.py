@@ -4,7 +4,8 @@
     ├── NotFoundError
     │   ├── TopicNotFoundError
     │   ├── PartitionNotFoundError
-    │   └── SnapshotNotFoundError
+    │   ├── SnapshotNotFoundError
+    │   └── QueueNotFoundError
     ├── SnapshotLimitError
     ├── TopicExistsError
     ├── InvalidTopicNameError
@@ -21,6 +22,7 @@
     │       └── ConditionConflictError
     ├── OffsetOutOfRangeError
     ├── ConflictError
+    │   ├── QueueExistsError
     │   ├── OffsetMismatchError
     │   ├── OutOfOrderSequenceError
     │   ├── ProducerFencedError
@@ -99,6 +101,15 @@ class CompactionFailedError(EngineError):
         super().__init__(f"compaction of {partition} failed: {reason}")
         self.partition = partition
         self.reason = reason
+
+
+class QueueNotFoundError(NotFoundError):
+    """Raised when a topic has no queue of that name (engine/queues.py)."""
+
+    def __init__(self, topic: str, queue: str) -> None:
+        super().__init__(f"topic {topic!r} has no queue {queue!r}")
+        self.topic = topic
+        self.queue = queue
 
 
 class SnapshotNotFoundError(NotFoundError):
@@ -283,6 +294,15 @@ class OffsetOutOfRangeError(EngineError):
 
 class ConflictError(EngineError):
     """Raised when an append's precondition does not hold; nothing was written."""
+
+
+class QueueExistsError(ConflictError):
+    """Raised when a queue is created again with settings other than its own."""
+
+    def __init__(self, topic: str, queue: str) -> None:
+        super().__init__(f"queue {queue!r} of topic {topic!r} exists with other settings")
+        self.topic = topic
+        self.queue = queue
 
 
 class OffsetMismatchError(ConflictError):

@@ -76,6 +76,10 @@ logger = logging.getLogger("eventlog.engine")
 
 # the most groups one listing call to shard 0 carries (RemoteGroups.groups_page)
 PAGE_CALL_GROUPS = 10_000
+# what a shard may ask of shard 0's queues (RemoteQueues)
+QUEUE_CALLS = frozenset(
+    {"create", "delete", "forget_topic", "names", "describe", "lease", "settle"}
+)
 
 
 class ShardFamily:
@@ -243,12 +247,14 @@ class ShardFamily:
         await anyio.to_thread.run_sync(self._read_offline_notes)
         if self.manager.is_controller:
             await self.manager._open_group_offsets()
+            await self.manager._open_queues()
             if not rejoin:
                 for d in self.manager.dirs:
                     await anyio.to_thread.run_sync(d.clear_clean_shutdown)
         else:
             await table.wait_states(SERVING, forever, range(0, 1))
             self.manager.groups = RemoteGroups(self)  # type: ignore[assignment]
+            self.manager.queues = RemoteQueues(self)  # type: ignore[assignment]
             await self.catch_up_metadata()
             tg.start_soon(self._metadata_loop)
         table.set_state(me, SERVING)
@@ -591,6 +597,15 @@ class ShardFamily:
             result = await result
         return result
 
+    async def _on_queues(self, what: str, args: tuple, kwargs: dict) -> Any:
+        """A queue call another shard forwards: queues live on shard 0 (queues.py)."""
+        queues = self.manager.queues
+        if queues is None or isinstance(queues, RemoteQueues):
+            raise LogClosedError("queues")
+        if what not in QUEUE_CALLS:
+            raise InvalidRequestError(f"unknown queue request {what!r}")
+        return await _ready(getattr(queues, what)(*args, **kwargs))
+
     def register_handlers(self) -> None:
         assert self.channel is not None
         self.channel.handlers.update({
@@ -601,6 +616,7 @@ class ShardFamily:
             "discard_partitions": self._on_discard_partitions,
             "partition": self._on_partition,
             "groups": self._on_groups,
+            "queues": self._on_queues,
         })
         self.channel.quick_handlers["partition_append"] = self._on_partition_append
 
@@ -674,3 +690,52 @@ class RemoteGroups:
             groups += page
             if after is None:
                 return groups
+
+
+async def _ready(value: Any) -> Any:
+    return await value if asyncio.iscoroutine(value) else value
+
+
+class RemoteQueues:
+    """The queues of a shard other than shard 0: shard 0 holds their state (queues.py), every
+    call goes there. A lease's long-poll waits on shard 0, under a deadline that covers it."""
+
+    def __init__(self, family: ShardFamily) -> None:
+        self._channel = family.channel
+        self._timeout_s = family.spec.call_timeout_s
+
+    async def _call(
+        self, what: str, *args: Any, timeout_s: float | None = None, **kwargs: Any
+    ) -> Any:
+        return await self._channel.call(0, "queues", what, args, kwargs, timeout_s=timeout_s)
+
+    async def create(self, topic: str, name: str, settings: Any) -> Any:
+        return await self._call("create", topic, name, settings)
+
+    async def delete(self, topic: str, name: str) -> None:
+        await self._call("delete", topic, name)
+
+    async def forget_topic(self, topic: str) -> int:
+        return int(await self._call("forget_topic", topic))
+
+    async def names(self, topic: str) -> list[str]:
+        return list(await self._call("names", topic))
+
+    async def describe(self, topic: str, name: str) -> Any:
+        return await self._call("describe", topic, name)
+
+    async def lease(
+        self, topic: str, name: str, max_records: int, lock_ms: int | None = None, wait_ms: int = 0,
+    ) -> Any:
+        return await self._call(
+            "lease", topic, name, max_records, lock_ms, wait_ms,
+            timeout_s=self._timeout_s + wait_ms / 1000,
+        )
+
+    async def settle(
+        self, topic: str, name: str, action: str, leases: Any, *, delay_ms: int = 0,
+        lock_ms: int | None = None,
+    ) -> Any:
+        return await self._call(
+            "settle", topic, name, action, list(leases), delay_ms=delay_ms, lock_ms=lock_ms
+        )

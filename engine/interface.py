@@ -15,6 +15,8 @@ protocols, so a change on either side that breaks the other fails the gate.
     Topic       a topic as the server holds it (topic_state.TopicState)
     Partition   one partition's reads, waits and appends (PartitionLog, FollowedPartition)
     Groups      the committed group offsets (GroupOffsets, RemoteGroups)
+    Queues      the queues: leases, acknowledgements, dead letters (queues.Queues on shard 0,
+                family.RemoteQueues on the others)
 
 Only typing is imported at run time: importing this module costs nothing and pulls in no
 other engine module.
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
     from .checkpoints import LeaderEpochs
     from .config import LogConfig
     from .dropped import Ranges
-    from .family import RemoteGroups
+    from .family import RemoteGroups, RemoteQueues
     from .follower import FollowedPartition
     from .groups import CommittedOffset, GroupFilter, GroupOffsets, GroupPage
     from .key_reads import KeyRecords
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
     from .log_manager import EngineConfig, LogManager
     from .metadata import TopicMeta
     from .partition_log import AppendResult, PartitionLog, PreparedBatch
+    from .queues import LeasedRecord, QueueInfo, QueueSettings
+    from .queues import Queues as QueuesImpl
     from .reader import FetchSlice, RecordsResult
     from .segments import LogView
     from .shards import PartitionTable, ShardChannel
@@ -161,6 +165,29 @@ class Groups(Protocol):
     ) -> MaybeAwaitable[list[str]]: ...
 
 
+class Queues(Protocol):
+    """The queues of a server (engine/queues.py). Changes are durable when they return; the
+    reads answer at once on shard 0 and through it elsewhere (MaybeAwaitable)."""
+
+    # (the queue, True when made now; False: it existed with the same settings)
+    def create(
+        self, topic: str, name: str, settings: QueueSettings
+    ) -> Awaitable[tuple[QueueInfo, bool]]: ...
+    def delete(self, topic: str, name: str) -> Awaitable[None]: ...
+    def forget_topic(self, topic: str) -> Awaitable[int]: ...
+    def names(self, topic: str) -> MaybeAwaitable[list[str]]: ...
+    def describe(self, topic: str, name: str) -> MaybeAwaitable[QueueInfo]: ...
+    def lease(
+        self, topic: str, name: str, max_records: int, lock_ms: int | None = None,
+        wait_ms: int = 0,
+    ) -> Awaitable[list[LeasedRecord]]: ...
+    # [(lease, status)] in the order given
+    def settle(
+        self, topic: str, name: str, action: str, leases: Sequence[str], *, delay_ms: int = 0,
+        lock_ms: int | None = None,
+    ) -> Awaitable[list[tuple[str, str]]]: ...
+
+
 class Engine(Protocol):
     """A server's partitions: one process's, or one shard's view of its family's."""
 
@@ -170,6 +197,8 @@ class Engine(Protocol):
     def topics(self) -> Mapping[str, Topic]: ...
     @property
     def groups(self) -> Groups | None: ...  # None until __consumer_offsets is loaded
+    @property
+    def queues(self) -> Queues | None: ...  # None until __queue_state is replayed
     @property
     def dirs(self) -> Sequence[LogDir]: ...
     @property
@@ -221,7 +250,8 @@ if TYPE_CHECKING:
 
     def _conforms(
         manager: LogManager, log: PartitionLog, followed: FollowedPartition, state: TopicState,
-        offsets: GroupOffsets, remote: RemoteGroups,
-    ) -> tuple[Engine, Partition, Partition, Topic, Groups, Groups]:
+        offsets: GroupOffsets, remote: RemoteGroups, queues: QueuesImpl,
+        remote_queues: RemoteQueues,
+    ) -> tuple[Engine, Partition, Partition, Topic, Groups, Groups, Queues, Queues]:
         """Never called: mypy checks that each implementation is what its protocol says."""
-        return manager, log, followed, state, offsets, remote
+        return manager, log, followed, state, offsets, remote, queues, remote_queues

@@ -85,6 +85,7 @@ from .fileutil import fsync_dir, io_errors, replace_file
 from .family import ShardFamily
 from .follower import FollowedPartition
 from .groups import CONSUMER_OFFSETS_CONFIG, GroupOffsets
+from .queues import Queues
 from .log_dirs import CleanTail, LogDir
 from .metadata import (
     CONSUMER_OFFSETS_TOPIC,
@@ -181,6 +182,7 @@ class LogManager:
         self.commit_hooks: list[Callable[[PartitionLog, int, int, int], None]] = []
         self.fsync_hooks: list[Callable[[PartitionLog, float], None]] = []
         self.groups: GroupOffsets | None = None  # set once __consumer_offsets is loaded
+        self.queues: Queues | None = None  # set once __queue_state is replayed (queues.py)
         self._recovery_points: dict[tuple[str, int], int] = {}
         self._offline: dict[tuple[str, int], OfflinePartition] = {}
         self._log_starts: dict[tuple[str, int], int] = {}
@@ -272,6 +274,7 @@ class LogManager:
         for state, p, log in loaded:
             await tg.start(log.run)
         await self._open_group_offsets()
+        await self._open_queues()
         for d in self.dirs:
             await anyio.to_thread.run_sync(d.clear_clean_shutdown)
         tg.start_soon(self._checkpoint_loop)
@@ -464,6 +467,12 @@ class LogManager:
             )
         self.groups = GroupOffsets(self.partition(CONSUMER_OFFSETS_TOPIC, 0))
         await self.groups.load()
+
+    async def _open_queues(self) -> None:
+        """Replay __queue_state (made with the first queue) into the queues' windows."""
+        queues = Queues(self, self.clock)
+        await queues.load()
+        self.queues = queues
 
     def _remove_deleted_topic_dirs(self, own_only: bool = False) -> None:
         """Remove what deleted topics, unfinished topic changes and interrupted imports
@@ -688,6 +697,8 @@ class LogManager:
                 await self._sync_family()
                 assert self.groups is not None
                 await self.groups.forget_topic(name)
+                if self.queues is not None:
+                    await self.queues.forget_topic(name)
             return
         async with self._topic_lock:
             state = self._user_topic(name)
@@ -715,6 +726,8 @@ class LogManager:
             for d in self.dirs:
                 await self._write_checkpoints(d, exclude=tps)
             await self.groups.forget_topic(name)
+            if self.queues is not None:
+                await self.queues.forget_topic(name)
         assert self._tg is not None
         for path in doomed:
             self._tg.start_soon(anyio.to_thread.run_sync, shutil.rmtree, path, True)

@@ -39,7 +39,9 @@ from .errors import InvalidRequestError, StorageError
 
 METADATA_TOPIC = "__metadata"
 CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
-INTERNAL_TOPICS = frozenset({METADATA_TOPIC, CONSUMER_OFFSETS_TOPIC})
+# queues' state (engine/queues.py), Kafka's __share_group_state: made with the first queue
+QUEUE_STATE_TOPIC = "__queue_state"
+INTERNAL_TOPICS = frozenset({METADATA_TOPIC, CONSUMER_OFFSETS_TOPIC, QUEUE_STATE_TOPIC})
 
 EVENT_VERSION = 1
 EVENT_TYPES = frozenset({"topic_created", "configs_altered", "partitions_added", "topic_deleted"})

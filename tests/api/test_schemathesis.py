@@ -46,6 +46,8 @@ OPERATIONS = [
     "commitGroupOffsets", "fetchGroupOffsets", "deleteGroupOffsets", "listGroups",
     "runRetention", "runCompaction",
     "createSnapshot", "listSnapshots", "describeSnapshot", "deleteSnapshot",
+    "createQueue", "listQueues", "describeQueue", "leaseQueueRecords", "ackQueueRecords",
+    "releaseQueueRecords", "rejectQueueRecords", "renewQueueLeases", "deleteQueue",
     "deleteTopic",
 ]
 # Not generated: streamRecords and streamKeyRecords (server-sent events) never end while the client listens, so no
@@ -56,6 +58,9 @@ UNTESTABLE = {"streamRecords", "streamKeyRecords"}
 # partitions and groups ("orders" is also the document's example topic name).
 TOPICS = {"orders": 3, "events": 1}
 GROUP = "billing"
+QUEUE = "work"  # a queue of "orders"
+# a lease long-polls up to its wait_ms (30 s): generated ones wait at most this
+MAX_WAIT_MS = 200
 
 
 class Live:
@@ -76,6 +81,8 @@ class Live:
             assert self.client.post(f"/v1/topics/{name}/records", json={"records": records}).status_code == 200
         offsets = [{"topic": "orders", "partition": p, "offset": 1} for p in range(TOPICS["orders"])]
         assert self.client.post(f"/v1/groups/{GROUP}/offsets", json={"offsets": offsets}).status_code == 200
+        queue = self.client.put(f"/v1/topics/orders/queues/{QUEUE}", json={})
+        assert queue.status_code in (200, 201, 409), queue.text  # (409: generated settings)
 
     def schema(self) -> schemathesis.BaseSchema:
         # an explicit empty config: no schemathesis.toml on the developer's machine changes the run
@@ -94,10 +101,21 @@ class Live:
                     real["partition"] = st.integers(0, max(TOPICS.values()))
             if "group" in params:
                 real["group"] = st.just(GROUP)
+            if "queue" in params:
+                real["queue"] = st.just(QUEUE)
             if not real:
                 return st.just(params)
             as_is = {name: st.just(value) for name, value in params.items()}
             return st.one_of(st.just(params), st.fixed_dictionaries({**as_is, **real}))
+
+        @schema.hook("map_body")
+        def _short_waits(_context: schemathesis.HookContext, body: Any) -> Any:
+            """A lease waits for records up to its wait_ms: generated ones wait briefly."""
+            raw = getattr(body, "value", body)
+            wait = raw.get("wait_ms") if isinstance(raw, dict) else None
+            if isinstance(wait, int) and wait > MAX_WAIT_MS:
+                raw["wait_ms"] = MAX_WAIT_MS
+            return body
 
         return schema
 

@@ -279,6 +279,8 @@ class Scene:
     produced: Any = None  # and its ProduceResponse
     compaction: Any = None  # runCompaction's CompactionRun
     snapshot: Any = None  # createSnapshot's Snapshot
+    queued: int = 0  # the records createQueue's queue holds
+    leases: list[str] = field(default_factory=list)  # leaseQueueRecords' leases
 
     @property
     def m(self) -> ModuleType:
@@ -707,6 +709,91 @@ def _add_partitions(s: Scene) -> None:
     grown = s.op("topics", "add_partitions").sync(topic="orders", client=s.client, body=s.m.PartitionsIncrease(count=4))
     assert grown.partitions == 4
     assert s.op("records", "fetch_records").sync(topic="orders", partition=3, client=s.client).records == []
+
+
+@_uses("createQueue", "queues", "create_queue")
+def _create_queue(s: Scene) -> None:
+    made = s.op("queues", "create_queue").sync_detailed(
+        topic="orders", queue="work", client=s.client,
+        body=s.m.QueueCreate(lock_ms=60_000, max_deliveries=2),
+    )
+    assert made.status_code == HTTPStatus.CREATED
+    made_ = made.parsed
+    assert (made_.queue, made_.lock_ms, made_.ordering) == ("work", 60_000, "none")
+    s.queued = sum(p.lag for p in made.parsed.partitions)
+    assert s.queued >= 4 and [p.partition for p in made.parsed.partitions] == [0, 1, 2, 3]
+
+
+@_uses("listQueues", "queues", "list_queues")
+def _list_queues(s: Scene) -> None:
+    assert s.op("queues", "list_queues").sync(topic="orders", client=s.client).queues == ["work"]
+
+
+@_uses("leaseQueueRecords", "queues", "lease_queue_records")
+def _lease_queue_records(s: Scene) -> None:
+    got = s.op("queues", "lease_queue_records").sync(
+        topic="orders", queue="work", client=s.client,
+        body=s.m.LeaseRequest(max_records=1000, wait_ms=0),
+    )
+    assert len(got.records) == s.queued
+    assert {r.delivery_count for r in got.records} == {1}
+    assert all(r.value.startswith("value-") and r.lease for r in got.records)
+    s.leases = [r.lease for r in got.records]
+
+
+@_uses("ackQueueRecords", "queues", "ack_queue_records")
+def _ack_queue_records(s: Scene) -> None:
+    done = s.op("queues", "ack_queue_records").sync(
+        topic="orders", queue="work", client=s.client,
+        body=s.m.LeasesRequest(leases=[s.leases[0], "nope"]),
+    )
+    assert [(r.lease, r.status) for r in done.results] == [
+        (s.leases[0], "acked"), ("nope", "unknown"),
+    ]
+
+
+@_uses("renewQueueLeases", "queues", "renew_queue_leases")
+def _renew_queue_leases(s: Scene) -> None:
+    done = s.op("queues", "renew_queue_leases").sync(
+        topic="orders", queue="work", client=s.client,
+        body=s.m.RenewRequest(leases=[s.leases[1]], lock_ms=1000),
+    )
+    assert [r.status for r in done.results] == ["renewed"]
+
+
+@_uses("releaseQueueRecords", "queues", "release_queue_records")
+def _release_queue_records(s: Scene) -> None:
+    done = s.op("queues", "release_queue_records").sync(
+        topic="orders", queue="work", client=s.client,
+        body=s.m.ReleaseRequest(leases=[s.leases[2]], delay_ms=60_000),
+    )
+    assert [r.status for r in done.results] == ["released"]
+
+
+@_uses("rejectQueueRecords", "queues", "reject_queue_records")
+def _reject_queue_records(s: Scene) -> None:
+    done = s.op("queues", "reject_queue_records").sync(
+        topic="orders", queue="work", client=s.client,
+        body=s.m.LeasesRequest(leases=[s.leases[3], s.leases[0]]),
+    )
+    assert [r.status for r in done.results] == ["rejected", "expired"]
+
+
+@_uses("describeQueue", "queues", "describe_queue")
+def _describe_queue(s: Scene) -> None:
+    d = s.op("queues", "describe_queue").sync(topic="orders", queue="work", client=s.client)
+    fields = ("acked", "dead_lettered", "leased", "lag")
+    totals = [sum(getattr(p, f) for p in d.partitions) for f in fields]
+    assert totals == [1, 1, s.queued - 3, s.queued - 2]
+
+
+@_uses("deleteQueue", "queues", "delete_queue")
+def _delete_queue(s: Scene) -> None:
+    gone = s.op("queues", "delete_queue").sync_detailed(
+        topic="orders", queue="work", client=s.client
+    )
+    assert gone.status_code == HTTPStatus.NO_CONTENT
+    assert s.op("queues", "list_queues").sync(topic="orders", client=s.client).queues == []
 
 
 @_uses("deleteTopic", "topics", "delete_topic")

@@ -43,6 +43,7 @@ TOKENS = {
 TOPIC = "billing.x"  # covered by the *_in tokens only
 DOOMED = "billing.doomed"  # deleteTopic's own topic
 GROUP = "g-1"  # covered by both consumers
+QUEUE = f"/v1/topics/{TOPIC}/queues/q-1"
 
 # operationId -> (who may call it, request). "who" is the role that may besides admin
 # ("producer", "consumer", "monitor": every role, "admin": admin only, "open": anyone) and
@@ -78,6 +79,15 @@ ROUTES: dict[str, tuple[str, bool, Req]] = {
     "fetchGroupOffsets": ("consumer", True, ("GET", f"/v1/groups/{GROUP}/offsets?topic={TOPIC}", None)),
     "deleteGroupOffsets": ("consumer", True, ("DELETE", f"/v1/groups/{GROUP}/offsets?topic={TOPIC}", None)),
     "listGroups": ("monitor", False, ("GET", "/v1/groups", None)),  # filtered by group prefixes
+    "createQueue": ("consumer", True, ("PUT", f"/v1/topics/{TOPIC}/queues/q-1", {})),
+    "describeQueue": ("consumer", True, ("GET", f"/v1/topics/{TOPIC}/queues/q-1", None)),
+    "listQueues": ("consumer", True, ("GET", f"/v1/topics/{TOPIC}/queues", None)),
+    "deleteQueue": ("consumer", True, ("DELETE", f"/v1/topics/{TOPIC}/queues/q-1", None)),
+    "leaseQueueRecords": ("consumer", True, ("POST", f"/v1/topics/{TOPIC}/queues/q-1/lease", {})),
+    "ackQueueRecords": ("consumer", True, ("POST", f"{QUEUE}/ack", {"leases": ["x"]})),
+    "releaseQueueRecords": ("consumer", True, ("POST", f"{QUEUE}/release", {"leases": ["x"]})),
+    "rejectQueueRecords": ("consumer", True, ("POST", f"{QUEUE}/reject", {"leases": ["x"]})),
+    "renewQueueLeases": ("consumer", True, ("POST", f"{QUEUE}/renew", {"leases": ["x"]})),
     "runRetention": ("admin", True, ("POST", "/v1/admin/retention/run", {"topic": TOPIC})),
     "runCompaction": ("admin", True, ("POST", "/v1/admin/compaction/run", {"topic": TOPIC})),
     "createSnapshot": ("admin", True, ("POST", "/v1/snapshots", {"topics": [TOPIC]})),

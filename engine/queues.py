@@ -1,0 +1,1165 @@
+"""Queues: records of a topic leased to any number of workers and acknowledged one by one, with
+redelivery, delivery counts and dead letters (Kafka's share groups, KIP-932; SQS's visibility
+timeout). The engine's side of issue 26; api/queues.py is the HTTP side.
+
+A queue is a named consumer of one topic. Per partition it keeps a window (PartitionQueue):
+
+    start_offset   the first offset not yet acknowledged or dead-lettered (Kafka's SPSO)
+    next           where the next read from the log begins (Kafka's SPEO): records in
+                   [start_offset, next) are in the window, each in one state:
+                       available  leasable (a delivery count kept from earlier leases),
+                                  at once or after a release's delay
+                       leased     (lease nonce, deadline, delivery count)
+                       acked / dead-lettered   done; dropped when start_offset passes them
+
+Only the window is in memory: acknowledged prefixes move start_offset and are forgotten, and
+a read from the log takes no more records than a lease wants (up to MAX_WINDOW_RECORDS when
+ordering by key holds records back). Leasing reads records through the partition's own read
+path (Partition.read_records: a written or a followed partition alike); a record leased again
+is read again.
+
+Leases are opaque strings (base64url of queue id, partition, offset, delivery count and a random
+nonce): a lease whose record was since leased again, settled, or whose lock ran out is known as
+`expired`, never mistaken for the current one; one that does not decode, or names another
+queue, is `unknown`. Expiry is lazy: every call to the queue first returns the leases past their
+deadline to `available` (delivery count kept; the next lease adds one). A record whose delivery
+count reached max_deliveries and whose lease expires or is released, or that is rejected, goes
+to the dead-letter topic (the original key, value and headers, plus DLQ_HEADERS naming the
+source topic, partition, offset, delivery count and reason), or without one is archived
+(dead-lettered in place). `ordering: key`: a record is leased only while no earlier record of
+its key is leased or waiting (records without a key are not ordered).
+
+Durability (the compacted internal topic __queue_state, Kafka's __share_group_state; created
+with the first queue): every change that must survive is appended, and fsynced, before the call
+that made it answers:
+
+    key ["q", topic, queue]              the queue's settings, id and topic id (null: deleted)
+    key ["s", qid, partition]            {"start", "acked", "dead"}: start_offset and how many
+                                         records below it were acknowledged / dead-lettered
+    key ["o", qid, partition, offset]    {"n": delivery count, "s": 0 in flight, 2 acked,
+                                         3 dead-lettered}; a tombstone once start passes it
+
+A lease persists its records' delivery counts before it answers, so a count never goes down
+across a restart: after a restart (or SIGKILL) a record that was leased comes back available
+with the count it had, and its next lease adds one (at least once). Leases themselves, and a
+release's delay, are not persisted: they end with the process. An acknowledgement is durable
+before its 200; the in-memory state changes first, so a failed append (a full disk) leaves a
+record acknowledged in memory and not on disk: it is delivered again after a restart (at least
+once, never lost). Dead-lettering appends to the dead-letter topic before it records "dead": a
+crash in between dead-letters the record again later (a duplicate in the dead-letter topic).
+
+Replay merges records in any order (start: the largest; a delivery count: the largest; an
+offset's acked or dead state wins over in flight), so concurrent appends of one queue need no
+ordering among themselves, and compaction, which keeps each key's latest record, keeps what the
+replay needs: the settings, each partition's start, and each in-window offset's last state.
+
+Retention that deletes records still in a window does not wait: they are counted as lost to
+retention (lost_to_retention) and the window moves to the new log start.
+
+Shards: the state lives on shard 0 with __queue_state (an internal topic); other shards forward
+every call there (family.RemoteQueues), and shard 0 reads every partition, its own or followed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import heapq
+import inspect
+import re
+import secrets
+import struct
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import anyio
+import orjson
+
+from .config import LogConfig
+from .errors import (
+    InvalidFieldError,
+    InvalidRequestError,
+    QueueExistsError,
+    QueueNotFoundError,
+)
+from .metadata import QUEUE_STATE_TOPIC
+from .partition_log import prepare_batches, wall_clock_ms
+from .partitioner import partition_for_key
+from .reader import read_records
+from .records import Record, encode_batch
+
+QUEUE_STATE_CONFIG = LogConfig(cleanup_policy="compact", segment_bytes=100 * 1024 * 1024)
+
+AVAILABLE, LEASED, ACKED, DEAD = 0, 1, 2, 3
+DYING = 4  # dead, its dead letter not yet durable: the window may not move past it
+ORDERINGS = ("none", "key")
+MAX_QUEUE_CHARS = 249
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+LOCK_MS_RANGE = (100, 12 * 3600 * 1000)  # SQS's visibility timeout goes to 12 hours
+MAX_DELIVERIES_RANGE = (1, 1000)
+MAX_DELAY_MS = 12 * 3600 * 1000
+MAX_LEASE_RECORDS = 10_000
+MAX_WAIT_MS = 30_000
+# records read into one partition's window at most (ordering by key holds records back while
+# an earlier record of their key is leased; beyond this the window waits for acknowledgements)
+MAX_WINDOW_RECORDS = 1_000_000
+READ_BYTES = 4 * 1024 * 1024  # one read from the log for a lease
+APPEND_RECORDS = 4000  # __queue_state records in one batch (each under 200 bytes)
+# headers a dead-lettered record carries besides its own
+DLQ_HEADERS = (
+    "eventlog.source.topic",
+    "eventlog.source.partition",
+    "eventlog.source.offset",
+    "eventlog.delivery.count",
+    "eventlog.dead.reason",
+)
+REASON_MAX_DELIVERIES = "max_deliveries"
+REASON_REJECTED = "rejected"
+# lease statuses, as the HTTP contract names them
+ACKED_S, RELEASED_S, REJECTED_S, RENEWED_S, EXPIRED_S, UNKNOWN_S = (
+    "acked",
+    "released",
+    "rejected",
+    "renewed",
+    "expired",
+    "unknown",
+)
+ACTIONS = {"ack": ACKED_S, "release": RELEASED_S, "reject": REJECTED_S, "renew": RENEWED_S}
+_LEASE = struct.Struct(">8sIqIQ")  # queue id, partition, offset, delivery count, nonce
+
+
+# -- settings -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """What a queue is created with. `start`: "earliest", "latest", or a timestamp in ms (the
+    first record at or after it; the end when none)."""
+
+    lock_ms: int = 30_000
+    max_deliveries: int = 5
+    ordering: str = "none"
+    start: str | int = "earliest"
+    dead_letter_topic: str | None = None
+
+    def validate(self) -> None:
+        _in_range("lock_ms", self.lock_ms, *LOCK_MS_RANGE)
+        _in_range("max_deliveries", self.max_deliveries, *MAX_DELIVERIES_RANGE)
+        if self.ordering not in ORDERINGS:
+            raise InvalidFieldError(f"ordering: one of {', '.join(ORDERINGS)}")
+        if not (
+            self.start in ("earliest", "latest") or (type(self.start) is int and self.start >= 0)
+        ):
+            raise InvalidFieldError('start: "earliest", "latest" or {"timestamp": ms}')
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _in_range(name: str, value: Any, low: int, high: int) -> None:
+    if type(value) is not int or not low <= value <= high:
+        raise InvalidFieldError(f"{name}: an integer in {low}..{high}")
+
+
+def validate_queue_name(name: str) -> None:
+    if not name or len(name) > MAX_QUEUE_CHARS or not _QUEUE_NAME.match(name):
+        raise InvalidRequestError(
+            f"invalid queue name {name!r}: 1..{MAX_QUEUE_CHARS} of letters, digits, '.', '_', '-'"
+        )
+
+
+# -- leases --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseId:
+    qid: bytes
+    partition: int
+    offset: int
+    count: int
+    nonce: int
+
+    def encode(self) -> str:
+        raw = _LEASE.pack(self.qid, self.partition, self.offset, self.count, self.nonce)
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+    @staticmethod
+    def decode(text: str) -> LeaseId | None:
+        """The lease a string names, or None for anything that is not one of ours."""
+        if not isinstance(text, str) or len(text) != 43:
+            return None
+        try:
+            raw = base64.urlsafe_b64decode(text + "=")
+        except (binascii.Error, ValueError):
+            return None
+        if len(raw) != _LEASE.size:
+            return None
+        return LeaseId(*_LEASE.unpack(raw))
+
+
+# -- one partition's window: a pure state machine (no I/O, the time passed in) -------------------
+
+
+class Entry:
+    """One record of a window."""
+
+    __slots__ = (
+        "offset",
+        "key",
+        "state",
+        "count",
+        "nonce",
+        "deadline",
+        "ready_at",
+        "queued",
+        "stored",
+    )
+
+    def __init__(self, offset: int, key: int | None) -> None:
+        self.offset = offset
+        self.key = key  # the key's hash when ordering by key (None: not ordered)
+        self.state = AVAILABLE
+        self.count = 0  # deliveries so far
+        self.nonce = 0  # the current lease's
+        self.deadline = 0  # the current lease's, ms
+        self.ready_at = 0  # a released record's delay: leasable from then (ms; 0: now)
+        self.queued = False  # in the ready heap
+        self.stored = False  # __queue_state holds a record for this offset
+
+
+@dataclass(slots=True)
+class Changes:
+    """What a PartitionQueue's calls since the last take_changes() must persist."""
+
+    offsets: list[tuple[int, int, int]] = field(default_factory=list)  # (offset, count, state)
+    start: tuple[int, int, int] | None = None  # (start, acked below, dead below)
+    tombstones: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.offsets or self.start or self.tombstones)
+
+
+class PartitionQueue:
+    """One queue's window over one partition (see the module's doc). Every method is
+    synchronous; the caller reads records and persists what take_changes() returns."""
+
+    def __init__(
+        self,
+        partition: int,
+        max_deliveries: int,
+        by_key: bool,
+        start: int,
+        acked_below: int = 0,
+        dead_below: int = 0,
+        recovered: dict[int, tuple[int, int]] | None = None,
+    ) -> None:
+        self.partition = partition
+        self.max_deliveries = max_deliveries
+        self.by_key = by_key
+        self.start = start
+        self.next = start
+        self.acked_below = acked_below
+        self.dead_below = dead_below
+        self.entries: dict[int, Entry] = {}
+        self.order: deque[int] = deque()  # the window's offsets, ascending
+        self.ready: list[int] = []  # heap: available offsets that may be leased now
+        self.delayed: list[tuple[int, int]] = []  # heap: (ready_at, offset)
+        self.deadlines: list[tuple[int, int, int]] = []  # heap: (deadline, offset, nonce)
+        self.heads: dict[int, deque[int]] = {}  # key hash -> its unfinished offsets, ascending
+        # offset -> (delivery count, state) replayed from __queue_state, for offsets not read
+        # into the window yet (at or past `next`)
+        self.recovered: dict[int, tuple[int, int]] = dict(recovered or {})
+        self.leased = 0
+        self.done_in_window = 0
+        self.redeliveries = 0
+        self.lost_to_retention = 0
+        self._dirty: set[int] = set()
+        self._start_dirty = False
+        self._tombstones: list[int] = []
+
+    # -- what a lease does ----------------------------------------------------------------
+
+    def due(self, now: int) -> list[Entry]:
+        """Leases past their deadline become available again (or, at max_deliveries, dead:
+        returned, to be dead-lettered); released records whose delay passed become leasable."""
+        dying: list[Entry] = []
+        while self.deadlines and self.deadlines[0][0] <= now:
+            deadline, offset, nonce = heapq.heappop(self.deadlines)
+            e = self.entries.get(offset)
+            if e is None or e.state != LEASED or e.nonce != nonce or e.deadline != deadline:
+                continue  # settled, or renewed (its new deadline has its own heap item)
+            self.leased -= 1
+            if e.count >= self.max_deliveries:
+                dying.append(self._finish(e, DEAD))
+            else:
+                self._available(e, now, 0)
+        while self.delayed and self.delayed[0][0] <= now:
+            ready_at, offset = heapq.heappop(self.delayed)
+            e = self.entries.get(offset)
+            if e is not None and e.state == AVAILABLE and e.ready_at == ready_at:
+                e.ready_at = 0
+                self._queue(e)
+        return dying
+
+    def take(
+        self, n: int, now: int, lock_ms: int, nonce: Callable[[], int]
+    ) -> tuple[list[Entry], list[Entry]]:
+        """Lease up to `n` leasable records of the window, lowest offsets first: (leased, and
+        records found at max_deliveries, now dead, to be dead-lettered)."""
+        leased: list[Entry] = []
+        dying: list[Entry] = []
+        while self.ready and len(leased) < n:
+            e = self.entries.get(heapq.heappop(self.ready))
+            if e is None:
+                continue
+            e.queued = False
+            if e.state != AVAILABLE or e.ready_at > now or not self._eligible(e):
+                continue
+            if e.count >= self.max_deliveries:  # (a replayed count: its last lease expired unseen)
+                dying.append(self._finish(e, DEAD))
+                continue
+            e.count += 1
+            if e.count > 1:
+                self.redeliveries += 1
+            e.state = LEASED
+            e.nonce = nonce()
+            e.deadline = now + lock_ms
+            heapq.heappush(self.deadlines, (e.deadline, e.offset, e.nonce))
+            self.leased += 1
+            self._dirty.add(e.offset)
+            leased.append(e)
+        return leased, dying
+
+    def wants_read(self, high_watermark: int) -> bool:
+        """Whether the log holds records past the window that the window may take."""
+        return self.next < high_watermark and len(self.entries) < MAX_WINDOW_RECORDS
+
+    def admit(self, records: Iterable[tuple[int, bytes | None]], next_offset: int) -> None:
+        """Records read from the log at `next` on, (offset, key) each, into the window; the
+        window's end moves to `next_offset` (offsets without records are skipped)."""
+        for offset, key in records:
+            if offset < self.next:
+                continue
+            e = Entry(offset, hash(key) if self.by_key and key is not None else None)
+            replayed = self.recovered.pop(offset, None)
+            if replayed is not None:
+                e.count, state = replayed
+                e.stored = True
+                if state in (ACKED, DEAD):
+                    e.state = state
+                    self.done_in_window += 1
+            self.entries[offset] = e
+            self.order.append(offset)
+            if e.state == AVAILABLE:
+                if e.key is not None:
+                    self.heads.setdefault(e.key, deque()).append(offset)
+                self._queue(e)
+        self.next = max(self.next, next_offset)
+        if self.recovered:
+            for offset in [o for o in self.recovered if o < self.next]:
+                del self.recovered[offset]  # no record there any more (compacted, deleted)
+        self._advance()
+
+    # -- settling a lease -------------------------------------------------------------------
+
+    def current(self, lease: LeaseId, now: int) -> Entry | None:
+        """The entry `lease` still holds, or None (expired, settled, leased again)."""
+        e = self.entries.get(lease.offset)
+        if e is None or e.state != LEASED or e.nonce != lease.nonce or e.count != lease.count:
+            return None
+        return e if e.deadline > now else None
+
+    def ack(self, e: Entry) -> None:
+        self.leased -= 1
+        self._finish(e, ACKED)
+        self._advance()
+
+    def release(self, e: Entry, now: int, delay_ms: int) -> Entry | None:
+        """Back to available (after `delay_ms`); at max_deliveries dead instead (returned)."""
+        self.leased -= 1
+        if e.count >= self.max_deliveries:
+            return self._finish(e, DEAD)
+        self._available(e, now, delay_ms)
+        return None
+
+    def reject(self, e: Entry) -> Entry:
+        self.leased -= 1
+        return self._finish(e, DEAD)
+
+    def renew(self, e: Entry, now: int, lock_ms: int) -> None:
+        e.deadline = now + lock_ms
+        heapq.heappush(self.deadlines, (e.deadline, e.offset, e.nonce))
+
+    def dead_done(self, entries: Iterable[Entry]) -> None:
+        """Dying entries returned earlier were dead-lettered (or archived): they are dead now,
+        to be persisted, and the window may move past them."""
+        for e in entries:
+            if e.state == DYING and self.entries.get(e.offset) is e:
+                e.state = DEAD
+                self.done_in_window += 1
+                self._dirty.add(e.offset)
+        self._advance()
+
+    # -- retention --------------------------------------------------------------------------
+
+    def trim(self, log_start: int) -> None:
+        """Retention (or delete-records) moved the log's start past part of the window: those
+        records are lost to retention, counted, and the window starts at the log's start."""
+        if log_start <= self.start:
+            return
+        while self.order and self.order[0] < log_start:
+            e = self.entries.pop(self.order.popleft())
+            if e.state in (ACKED, DEAD):
+                self.done_in_window -= 1
+                if e.state == ACKED:
+                    self.acked_below += 1
+                else:
+                    self.dead_below += 1
+            else:
+                self.lost_to_retention += 1
+                if e.state == LEASED:
+                    self.leased -= 1
+                if e.key is not None:
+                    self._unhead(e)
+            if e.stored:
+                self._tombstones.append(e.offset)
+            self._dirty.discard(e.offset)
+        if self.next < log_start:
+            self.lost_to_retention += log_start - self.next  # (offsets: the records never read)
+            self.next = log_start
+        self.start = self.order[0] if self.order else self.next
+        self._start_dirty = True
+
+    # -- what the caller persists -------------------------------------------------------------
+
+    def take_changes(self) -> Changes:
+        changes = Changes()
+        for offset in sorted(self._dirty):
+            e = self.entries.get(offset)
+            if e is not None:
+                e.stored = True
+                state = e.state if e.state in (ACKED, DEAD) else 0
+                changes.offsets.append((offset, e.count, state))
+        self._dirty.clear()
+        if self._start_dirty:
+            changes.start = (self.start, self.acked_below, self.dead_below)
+            self._start_dirty = False
+        changes.tombstones, self._tombstones = self._tombstones, []
+        return changes
+
+    # -- figures ---------------------------------------------------------------------------------
+
+    def next_due(self) -> int | None:
+        """The earliest time (ms) a lease expires or a delay ends, if any."""
+        times = [h[0][0] for h in (self.deadlines, self.delayed) if h]
+        return min(times) if times else None
+
+    def stats(self, high_watermark: int) -> dict[str, int]:
+        """The window's figures (offsets stand for records: a compacted gap counts as one).
+        Settled records replayed but not read into the window yet count as settled."""
+        states = [e.state for e in self._done_entries()] + [
+            s for _n, s in self.recovered.values() if s in (ACKED, DEAD)
+        ]
+        lag = max(0, high_watermark - self.start - len(states))
+        acked = self.acked_below + states.count(ACKED)
+        dead = self.dead_below + states.count(DEAD)
+        return {
+            "start_offset": self.start,
+            "end_offset": high_watermark,
+            "available": max(0, lag - self.leased),
+            "leased": self.leased,
+            "acked": acked,
+            "dead_lettered": dead,
+            "lag": lag,
+            "redeliveries": self.redeliveries,
+            "lost_to_retention": self.lost_to_retention,
+        }
+
+    def _done_entries(self) -> Iterable[Entry]:
+        if not self.done_in_window:
+            return ()
+        return (e for e in self.entries.values() if e.state in (ACKED, DEAD))
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _eligible(self, e: Entry) -> bool:
+        if e.key is None:
+            return True
+        waiting = self.heads.get(e.key)
+        return waiting is not None and waiting[0] == e.offset
+
+    def _queue(self, e: Entry) -> None:
+        if not e.queued and e.ready_at == 0 and self._eligible(e):
+            e.queued = True
+            heapq.heappush(self.ready, e.offset)
+
+    def _available(self, e: Entry, now: int, delay_ms: int) -> None:
+        e.state = AVAILABLE
+        e.nonce = 0
+        if delay_ms > 0:
+            e.ready_at = now + delay_ms
+            heapq.heappush(self.delayed, (e.ready_at, e.offset))
+        else:
+            e.ready_at = 0
+            self._queue(e)
+
+    def _finish(self, e: Entry, state: int) -> Entry:
+        """`e` is acknowledged, or (DEAD) dying: done once dead_done() says its dead letter is
+        durable."""
+        e.nonce = 0
+        if state == DEAD:
+            e.state = DYING
+        else:
+            e.state = state
+            self.done_in_window += 1
+            self._dirty.add(e.offset)
+        if e.key is not None:
+            self._unhead(e)
+        return e
+
+    def _unhead(self, e: Entry) -> None:
+        """`e` no longer holds its key back: the key's next record may be leased."""
+        assert e.key is not None
+        waiting = self.heads.get(e.key)
+        if waiting is None:
+            return
+        if waiting and waiting[0] == e.offset:
+            waiting.popleft()
+        else:
+            try:
+                waiting.remove(e.offset)
+            except ValueError:
+                pass
+        if not waiting:
+            del self.heads[e.key]
+            return
+        head = self.entries.get(waiting[0])
+        if head is not None and head.state == AVAILABLE:
+            self._queue(head)
+
+    def _advance(self) -> None:
+        """Move start_offset past the finished prefix of the window, forgetting it."""
+        moved = False
+        while self.order:
+            e = self.entries[self.order[0]]
+            if e.state not in (ACKED, DEAD):
+                break
+            self.order.popleft()
+            del self.entries[e.offset]
+            self.done_in_window -= 1
+            if e.state == ACKED:
+                self.acked_below += 1
+            else:
+                self.dead_below += 1
+            if e.stored:
+                self._tombstones.append(e.offset)
+            self._dirty.discard(e.offset)
+            moved = True
+        start = self.order[0] if self.order else self.next
+        if start != self.start or moved:
+            self.start = start
+            self._start_dirty = True
+
+
+# -- a queue, and the queues of a server --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedRecord:
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    delivery_count: int
+    lease: str
+    lease_expires_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    topic: str
+    name: str
+    settings: QueueSettings
+    created_ms: int
+    partitions: tuple[dict[str, int], ...] = ()
+
+
+class _Pending:
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.error: BaseException | None = None
+
+
+class Queue:
+    """One queue: its settings and a window per partition, made as a partition is first used."""
+
+    def __init__(
+        self,
+        topic: str,
+        name: str,
+        qid: bytes,
+        topic_id: str,
+        settings: QueueSettings,
+        created_ms: int,
+    ) -> None:
+        self.topic = topic
+        self.name = name
+        self.qid = qid
+        self.topic_id = topic_id
+        self.settings = settings
+        self.created_ms = created_ms
+        self.partitions: dict[int, PartitionQueue] = {}
+        self.locks: dict[int, anyio.Lock] = {}
+        self.changed = anyio.Event()  # set when a record became leasable other than by a produce
+        self.turn = 0  # the partition a lease starts with (round robin)
+        # partition -> the latest append of its changes in flight: a call whose changes another
+        # call took with its own (take_changes takes all) waits for that append
+        self.pending: dict[int, _Pending] = {}
+
+    def lock(self, partition: int) -> anyio.Lock:
+        lock = self.locks.get(partition)
+        if lock is None:
+            lock = self.locks[partition] = anyio.Lock()
+        return lock
+
+    def touched(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+
+def _key(*parts: Any) -> bytes:
+    return orjson.dumps(list(parts))
+
+
+class Queues:
+    """Every queue of a server (on shard 0 of a family), their windows and __queue_state.
+
+    `engine`: the log manager (topics, partitions, create_topic); `clock`: ms since the epoch."""
+
+    def __init__(self, engine: Any, clock: Callable[[], int] = wall_clock_ms) -> None:
+        self.engine = engine
+        self.clock = clock
+        self._queues: dict[tuple[str, str], Queue] = {}
+        self._by_id: dict[bytes, Queue] = {}
+        self._replayed: dict[
+            tuple[bytes, int], tuple[int, int, int, dict[int, tuple[int, int]]]
+        ] = {}
+        self._create_lock = anyio.Lock()
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Replay __queue_state (if any queue was ever made) into memory, before any request."""
+        state = self.engine.topics.get(QUEUE_STATE_TOPIC)
+        if state is None:
+            return
+        log = self.engine.partition(QUEUE_STATE_TOPIC, 0)
+        settings: dict[tuple[str, str], dict[str, Any] | None] = {}
+        starts: dict[tuple[bytes, int], tuple[int, int, int]] = {}
+        offsets: dict[tuple[bytes, int], dict[int, tuple[int, int]]] = {}
+
+        def replay() -> None:
+            view = log.view
+            offset = view.log_start_offset
+            while offset < view.high_watermark:
+                result = read_records(view, offset, 10_000, 4 * 1024 * 1024)
+                for record in result.records:
+                    _replay_one(record, settings, starts, offsets)
+                if result.next_offset <= offset:
+                    break
+                offset = result.next_offset
+
+        await anyio.to_thread.run_sync(replay)
+        for (topic, name), v in settings.items():
+            if v is None:
+                continue
+            q = Queue(
+                topic, name, bytes.fromhex(v["id"]), v["topic_id"], _settings_of(v), v["created_ms"]
+            )
+            self._queues[(topic, name)] = q
+            self._by_id[q.qid] = q
+        for (qid, p), (start, acked, dead) in starts.items():
+            if qid in self._by_id:
+                kept = {o: s for o, s in offsets.get((qid, p), {}).items() if o >= start}
+                self._replayed[(qid, p)] = (start, acked, dead, kept)
+        for (qid, p), kept in offsets.items():
+            if qid in self._by_id and (qid, p) not in starts:
+                self._replayed[(qid, p)] = (-1, 0, 0, kept)
+
+    # -- queues -----------------------------------------------------------------------------
+
+    def _queue(self, topic: str, name: str) -> Queue:
+        state = self.engine.topic(topic)  # TopicNotFoundError
+        q = self._queues.get((topic, name))
+        if q is None or q.topic_id != state.meta.topic_id:
+            raise QueueNotFoundError(topic, name)
+        return q
+
+    async def create(
+        self, topic: str, name: str, settings: QueueSettings
+    ) -> tuple[QueueInfo, bool]:
+        """Create the queue (True), or find it with the same settings (False); QueueExistsError
+        when it exists with others. Durable before it returns."""
+        validate_queue_name(name)
+        settings.validate()
+        state = self.engine.topic(topic)
+        if settings.dead_letter_topic is not None:
+            if settings.dead_letter_topic == topic:
+                raise InvalidFieldError("dead_letter_topic: a topic other than the queue's")
+            self.engine.topic(settings.dead_letter_topic)  # TopicNotFoundError
+        async with self._create_lock:
+            try:
+                q = self._queue(topic, name)
+            except QueueNotFoundError:
+                pass
+            else:
+                if q.settings != settings:
+                    raise QueueExistsError(topic, name)
+                return self.describe(topic, name), False
+            log = await self._state_log()
+            q = Queue(
+                topic, name, secrets.token_bytes(8), state.meta.topic_id, settings, self.clock()
+            )
+            items = [
+                (
+                    _key("q", topic, name),
+                    orjson.dumps(
+                        {
+                            **settings.as_json(),
+                            "id": q.qid.hex(),
+                            "topic_id": q.topic_id,
+                            "created_ms": q.created_ms,
+                        }
+                    ),
+                )
+            ]
+            for p, log_p in enumerate(state.partitions):
+                start = await _start_offset(log_p, settings.start) if _online(log_p) else 0
+                items.append(
+                    (
+                        _key("s", q.qid.hex(), p),
+                        orjson.dumps({"start": start, "acked": 0, "dead": 0}),
+                    )
+                )
+                self._replayed[(q.qid, p)] = (start, 0, 0, {})
+            await _append(log, items, self.clock())
+            self._queues[(topic, name)] = q
+            self._by_id[q.qid] = q
+            return self.describe(topic, name), True
+
+    async def delete(self, topic: str, name: str) -> None:
+        q = self._queue(topic, name)
+        await self._forget([q])
+
+    async def forget_topic(self, topic: str) -> int:
+        """The topic was deleted: its queues go too (as its group offsets do)."""
+        doomed = [q for (t, _n), q in self._queues.items() if t == topic]
+        await self._forget(doomed)
+        return len(doomed)
+
+    async def _forget(self, doomed: list[Queue]) -> None:
+        if not doomed:
+            return
+        items: list[tuple[bytes, bytes | None]] = []
+        for q in doomed:
+            items.append((_key("q", q.topic, q.name), None))
+            for p, pq in q.partitions.items():
+                items.append((_key("s", q.qid.hex(), p), None))
+                for offset in [e.offset for e in pq.entries.values() if e.stored] + list(
+                    pq.recovered
+                ):
+                    items.append((_key("o", q.qid.hex(), p, offset), None))
+            for (qid, p), (_s, _a, _d, kept) in list(self._replayed.items()):
+                if qid == q.qid:
+                    items.append((_key("s", q.qid.hex(), p), None))
+                    items += [(_key("o", q.qid.hex(), p, o), None) for o in kept]
+                    del self._replayed[(qid, p)]
+            del self._queues[(q.topic, q.name)]
+            del self._by_id[q.qid]
+            q.touched()
+        await _append(await self._state_log(), items, self.clock())
+
+    def names(self, topic: str) -> list[str]:
+        state = self.engine.topic(topic)
+        return sorted(
+            n
+            for (t, n), q in self._queues.items()
+            if t == topic and q.topic_id == state.meta.topic_id
+        )
+
+    def describe(self, topic: str, name: str) -> QueueInfo:
+        q = self._queue(topic, name)
+        state = self.engine.topic(topic)
+        now = self.clock()
+        parts = []
+        for p, log in enumerate(state.partitions):
+            if not _online(log):
+                continue
+            pq = self._window(q, p, log)
+            pq.due(now)  # (what expired is counted as available; dead-lettering waits for a call)
+            parts.append({"partition": p, **pq.stats(log.high_watermark)})
+        return QueueInfo(topic, name, q.settings, q.created_ms, tuple(parts))
+
+    def _window(self, q: Queue, p: int, log: Any) -> PartitionQueue:
+        pq = q.partitions.get(p)
+        if pq is None:
+            start, acked, dead, kept = self._replayed.pop((q.qid, p), (-1, 0, 0, {}))
+            if start < 0:  # a partition added after the queue was made: from its beginning
+                start = log.log_start_offset
+            pq = q.partitions[p] = PartitionQueue(
+                p, q.settings.max_deliveries, q.settings.ordering == "key", start, acked, dead, kept
+            )
+        pq.trim(log.log_start_offset)
+        return pq
+
+    async def _state_log(self) -> Any:
+        if QUEUE_STATE_TOPIC not in self.engine.topics:
+            await self.engine.create_topic(
+                QUEUE_STATE_TOPIC,
+                1,
+                {
+                    "cleanup.policy": QUEUE_STATE_CONFIG.cleanup_policy,
+                    "segment.bytes": QUEUE_STATE_CONFIG.segment_bytes,
+                },
+                internal=True,
+            )
+        return self.engine.partition(QUEUE_STATE_TOPIC, 0)
+
+    # -- leasing ----------------------------------------------------------------------------
+
+    async def lease(
+        self,
+        topic: str,
+        name: str,
+        max_records: int,
+        lock_ms: int | None = None,
+        wait_ms: int = 0,
+    ) -> list[LeasedRecord]:
+        """Lease up to `max_records` records; with `wait_ms`, wait that long for one (woken by
+        the partitions' appends and by records coming back to the queue)."""
+        _in_range("max_records", max_records, 1, MAX_LEASE_RECORDS)
+        _in_range("wait_ms", wait_ms, 0, MAX_WAIT_MS)
+        q = self._queue(topic, name)
+        lock = q.settings.lock_ms if lock_ms is None else lock_ms
+        _in_range("lock_ms", lock, *LOCK_MS_RANGE)
+        deadline = anyio.current_time() + wait_ms / 1000
+        while True:
+            got = await self._lease_once(q, max_records, lock)
+            left = deadline - anyio.current_time()
+            if got or left <= 0 or self.engine.stopping:
+                return got
+            await self._wait(q, left)
+            q = self._queue(topic, name)  # (deleted meanwhile: 404)
+
+    async def _lease_once(self, q: Queue, n: int, lock_ms: int) -> list[LeasedRecord]:
+        state = self.engine.topic(q.topic)
+        logs = [(p, log) for p, log in enumerate(state.partitions) if _online(log)]
+        if not logs:
+            return []
+        q.turn = (q.turn + 1) % len(logs)
+        out: list[LeasedRecord] = []
+        for p, log in logs[q.turn :] + logs[: q.turn]:
+            if len(out) >= n:
+                break
+            async with q.lock(p):
+                got = await self._lease_partition(q, p, log, n - len(out), lock_ms)
+            await self._persist(q, p, q.partitions[p])  # the delivery counts, before the answer
+            out += got
+        return out
+
+    async def _lease_partition(
+        self, q: Queue, p: int, log: Any, n: int, lock_ms: int
+    ) -> list[LeasedRecord]:
+        pq = self._window(q, p, log)
+        now = self.clock()
+        dying = pq.due(now)
+        leased, more = pq.take(n, now, lock_ms, _nonce)
+        dying += more
+        read: dict[int, Record] = {}
+        while len(leased) < n and pq.wants_read(log.high_watermark):
+            result = await log.read_records(pq.next, n - len(leased), READ_BYTES)
+            for r in result.records:
+                read[r.offset] = r
+            pq.admit(((r.offset, r.key) for r in result.records), result.next_offset)
+            got, more = pq.take(n - len(leased), now, lock_ms, _nonce)
+            leased += got
+            dying += more
+            if not result.records and result.next_offset <= pq.next:
+                break
+        wanted = [e.offset for e in leased + dying if e.offset not in read]
+        read.update(await _read_offsets(log, wanted))
+        await self._dead_letter(q, p, dying, read, REASON_MAX_DELIVERIES)
+        out = []
+        for e in leased:
+            r = read.get(e.offset)
+            if r is None:  # (deleted by retention while we read: counted as lost)
+                continue
+            lease = LeaseId(q.qid, p, e.offset, e.count, e.nonce).encode()
+            out.append(
+                LeasedRecord(
+                    p, r.offset, r.timestamp, r.key, r.value, r.headers, e.count, lease, e.deadline
+                )
+            )
+        return out
+
+    async def _wait(self, q: Queue, timeout_s: float) -> None:
+        """Until a partition of the queue's topic gets records, the queue changes, a lease
+        expires or a delay ends, or `timeout_s`."""
+        now = self.clock()
+        dues = [d for pq in q.partitions.values() if (d := pq.next_due()) is not None]
+        if dues:
+            timeout_s = max(0.001, min(timeout_s, (min(dues) - now) / 1000))
+        state = self.engine.topic(q.topic)
+        changed = q.changed
+        waits: list[Callable[[], Awaitable[Any]]] = [changed.wait]
+        for p, log in enumerate(state.partitions):
+            if not _online(log):
+                continue
+            pq = q.partitions.get(p)
+            end = pq.next if pq is not None else log.high_watermark
+            if log.high_watermark > end:
+                return  # records to read already (held back by key order: changed wakes us)
+            waits.append(lambda log=log, end=end: log.wait_for_data(end, timeout_s))
+        with anyio.move_on_after(timeout_s):
+            async with anyio.create_task_group() as tg:
+
+                async def first(wait: Callable[[], Awaitable[Any]]) -> None:
+                    await wait()
+                    tg.cancel_scope.cancel()
+
+                for wait in waits:
+                    tg.start_soon(first, wait)
+
+    # -- settling ---------------------------------------------------------------------------
+
+    async def settle(
+        self,
+        topic: str,
+        name: str,
+        action: str,
+        leases: Sequence[str],
+        *,
+        delay_ms: int = 0,
+        lock_ms: int | None = None,
+    ) -> list[tuple[str, str]]:
+        """ack, release (after `delay_ms`), reject or renew (for `lock_ms`) each lease:
+        [(lease, status)], durable before it returns."""
+        if action not in ACTIONS:
+            raise InvalidRequestError(f"unknown action {action!r}")
+        _in_range("delay_ms", delay_ms, 0, MAX_DELAY_MS)
+        q = self._queue(topic, name)
+        lock = q.settings.lock_ms if lock_ms is None else lock_ms
+        _in_range("lock_ms", lock, *LOCK_MS_RANGE)
+        state = self.engine.topic(topic)
+        now = self.clock()
+        results: list[tuple[str, str]] = []
+        dying: dict[int, list[tuple[Entry, str]]] = {}
+        touched: set[int] = set()
+        for text in leases:
+            lease = LeaseId.decode(text)
+            if (
+                lease is None
+                or lease.qid != q.qid
+                or not 0 <= lease.partition < len(state.partitions)
+            ):
+                results.append((text, UNKNOWN_S))
+                continue
+            log = state.partitions[lease.partition]
+            if not _online(log):
+                results.append((text, EXPIRED_S))
+                continue
+            pq = self._window(q, lease.partition, log)
+            for e in pq.due(now):
+                dying.setdefault(lease.partition, []).append((e, REASON_MAX_DELIVERIES))
+            e = pq.current(lease, now)
+            if e is None:
+                results.append((text, EXPIRED_S))
+                continue
+            touched.add(lease.partition)
+            if action == "ack":
+                pq.ack(e)
+            elif action == "renew":
+                pq.renew(e, now, lock)
+            elif action == "reject":
+                dying.setdefault(lease.partition, []).append((pq.reject(e), REASON_REJECTED))
+            else:
+                dead = pq.release(e, now, delay_ms)
+                if dead is not None:
+                    dying.setdefault(lease.partition, []).append((dead, REASON_MAX_DELIVERIES))
+            results.append((text, ACTIONS[action]))
+        for p, entries in dying.items():
+            log = state.partitions[p]
+            read = await _read_offsets(log, [e.offset for e, _ in entries])
+            for reason in (REASON_MAX_DELIVERIES, REASON_REJECTED):
+                await self._dead_letter(q, p, [e for e, r in entries if r == reason], read, reason)
+        for p in sorted(touched | set(dying)):
+            await self._persist(q, p, q.partitions[p])
+        if action != "renew" and touched:
+            q.touched()  # released records, and the next record of a key, may be leased now
+        return results
+
+    async def _dead_letter(
+        self, q: Queue, p: int, dying: list[Entry], read: dict[int, Record], reason: str
+    ) -> None:
+        """Append the records to the dead-letter topic (durable) before they are recorded dead;
+        without one they are archived (only recorded)."""
+        if not dying:
+            return
+        topic = q.settings.dead_letter_topic
+        if topic is not None:
+            state = self.engine.topic(topic)
+            by_partition: dict[int, list[tuple[bytes | None, bytes | None, int, list]]] = {}
+            for e in dying:
+                r = read.get(e.offset)
+                if r is None:
+                    continue
+                headers = [
+                    *r.headers,
+                    (DLQ_HEADERS[0], q.topic.encode()),
+                    (DLQ_HEADERS[1], str(p).encode()),
+                    (DLQ_HEADERS[2], str(e.offset).encode()),
+                    (DLQ_HEADERS[3], str(e.count).encode()),
+                    (DLQ_HEADERS[4], reason.encode()),
+                ]
+                count = len(state.partitions)
+                target = partition_for_key(r.key, count) if r.key is not None else p % count
+                by_partition.setdefault(target, []).append((r.key, r.value, r.timestamp, headers))
+            for target, items in sorted(by_partition.items()):
+                log = self.engine.partition(topic, target)
+                batch = encode_batch(0, items)
+                await log.append(prepare_batches(batch, log.config, check_records=False))
+        q.partitions[p].dead_done(dying)
+
+    async def _persist(self, q: Queue, p: int, pq: PartitionQueue) -> None:
+        """Append what the window's calls changed; return once it is durable (with another
+        call's append that took this call's changes, if one did)."""
+        changes = pq.take_changes()
+        if not changes:
+            pending = q.pending.get(p)
+            if pending is not None:
+                await pending.done.wait()
+                if pending.error is not None:
+                    raise pending.error
+            return
+        mine = q.pending[p] = _Pending()
+        try:
+            await self._append_changes(q, p, changes)
+        except BaseException as exc:
+            mine.error = exc
+            raise
+        finally:
+            mine.done.set()
+            if q.pending.get(p) is mine:
+                del q.pending[p]
+
+    async def _append_changes(self, q: Queue, p: int, changes: Changes) -> None:
+        qid = q.qid.hex()
+        items: list[tuple[bytes, bytes | None]] = [
+            (_key("o", qid, p, offset), orjson.dumps({"n": count, "s": state}))
+            for offset, count, state in changes.offsets
+        ]
+        if changes.start is not None:
+            start, acked, dead = changes.start
+            items.append(
+                (_key("s", qid, p), orjson.dumps({"start": start, "acked": acked, "dead": dead}))
+            )
+        items += [(_key("o", qid, p, offset), None) for offset in changes.tombstones]
+        await _append(await self._state_log(), items, self.clock())
+
+
+def _replay_one(
+    record: Record,
+    settings: dict[tuple[str, str], dict[str, Any] | None],
+    starts: dict[tuple[bytes, int], tuple[int, int, int]],
+    offsets: dict[tuple[bytes, int], dict[int, tuple[int, int]]],
+) -> None:
+    if record.key is None:
+        return
+    key = orjson.loads(record.key)
+    value = orjson.loads(record.value) if record.value is not None else None
+    kind = key[0]
+    if kind == "q":
+        settings[(key[1], key[2])] = value
+        return
+    where = (bytes.fromhex(key[1]), key[2])
+    if kind == "s":
+        if value is None:
+            starts.pop(where, None)
+            offsets.pop(where, None)
+            return
+        old = starts.get(where)
+        if old is None or value["start"] >= old[0]:  # a start never goes back (any order)
+            starts[where] = (value["start"], value["acked"], value["dead"])
+    elif kind == "o":
+        kept = offsets.setdefault(where, {})
+        if value is None:
+            kept.pop(key[3], None)
+            return
+        old_count, old_state = kept.get(key[3], (0, 0))
+        kept[key[3]] = (max(old_count, value["n"]), max(old_state, value["s"]))
+
+
+def _settings_of(v: dict[str, Any]) -> QueueSettings:
+    return QueueSettings(
+        v["lock_ms"], v["max_deliveries"], v["ordering"], v["start"], v["dead_letter_topic"]
+    )
+
+
+def _online(log: Any) -> bool:
+    return hasattr(log, "read_records")
+
+
+def _nonce() -> int:
+    return secrets.randbits(64)
+
+
+async def _start_offset(log: Any, start: str | int) -> int:
+    if start == "earliest":
+        return int(log.log_start_offset)
+    if start == "latest":
+        return int(log.high_watermark)
+    found = await log.offset_for_timestamp(int(start))
+    return int(found[0]) if found is not None else int(log.high_watermark)
+
+
+async def _read_offsets(log: Any, offsets: Iterable[int]) -> dict[int, Record]:
+    """The records at `offsets` (those still in the log), read in runs."""
+    wanted = sorted(set(offsets))
+    found: dict[int, Record] = {}
+    i = 0
+    while i < len(wanted):
+        first = max(wanted[i], log.log_start_offset)
+        j = i
+        while j + 1 < len(wanted) and wanted[j + 1] - wanted[j] <= 64:
+            j += 1
+        last = wanted[j]
+        offset = first
+        while offset <= last and offset < log.high_watermark:
+            result = await log.read_records(offset, last - offset + 1, READ_BYTES)
+            for r in result.records:
+                found[r.offset] = r
+            if result.next_offset <= offset:
+                break
+            offset = result.next_offset
+        i = j + 1
+    return {o: found[o] for o in wanted if o in found}
+
+
+async def _append(log: Any, items: list[tuple[bytes, bytes | None]], now: int) -> None:
+    """__queue_state records, durable when it returns: one batch (one fsync) of up to
+    APPEND_RECORDS (under the topic's max.message.bytes); several in order past that, whose
+    replay is right at any cut (a start record comes after its offsets' records)."""
+    for i in range(0, len(items), APPEND_RECORDS):
+        batch = encode_batch(0, [(k, v, now, ()) for k, v in items[i : i + APPEND_RECORDS]])
+        await log.append(prepare_batches(batch, log.config, check_records=False))
+
+
+async def ready(value: Any) -> Any:
+    """A lone process's queues answer at once; a shard's ask shard 0 (awaitable)."""
+    return await value if inspect.isawaitable(value) else value

@@ -1,0 +1,151 @@
+"""Queues over HTTP (api/queues.py): the contract in docs/API.md, "Queues", end to end, and what
+an acknowledgement is worth after a SIGKILL."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+
+from .test_api import assert_problem
+
+Q = "/v1/topics/jobs/queues/work"
+
+
+def setup(c: httpx.Client, partitions: int = 1, **settings: object) -> None:
+    assert c.post("/v1/topics", json={"name": "jobs", "partitions": partitions}).status_code == 201
+    r = c.put(Q, json=settings)
+    assert r.status_code == 201, r.text
+
+
+def produce(c: httpx.Client, records: list[dict]) -> None:
+    r = c.post("/v1/topics/jobs/records", json={"records": records})
+    assert r.status_code == 200, r.text
+
+
+def lease(c: httpx.Client, **body: object) -> list[dict]:
+    r = c.post(Q + "/lease", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()["records"]
+
+
+def settle(c: httpx.Client, action: str, leases: list[str], **extra: object) -> list[str]:
+    r = c.post(f"{Q}/{action}", json={"leases": leases, **extra})
+    assert r.status_code == 200, r.text
+    assert [x["lease"] for x in r.json()["results"]] == leases
+    return [x["status"] for x in r.json()["results"]]
+
+
+def test_create_describe_list_delete_and_the_errors(app_server) -> None:
+    with app_server.client() as c:
+        assert_problem(c.put(Q, json={}), 404, "topic_not_found")
+        setup(c, lock_ms=1000, ordering="key", start={"timestamp": 0})
+        again = c.put(Q, json={"lock_ms": 1000, "ordering": "key", "start": {"timestamp": 0}})
+        assert again.status_code == 200
+        assert again.json()["start"] == {"timestamp": 0}
+        assert_problem(c.put(Q, json={"lock_ms": 2000}), 409, "queue_exists")
+        assert_problem(c.put(Q, json={"ordering": "random"}), 422, "validation_error")
+        assert_problem(c.put(Q, json={"lock_ms": "1000"}), 422, "validation_error")
+        assert_problem(c.put(Q + "x", json={"dead_letter_topic": "nope"}), 404, "topic_not_found")
+        assert_problem(c.put("/v1/topics/jobs/queues/bad%20name", json={}), 400, "invalid_request")
+        d = c.get(Q).json()
+        assert (d["topic"], d["queue"], d["lock_ms"], d["max_deliveries"], d["ordering"]) == (
+            "jobs",
+            "work",
+            1000,
+            5,
+            "key",
+        )
+        assert [p["partition"] for p in d["partitions"]] == [0]
+        assert c.get("/v1/topics/jobs/queues").json() == {"queues": ["work"]}
+        assert c.delete(Q).status_code == 204
+        assert_problem(c.get(Q), 404, "queue_not_found")
+        assert_problem(c.post(Q + "/lease", json={}), 404, "queue_not_found")
+        assert c.get("/v1/topics/jobs/queues").json() == {"queues": []}
+
+
+def test_lease_ack_release_reject_renew_and_dead_letters(app_server) -> None:
+    with app_server.client() as c:
+        assert c.post("/v1/topics", json={"name": "dead"}).status_code == 201
+        setup(c, lock_ms=300, max_deliveries=2, dead_letter_topic="dead")
+        produce(
+            c,
+            [
+                {"key": f"k{i}", "value": f'{{"n":{i}}}', "headers": [{"key": "h", "value": "7"}]}
+                for i in range(4)
+            ],
+        )
+        got = lease(c, max_records=3)
+        assert [(r["offset"], r["delivery_count"]) for r in got] == [(0, 1), (1, 1), (2, 1)]
+        assert got[0]["value"] == '{"n":0}' and got[0]["headers"] == [{"key": "h", "value": "7"}]
+        assert got[0]["lease_expires_at"] > time.time() * 1000
+        r = c.post(Q + "/lease", params={"value_format": "json"}, json={"max_records": 1})
+        assert r.json()["records"][0]["value"] == {"n": 3}
+        assert settle(c, "ack", [got[0]["lease"], "bogus"]) == ["acked", "unknown"]
+        assert settle(c, "ack", [got[0]["lease"]]) == ["expired"]  # settled: no longer held
+        assert settle(c, "reject", [got[1]["lease"]]) == ["rejected"]
+        assert settle(c, "renew", [got[2]["lease"]], lock_ms=5000) == ["renewed"]
+        assert settle(c, "release", [r.json()["records"][0]["lease"]], delay_ms=0) == ["released"]
+        [back] = lease(c, max_records=5)  # offset 3, released; offset 2 is renewed
+        assert (back["offset"], back["delivery_count"]) == (3, 2)
+        time.sleep(0.4)  # its lock runs out: with max_deliveries 2 it is dead-lettered
+        assert lease(c, max_records=5) == []
+        assert settle(c, "ack", [back["lease"]]) == ["expired"]
+        dead = c.get("/v1/topics/dead/partitions/0/records").json()["records"]
+        reasons = {d["key"]: {h["key"]: h["value"] for h in d["headers"]} for d in dead}
+        assert reasons["k1"] == {
+            "h": "7",
+            "eventlog.source.topic": "jobs",
+            "eventlog.source.partition": "0",
+            "eventlog.source.offset": "1",
+            "eventlog.delivery.count": "1",
+            "eventlog.dead.reason": "rejected",
+        }
+        assert reasons["k3"]["eventlog.dead.reason"] == "max_deliveries"
+        assert reasons["k3"]["eventlog.delivery.count"] == "2"
+        p = c.get(Q).json()["partitions"][0]
+        assert (p["start_offset"], p["leased"], p["acked"], p["dead_lettered"], p["lag"]) == (
+            2,
+            1,
+            1,
+            2,
+            1,
+        )
+
+
+def test_a_lease_long_polls_until_a_record_arrives(app_server) -> None:
+    with app_server.client() as c:
+        setup(c, partitions=2)
+        timer = threading.Timer(0.3, lambda: produce(c, [{"value": "late", "partition": 1}]))
+        timer.start()
+        started = time.monotonic()
+        try:
+            got = lease(c, max_records=10, wait_ms=10_000)
+        finally:
+            timer.join()
+        assert [(r["partition"], r["value"]) for r in got] == [(1, "late")]
+        assert time.monotonic() - started < 5
+        started = time.monotonic()
+        assert lease(c, wait_ms=200) == []
+        assert time.monotonic() - started >= 0.2
+
+
+def test_an_ack_survives_a_sigkill_and_unacked_records_come_back_counted(server_factory) -> None:
+    server = server_factory().start()
+    with server.client() as c:
+        setup(c, lock_ms=60_000)
+        produce(c, [{"value": f"job {i}"} for i in range(4)])
+        got = lease(c, max_records=4)
+        assert settle(c, "ack", [got[1]["lease"], got[2]["lease"]]) == ["acked", "acked"]
+    server.kill()
+    server.start()
+    with server.client() as c:
+        got = lease(c, max_records=10)
+        # the acknowledged records never come back; the others do, their deliveries counted
+        assert [(r["offset"], r["delivery_count"]) for r in got] == [(0, 2), (3, 2)]
+        p = c.get(Q).json()["partitions"][0]
+        assert (p["start_offset"], p["acked"], p["leased"]) == (0, 2, 2)
+        assert settle(c, "ack", [r["lease"] for r in got]) == ["acked", "acked"]
+        assert c.get(Q).json()["partitions"][0]["start_offset"] == 4
+    server.stop()

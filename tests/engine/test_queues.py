@@ -1,0 +1,374 @@
+"""Queues (engine/queues.py): the window's state machine against a model (hypothesis), and a
+queue in an engine: leases, acks, expiry, dead letters, key order, retention, and what survives
+a restart."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from engine.errors import InvalidFieldError, QueueExistsError, QueueNotFoundError
+from engine.log_manager import EngineConfig, open_engine
+from engine.partition_log import prepare_batches
+from engine.queues import (
+    ACKED,
+    AVAILABLE,
+    DEAD,
+    DLQ_HEADERS,
+    LEASED,
+    LeaseId,
+    PartitionQueue,
+    QueueSettings,
+)
+from engine.records import encode_batch
+
+from .helpers import FakeClock
+
+# -- the window against a model ------------------------------------------------------------------
+
+KEYS = [b"a", b"b", b"c", None]
+
+
+class WindowMachine(RuleBasedStateMachine):
+    """PartitionQueue driven by lease / ack / release / reject / renew / time passing, checked
+    against a plain model: each offset's state, delivery count, current lease and delay."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1_000
+        self.nonces = itertools.count(1)
+        self.max_deliveries = 3
+        self.by_key = True
+        self.pq: PartitionQueue | None = None
+        self.keys: list[bytes | None] = []  # offset -> key of every record admitted
+        # offset -> [state, count, nonce, deadline, ready_at]
+        self.model: dict[int, list[int]] = {}
+        self.leases: list[LeaseId] = []  # every lease handed out, current or not
+
+    @rule(by_key=st.booleans(), max_deliveries=st.integers(1, 3))
+    @precondition(lambda self: self.pq is None)
+    def start(self, by_key: bool, max_deliveries: int) -> None:
+        self.by_key, self.max_deliveries = by_key, max_deliveries
+        self.pq = PartitionQueue(0, max_deliveries, by_key, 0)
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=4))
+    @precondition(lambda self: self.pq is not None)
+    def produce_and_read(self, keys: list[bytes | None]) -> None:
+        assert self.pq is not None
+        first = len(self.keys)
+        self.keys += keys
+        self.pq.admit([(first + i, k) for i, k in enumerate(keys)], len(self.keys))
+        for i in range(len(keys)):
+            self.model[first + i] = [AVAILABLE, 0, 0, 0, 0]
+
+    def _model_due(self) -> None:
+        for m in self.model.values():
+            if m[0] == LEASED and m[3] <= self.now:
+                m[0] = DEAD if m[1] >= self.max_deliveries else AVAILABLE
+                m[2] = 0
+            if m[0] == AVAILABLE and m[4] and m[4] <= self.now:
+                m[4] = 0
+
+    def _eligible(self, offset: int) -> bool:
+        key = self.keys[offset]
+        if not self.by_key or key is None:
+            return True
+        return not any(
+            self.keys[o] == key and self.model[o][0] in (AVAILABLE, LEASED) for o in range(offset)
+        )
+
+    @rule(n=st.integers(1, 4), lock=st.integers(1, 50))
+    @precondition(lambda self: self.pq is not None)
+    def lease(self, n: int, lock: int) -> None:
+        assert self.pq is not None
+        dying = self.pq.due(self.now)
+        self._model_due()
+        leased, more = self.pq.take(n, self.now, lock, lambda: next(self.nonces))
+        assert not more  # counts reach max_deliveries only through expiry or release here
+        self.pq.dead_done(dying)
+        expected = [
+            o
+            for o, m in sorted(self.model.items())
+            if m[0] == AVAILABLE and not m[4] and self._eligible(o)
+        ][:n]
+        assert [e.offset for e in leased] == expected
+        for e in leased:
+            m = self.model[e.offset]
+            m[:4] = [LEASED, m[1] + 1, e.nonce, self.now + lock]
+            assert e.count == m[1]
+            self.leases.append(LeaseId(b"q" * 8, 0, e.offset, e.count, e.nonce))
+
+    def _settle(self, i: int, action: str, amount: int) -> None:
+        assert self.pq is not None
+        lease = self.leases[i % len(self.leases)]
+        self.pq.dead_done(self.pq.due(self.now))
+        self._model_due()
+        m = self.model[lease.offset]
+        current = m[0] == LEASED and m[2] == lease.nonce and m[3] > self.now
+        e = self.pq.current(lease, self.now)
+        assert (e is not None) == current
+        if e is None:
+            return
+        if action == "ack":
+            self.pq.ack(e)
+            m[0] = ACKED
+        elif action == "reject":
+            self.pq.dead_done([self.pq.reject(e)])
+            m[0] = DEAD
+        elif action == "release":
+            dead = self.pq.release(e, self.now, amount)
+            if dead is not None:
+                self.pq.dead_done([dead])
+                m[0] = DEAD
+            else:
+                m[0], m[4] = AVAILABLE, self.now + amount if amount else 0
+        else:
+            self.pq.renew(e, self.now, amount)
+            m[3] = self.now + amount
+            return
+        m[2] = 0
+        assert (m[0] == DEAD) == (
+            action == "reject" or (action == "release" and m[1] >= self.max_deliveries)
+        )
+
+    @rule(
+        i=st.integers(0, 100),
+        action=st.sampled_from(["ack", "release", "reject", "renew"]),
+        amount=st.integers(0, 40),
+    )
+    @precondition(lambda self: self.leases)
+    def settle(self, i: int, action: str, amount: int) -> None:
+        self._settle(i, action, amount if action != "renew" else amount + 1)
+
+    @rule(dt=st.integers(1, 60))
+    def time_passes(self, dt: int) -> None:
+        self.now += dt
+
+    @invariant()
+    def agrees(self) -> None:
+        if self.pq is None:
+            return
+        pq = self.pq
+        unsettled = [o for o, m in sorted(self.model.items()) if m[0] in (AVAILABLE, LEASED)]
+        assert pq.start == (unsettled[0] if unsettled else len(self.keys))
+        for offset, m in self.model.items():
+            e = pq.entries.get(offset)
+            if offset < pq.start:
+                assert e is None and m[0] in (ACKED, DEAD)  # forgotten once settled
+                continue
+            assert e is not None
+            assert e.count == m[1]
+            if m[0] == LEASED and m[3] > self.now:
+                assert e.state == LEASED
+            assert (e.state in (ACKED, DEAD)) == (m[0] in (ACKED, DEAD))
+        # never two leases of one key, nor one past an earlier unsettled record of its key
+        if pq.by_key:
+            for o, m in self.model.items():
+                if m[0] == LEASED and m[3] > self.now:
+                    assert self._eligible(o)
+
+
+TestWindow = WindowMachine.TestCase
+TestWindow.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def test_a_lease_string_names_its_record_and_nothing_else_decodes() -> None:
+    lease = LeaseId(b"12345678", 3, 2**40, 7, 2**63 + 5)
+    assert LeaseId.decode(lease.encode()) == lease
+    for junk in ("", "not-a-lease", lease.encode()[:-1], lease.encode() + "A", "!" * 43, 5):
+        assert LeaseId.decode(junk) is None  # type: ignore[arg-type]
+
+
+def test_the_window_holds_only_unsettled_records() -> None:
+    pq = PartitionQueue(0, 5, False, 0)
+    pq.admit([(o, None) for o in range(1000)], 1000)
+    leased, _ = pq.take(1000, 0, 10, lambda: 1)
+    for e in leased[:999]:
+        pq.ack(e)
+    assert pq.start == 999 and list(pq.entries) == [999]
+    changes = pq.take_changes()
+    assert changes.start == (999, 999, 0)
+
+
+# -- a queue in an engine ------------------------------------------------------------------------
+
+
+def cfg(data: Path) -> EngineConfig:
+    return EngineConfig(log_dirs=(data,))
+
+
+async def produce(
+    engine, topic: str, records: list[tuple[bytes | None, bytes]], partition: int = 0
+) -> None:
+    log = engine.partition(topic, partition)
+    batch = encode_batch(0, [(k, v, 1, ()) for k, v in records])
+    await log.append(prepare_batches(batch, log.config))
+
+
+async def test_acks_survive_a_restart_and_delivery_counts_never_go_down(tmp_path: Path) -> None:
+    clock = FakeClock()
+    async with open_engine(cfg(tmp_path), clock) as engine:
+        await engine.create_topic("jobs", 1)
+        await produce(engine, "jobs", [(None, b"v%d" % i) for i in range(4)])
+        _info, created = await engine.queues.create("jobs", "work", QueueSettings(lock_ms=1000))
+        assert created
+        got = await engine.queues.lease("jobs", "work", 4)
+        assert [(r.offset, r.delivery_count) for r in got] == [(0, 1), (1, 1), (2, 1), (3, 1)]
+        results = await engine.queues.settle("jobs", "work", "ack", [got[0].lease, got[2].lease])
+        assert [s for _, s in results] == ["acked", "acked"]
+    async with open_engine(cfg(tmp_path), clock) as engine:
+        info = engine.queues.describe("jobs", "work")
+        assert info.partitions[0]["start_offset"] == 1 and info.partitions[0]["acked"] == 2
+        got = await engine.queues.lease("jobs", "work", 10)
+        # the acked records never come back; the others come back counted again
+        assert [(r.offset, r.delivery_count) for r in got] == [(1, 2), (3, 2)]
+        # a lease of the process before is expired, not unknown
+        old = LeaseId(LeaseId.decode(got[0].lease).qid, 0, 1, 1, 1).encode()
+        assert await engine.queues.settle("jobs", "work", "ack", [old]) == [(old, "expired")]
+
+
+async def test_expiry_then_dead_letter_with_headers(tmp_path: Path) -> None:
+    clock = FakeClock()
+    async with open_engine(cfg(tmp_path), clock) as engine:
+        await engine.create_topic("jobs", 1)
+        await engine.create_topic("dead", 1)
+        await produce(engine, "jobs", [(b"k", b"job")])
+        await engine.queues.create(
+            "jobs", "w", QueueSettings(lock_ms=100, max_deliveries=2, dead_letter_topic="dead")
+        )
+        first = await engine.queues.lease("jobs", "w", 1)
+        clock.now += 100
+        second = await engine.queues.lease("jobs", "w", 1)
+        assert [r.delivery_count for r in first + second] == [1, 2]
+        # the first lease expired: it changes nothing, even though its record is leased again
+        assert await engine.queues.settle("jobs", "w", "ack", [first[0].lease]) == [
+            (first[0].lease, "expired")
+        ]
+        clock.now += 100
+        assert (
+            await engine.queues.lease("jobs", "w", 1) == []
+        )  # dead-lettered, not leased a third time
+        dead = await engine.partition("dead", 0).read_records(0, 10, 1 << 20)
+        [record] = dead.records
+        assert (record.key, record.value) == (b"k", b"job")
+        assert dict(record.headers) == {
+            DLQ_HEADERS[0]: b"jobs",
+            DLQ_HEADERS[1]: b"0",
+            DLQ_HEADERS[2]: b"0",
+            DLQ_HEADERS[3]: b"2",
+            DLQ_HEADERS[4]: b"max_deliveries",
+        }
+        p = engine.queues.describe("jobs", "w").partitions[0]
+        assert (p["start_offset"], p["dead_lettered"], p["lag"]) == (1, 1, 0)
+
+
+async def test_release_with_delay_renew_and_reject_archives(tmp_path: Path) -> None:
+    clock = FakeClock()
+    async with open_engine(cfg(tmp_path), clock) as engine:
+        await engine.create_topic("jobs", 1)
+        await produce(engine, "jobs", [(None, b"a"), (None, b"b")])
+        await engine.queues.create("jobs", "w", QueueSettings(lock_ms=100))
+        a, b = await engine.queues.lease("jobs", "w", 2)
+        assert await engine.queues.settle("jobs", "w", "release", [a.lease], delay_ms=500) == [
+            (a.lease, "released")
+        ]
+        assert await engine.queues.settle("jobs", "w", "renew", [b.lease], lock_ms=1000) == [
+            (b.lease, "renewed")
+        ]
+        clock.now += 400
+        assert (
+            await engine.queues.lease("jobs", "w", 2) == []
+        )  # a waits out its delay; b is renewed
+        clock.now += 100
+        [again] = await engine.queues.lease("jobs", "w", 2)
+        assert (again.offset, again.delivery_count) == (0, 2)
+        assert await engine.queues.settle("jobs", "w", "reject", [again.lease]) == [
+            (again.lease, "rejected")
+        ]
+        p = engine.queues.describe("jobs", "w").partitions[0]
+        assert (p["start_offset"], p["dead_lettered"], p["leased"]) == (1, 1, 1)
+
+
+async def test_key_order_holds_later_records_of_a_leased_key(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)) as engine:
+        await engine.create_topic("jobs", 1)
+        await produce(engine, "jobs", [(b"x", b"1"), (b"x", b"2"), (b"y", b"3"), (None, b"4")])
+        await engine.queues.create("jobs", "w", QueueSettings(ordering="key"))
+        got = await engine.queues.lease("jobs", "w", 10)
+        assert [r.offset for r in got] == [0, 2, 3]
+        await engine.queues.settle("jobs", "w", "ack", [got[0].lease])
+        assert [r.offset for r in await engine.queues.lease("jobs", "w", 10)] == [1]
+
+
+async def test_settings_are_checked_and_a_second_put_must_agree(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)) as engine:
+        await engine.create_topic("jobs", 2)
+        await produce(engine, "jobs", [(None, b"old")])
+        _info, created = await engine.queues.create("jobs", "w", QueueSettings(start="latest"))
+        assert created
+        assert (await engine.queues.create("jobs", "w", QueueSettings(start="latest")))[1] is False
+        with pytest.raises(QueueExistsError):
+            await engine.queues.create("jobs", "w", QueueSettings(start="latest", lock_ms=999))
+        with pytest.raises(InvalidFieldError):
+            await engine.queues.create("jobs", "x", QueueSettings(ordering="random"))
+        assert (
+            await engine.queues.lease("jobs", "w", 10) == []
+        )  # "latest": the old record is not in it
+        assert engine.queues.names("jobs") == ["w"]
+        await engine.queues.delete("jobs", "w")
+        with pytest.raises(QueueNotFoundError):
+            engine.queues.describe("jobs", "w")
+
+
+async def test_a_long_poll_is_woken_by_an_append(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)) as engine:
+        await engine.create_topic("jobs", 2)
+        await engine.queues.create("jobs", "w", QueueSettings())
+        got = []
+
+        async def poll() -> None:
+            got.extend(await engine.queues.lease("jobs", "w", 5, wait_ms=5000))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(poll)
+            await anyio.sleep(0.05)
+            with anyio.fail_after(2):
+                await produce(engine, "jobs", [(None, b"late")], partition=1)
+                while not got:
+                    await anyio.sleep(0.01)
+        assert [(r.partition, r.value) for r in got] == [(1, b"late")]
+
+
+async def test_retention_counts_lost_records_and_moves_the_window(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)) as engine:
+        await engine.create_topic("jobs", 1)
+        await produce(engine, "jobs", [(None, b"%d" % i) for i in range(5)])
+        await engine.queues.create("jobs", "w", QueueSettings())
+        await engine.queues.lease("jobs", "w", 2)
+        await engine.partition("jobs", 0).delete_records(3)
+        got = await engine.queues.lease("jobs", "w", 10)
+        assert [r.offset for r in got] == [3, 4]
+        p = engine.queues.describe("jobs", "w").partitions[0]
+        assert (p["start_offset"], p["lost_to_retention"]) == (3, 3)
+
+
+async def test_deleting_the_topic_deletes_its_queues(tmp_path: Path) -> None:
+    async with open_engine(cfg(tmp_path)) as engine:
+        await engine.create_topic("jobs", 1)
+        await engine.queues.create("jobs", "w", QueueSettings())
+        await engine.delete_topic("jobs")
+        await engine.create_topic("jobs", 1)
+        assert engine.queues.names("jobs") == []
+    async with open_engine(cfg(tmp_path)) as engine:
+        assert engine.queues.names("jobs") == []
