@@ -51,6 +51,7 @@ import orjson
 
 from engine.compression import CODECS
 from engine.records import encode_batch
+from engine.snapshots import default_root
 from tests.kafka_oracle import decode_all
 
 from .exact import RAW, RETRY_PAUSE_S, ExactWriters
@@ -373,7 +374,7 @@ class Load(ExactWriters):
                 self.model.fail("unexpected_status", f"snapshot: {outcome.status_code} {outcome.text[:300]}")
             return
         answer = outcome.json()
-        path = self.data_dir / answer["path"]
+        path = default_root(self.data_dir) / answer["path"]  # (relative to the snapshot dir)
         check_snapshot(path, topics, self.partitions, floor, self.model)
         outcome = await self._request("snapshot", "DELETE", f"/v1/snapshots/{answer['id']}", gated=False)
         if isinstance(outcome, str) or self.stats.unavailable("snapshot", outcome.status_code, _code(outcome), counted=True):
