@@ -13,6 +13,7 @@ limits, the CLI, curl, EVENTLOG_CRASH_AT / EVENTLOG_FAULTS_FILE (read at import)
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import resource
 import signal
@@ -61,9 +62,12 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(name, value)
 
 
-# The in-process check: every callback of an asyncio loop in this process (the tests' own, with
-# the app in process) is timed; one that runs longer than SLOW_CALLBACK_S fails the test that
-# ran it, naming it (asyncio's debug mode does the same, at a far higher cost per callback).
+# The in-process check: every callback of an asyncio loop in this process is timed; one that
+# runs longer than SLOW_CALLBACK_S fails the async test that ran it (the engine, the workers and
+# the app on the test's own loop), naming it (asyncio's debug mode does the same, at a far higher
+# cost per callback). Sync tests are not judged: Playwright's sync API parks its loop in a
+# callback while the test runs, and an app in process runs on uvloop (its own watch logs a block,
+# app/loopwatch.py, as a server's does).
 SLOW_CALLBACK_S = 0.5
 _slow_callbacks: list[tuple[float, str]] = []
 _handle_run = asyncio.events.Handle._run
@@ -87,6 +91,10 @@ def _loop_not_blocked(request: pytest.FixtureRequest):
     """Fails a test during which an event loop callback in this process ran too long."""
     _slow_callbacks.clear()
     yield
+    function = getattr(request.node, "function", None)
+    if not inspect.iscoroutinefunction(function):
+        _slow_callbacks.clear()
+        return
     if _slow_callbacks and not request.node.get_closest_marker("blocks_loop"):
         worst = sorted(_slow_callbacks, reverse=True)[:3]
         _slow_callbacks.clear()

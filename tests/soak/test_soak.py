@@ -232,6 +232,7 @@ def test_table_view_must_hold_each_keys_latest_acknowledged_value() -> None:
     assert model.failures == []
 
 
+@pytest.mark.blocks_loop  # starts and kills its server with blocking calls, as test code may
 async def test_verifier_finds_an_acknowledged_tail_that_disappeared_from_disk(server_factory, tmp_path: Path) -> None:
     """A real server, SIGKILLed; the tail of its segment cut off (a disk that lost acknowledged
     bytes); after the restart recovery truncates there, and verify_api reports the loss."""
