@@ -34,8 +34,12 @@ run: install-service
 	EVENTLOG_DATA_DIR="$${EVENTLOG_DATA_DIR:-$(DATA_DIR)}" EVENTLOG_HOST="$${EVENTLOG_HOST:-127.0.0.1}" \
 	EVENTLOG_PORT="$${EVENTLOG_PORT:-8080}" $(BIN)/eventlog serve
 
+# The suite at one process per server (N = 1 where a test names none), then the tests marked
+# `shards` once more against shard families (EVENTLOG_TEST_PROCESSES=2: the API tests written
+# against one process run against two shards; tests/broker/ runs both shapes by itself).
 test: install test-peers
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	EVENTLOG_TEST_PROCESSES=2 $(BIN)/python -m pytest -m shards $(PYTEST_ARGS)
 
 test-fast: install test-peers
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -19,6 +19,9 @@ from engine.log_dirs import CLEAN_SHUTDOWN_FILE
 
 from .test_damaged_files import QUIET, SEGMENT_BYTES, _batches, _flip, _segments
 
+# the paths between shards (forwarded appends, shard 0's groups): again at N = 2 (Makefile)
+pytestmark = pytest.mark.shards
+
 HEADER = "Eventlog-Dropped-Offsets"
 FETCH = "/v1/topics/t/partitions/0/records"
 RAW = {"accept": "application/vnd.kafka.record-batch.v2"}

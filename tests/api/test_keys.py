@@ -15,6 +15,9 @@ from engine.partitioner import partition_for_key
 from ..conftest import wait_until
 from .test_api import assert_problem
 
+# the paths between shards (forwarded appends, shard 0's groups): again at N = 2 (Makefile)
+pytestmark = pytest.mark.shards
+
 
 @pytest.fixture
 def client(app_server):

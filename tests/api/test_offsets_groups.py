@@ -12,6 +12,9 @@ import pytest
 from ..conftest import wait_until
 from .test_api import assert_problem, in_flight
 
+# the paths between shards (forwarded appends, shard 0's groups): again at N = 2 (Makefile)
+pytestmark = pytest.mark.shards
+
 
 @pytest.fixture
 def client(app_server):
