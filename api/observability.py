@@ -114,6 +114,7 @@ class Metrics:
             self.registry.register(_WorkerCollector(workers))
         if getattr(engine, "table", None) is not None:
             self.registry.register(_ShardCollector(engine))
+        self.registry.register(_QueueCollector(engine))
 
     def _on_commit(self, log: PartitionLog, requests: int, records: int, size: int) -> None:
         self.commit_requests.observe(requests)
@@ -151,6 +152,43 @@ class _ShardCollector:
             looping.add_metric(labels, 1 if table.health(shard) & CRASH_LOOP else 0)
             restarts.add_metric(labels, table.restarts(shard))
         return [up, looping, restarts]
+
+
+class _QueueCollector:
+    """Each queue's figures (engine/queues.py Queues.figures), from the process that holds the
+    queues (shard 0 of a family; the others report none, so the family's sum is shard 0's)."""
+
+    GAUGES = (
+        ("available", "records of the queue that may be leased now or once their delay ends"),
+        ("leased", "records leased and not yet settled"),
+        ("lag", "records between the queue's first unsettled offset and the partitions' ends"),
+    )
+    COUNTERS = (
+        ("acked", "records acknowledged"),
+        ("dead_lettered", "records sent to the dead-letter topic or archived"),
+        ("redeliveries", "leases of a record delivered before (since the server started)"),
+        ("lost_to_retention", "records retention deleted before the queue settled them"),
+    )
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self):  # noqa: ANN201 -- prometheus-client's collector protocol
+        queues = getattr(self.engine, "queues", None)
+        figures = getattr(queues, "figures", list)()  # (a family's other shards: none)
+        labels = ["topic", "queue"]
+        families = [
+            GaugeMetricFamily(f"eventlog_queue_{name}", doc, labels=labels)
+            for name, doc in self.GAUGES
+        ] + [
+            CounterMetricFamily(f"eventlog_queue_{name}", doc, labels=labels)
+            for name, doc in self.COUNTERS
+        ]
+        names = [name for name, _doc in self.GAUGES + self.COUNTERS]
+        for topic, queue, totals in figures:
+            for family, name in zip(families, names, strict=True):
+                family.add_metric([topic, queue], totals.get(name, 0))
+        return families
 
 
 class _InFlightCollector:

@@ -79,6 +79,7 @@ import orjson
 
 from .config import LogConfig
 from .errors import (
+    EngineError,
     InvalidFieldError,
     InvalidRequestError,
     QueueExistsError,
@@ -805,6 +806,23 @@ class Queues:
             pq.due(now)  # (what expired is counted as available; dead-lettering waits for a call)
             parts.append({"partition": p, **pq.stats(log.high_watermark)})
         return QueueInfo(topic, name, q.settings, q.created_ms, tuple(parts))
+
+    def figures(self) -> list[tuple[str, str, dict[str, int]]]:
+        """(topic, queue, its partitions' figures summed) of every queue this process holds
+        (shard 0's, in a family): what /metrics shows per queue."""
+        out = []
+        for topic, name in sorted(self._queues):
+            try:
+                info = self.describe(topic, name)
+            except EngineError:  # its topic is going, or offline
+                continue
+            totals: dict[str, int] = {}
+            for part in info.partitions:
+                for field_name, value in part.items():
+                    if field_name not in ("partition", "start_offset", "end_offset"):
+                        totals[field_name] = totals.get(field_name, 0) + value
+            out.append((topic, name, totals))
+        return out
 
     def _window(self, q: Queue, p: int, log: Any) -> PartitionQueue:
         pq = q.partitions.get(p)

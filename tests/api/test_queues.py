@@ -149,3 +149,27 @@ def test_an_ack_survives_a_sigkill_and_unacked_records_come_back_counted(server_
         assert settle(c, "ack", [r["lease"] for r in got]) == ["acked", "acked"]
         assert c.get(Q).json()["partitions"][0]["start_offset"] == 4
     server.stop()
+
+
+def test_metrics_show_each_queue(app_server) -> None:
+    """eventlog_queue_* per (topic, queue): what GET on the queue reports, summed over its
+    partitions."""
+    with app_server.client() as c:
+        setup(c, partitions=2, max_deliveries=1)
+        produce(c, [{"value": f"v{i}", "partition": i % 2} for i in range(6)])
+        leased = lease(c, max_records=4)
+        assert len(leased) == 4
+        assert settle(c, "ack", [r["lease"] for r in leased[:2]]) == ["acked", "acked"]
+        assert settle(c, "reject", [leased[2]["lease"]]) == ["rejected"]
+        text = c.get("/metrics").text
+
+    def value(name: str) -> float:
+        prefix = f'{name}{{queue="work",topic="jobs"}}'
+        line = next(x for x in text.splitlines() if x.startswith(prefix))
+        return float(line.rsplit(" ", 1)[1])
+
+    assert value("eventlog_queue_acked_total") == 2
+    assert value("eventlog_queue_dead_lettered_total") == 1
+    assert value("eventlog_queue_leased") == 1
+    assert value("eventlog_queue_available") == 2
+    assert value("eventlog_queue_lag") == 3
