@@ -175,7 +175,8 @@ class _QueueCollector:
 
     def collect(self):  # noqa: ANN201 -- prometheus-client's collector protocol
         queues = getattr(self.engine, "queues", None)
-        figures = getattr(queues, "figures", list)()  # (a family's other shards: none)
+        # (a family's other shards hold no queues: none)
+        figures: list[tuple[str, str, dict[str, int]]] = getattr(queues, "figures", list)()
         labels = ["topic", "queue"]
         families = [
             GaugeMetricFamily(f"eventlog_queue_{name}", doc, labels=labels)
