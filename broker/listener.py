@@ -18,6 +18,7 @@ KIP-219), the engine's state, metrics by API and the access log (Policy.observe_
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import socket
 import time
@@ -231,11 +232,15 @@ class KafkaListener:
                 raise BadRequest(
                     f"a request of {size} bytes (the limit is {limit}, max_request_bytes)"
                 )
+            while state.in_flight and state.bytes + size > limit:
+                # requests in service hold at most max_request_bytes of a connection's memory
+                # (as one request may): the next waits for room
+                await state.room()
             async with asyncio.timeout(policy.timeout_s):
                 frame = await reader.readexactly(size)
             started = time.perf_counter()
             call, answer = self._start(frame, connection)
-            state.begin()
+            state.begin(size)
             await answers.put(_InFlight(started, call, answer))
             waits: set[asyncio.Future[Any]] = {answer}
             if isinstance(call, Call) and call.admitted is not None:
@@ -333,18 +338,30 @@ class _ConnectionState:
 
     def __init__(self) -> None:
         self.in_flight = 0
+        self.bytes = 0  # of the requests in service
+        self.sizes: collections.deque[int] = collections.deque()
         self.idle = asyncio.Event()
         self.idle.set()
+        self.ended = asyncio.Event()  # set when a request leaves service
         self.mute_until = 0.0  # loop time: no request is read before it (a quota's throttle)
 
-    def begin(self) -> None:
+    def begin(self, size: int) -> None:
         self.in_flight += 1
+        self.bytes += size
+        self.sizes.append(size)
         self.idle.clear()
 
     def end(self) -> None:
         self.in_flight -= 1
+        self.bytes -= self.sizes.popleft()  # (answered in the order they began)
+        self.ended.set()
         if not self.in_flight:
             self.idle.set()
+
+    async def room(self) -> None:
+        """Until a request leaves service."""
+        self.ended.clear()
+        await self.ended.wait()
 
 
 @dataclass(frozen=True, slots=True)
