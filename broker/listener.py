@@ -45,6 +45,7 @@ logger = logging.getLogger("eventlog.kafka")
 Buffer = bytes | memoryview  # a framed answer
 SASL_HANDSHAKE_KEY = 17
 SASL_AUTHENTICATE_KEY = 36
+SASL_KEYS = (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY)
 IDLE_TIMEOUT_S = 600.0  # Kafka's connections.max.idle.ms
 CLOSE_GRACE_S = 5.0  # at shutdown: how long a request in progress may finish
 
@@ -245,8 +246,12 @@ class KafkaListener:
             waits: set[asyncio.Future[Any]] = {answer}
             if isinstance(call, Call) and call.admitted is not None:
                 waits.add(call.admitted)
-            elif connection.authenticated and not connection.raw_sasl:
-                continue
+            elif (
+                connection.authenticated
+                and not connection.raw_sasl
+                and getattr(call, "api_key", None) not in SASL_KEYS
+            ):
+                continue  # (a SASL request changes how the next frame is read: it waits)
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
 
     async def _write(

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
 from kafka.protocol.metadata import MetadataRequest
+from kafka.protocol.parser import KafkaProtocol
 from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
@@ -301,3 +302,24 @@ def test_an_unknown_topic_is_not_created_with_auto_create_off(auth_server) -> No
         )
     assert refused.value.kind in ("UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "_MSG_TIMED_OUT")
     assert auth_server.http.get(f"/v1/topics/{topic}").status_code == 404
+
+
+def test_a_handshake_v0_and_its_plain_message_sent_together_without_an_auth_file(
+    kafka_server,
+) -> None:
+    """Without an auth file a connection needs no SASL, so its requests are pipelined; a SASL
+    request still waits for its answer before the next frame is read, which after SaslHandshake
+    v0 is the bare PLAIN message, not a request."""
+    with Wire(kafka_server.bootstrap) as wire:
+        wire.protocol.send_request(SaslHandshakeRequest[0](mechanism="PLAIN"))
+        wire.sock.sendall(wire.protocol.send_bytes() + _frame(b"\0user\0any-password"))
+        handshake = wire.read_frame()
+        assert handshake is not None and handshake[4:6] == b"\0\0"  # (correlation id, error 0)
+        assert wire.read_frame() == b""
+        wire.protocol = KafkaProtocol(client_id="eventlog-wire-test")  # (it read the two itself)
+        answer = wire.call(MetadataRequest[12](topics=None))
+        assert answer.brokers
+
+
+def _frame(payload: bytes) -> bytes:
+    return len(payload).to_bytes(4, "big") + payload
