@@ -68,7 +68,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 # cost per callback). Sync tests are not judged: Playwright's sync API parks its loop in a
 # callback while the test runs, and an app in process runs on uvloop (its own watch logs a block,
 # app/loopwatch.py, as a server's does).
-SLOW_CALLBACK_S = 0.5
+SLOW_CALLBACK_S = 1.0
 _slow_callbacks: list[tuple[float, str]] = []
 _handle_run = asyncio.events.Handle._run
 
