@@ -425,6 +425,12 @@ class Confluent(Client):
     def produce(self, bootstrap, topic, records, codec, sasl=None, **config):
         from confluent_kafka import Producer
 
+        fatal: list[Any] = []  # an idempotent producer's fatal error (a refused InitProducerId)
+
+        def on_error(err: Any) -> None:
+            if err.fatal():
+                fatal.append(err)
+
         producer = Producer(
             self.config(
                 bootstrap,
@@ -434,6 +440,7 @@ class Confluent(Client):
                     "linger.ms": 50,
                     "acks": "all",
                     "message.timeout.ms": int(TIMEOUT_S * 1000) - 5000,
+                    "error_cb": on_error,
                     **config,
                 },
             )
@@ -463,6 +470,8 @@ class Confluent(Client):
             raise TimeoutError(f"{left} record(s) not delivered")
         for result in results:
             if not isinstance(result, tuple):
+                if fatal:  # the messages were purged for it (_FATAL, or _DESTROY by timing)
+                    raise ClientError(*_fatal_cause(fatal[0]))
                 raise ClientError(result.name(), result.str())
         return results
 
@@ -807,3 +816,13 @@ def read_raw(http: Any, topic: str, partition: int, offset: int = 0) -> bytes:
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith(RECORD_BATCH)
     return response.content
+
+
+def _fatal_cause(err: Any) -> tuple[str, str]:
+    """(the broker's error name, text) behind librdkafka's fatal error: it reports
+    `_FATAL: Fatal error: Broker: Cluster authorization failed: ...`; the name is the broker's."""
+    text = err.str()
+    for name in ("CLUSTER_AUTHORIZATION_FAILED", "TOPIC_AUTHORIZATION_FAILED"):
+        if name.replace("_", " ").lower() in text.lower():
+            return name, text
+    return err.name(), text
