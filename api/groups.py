@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from engine.errors import LogClosedError
 from engine.groups import MAX_GROUP_CHARS, CommittedOffset
-from engine.interface import Groups, MaybeAwaitable
+from engine.interface import Groups, ready
 
 from .auth import Describer, GroupMember, principal_of
 from .deps import Engine
@@ -23,7 +22,6 @@ DEFAULT_GROUPS_PAGE = 1000
 MAX_GROUPS_PAGE = 10_000
 
 router = APIRouter(prefix="/v1/groups", tags=["groups"], route_class=PolicyRoute)
-T = TypeVar("T")
 
 _problems: dict[int | str, dict[str, Any]] = {
     400: {"model": Problem, "description": "invalid_request (group id)"},
@@ -73,7 +71,7 @@ async def fetch_offsets(
     topic: str | None = Query(None, description="only this topic's offsets"),
 ) -> GroupOffsets:
     principal = principal_of(request)
-    committed = [c for c in await _ready(_groups(engine).fetch(group, topic)) if principal.covers_topic(c.topic)]
+    committed = [c for c in await ready(_groups(engine).fetch(group, topic)) if principal.covers_topic(c.topic)]
     return _model(group, committed)
 
 
@@ -89,7 +87,7 @@ async def delete_offsets(
     group: str, request: Request, engine: Engine, _principal: GroupMember, topic: str | None = Query(None)
 ) -> Response:
     principal = principal_of(request)
-    topics = {c.topic for c in await _ready(_groups(engine).fetch(group, topic))}
+    topics = {c.topic for c in await ready(_groups(engine).fetch(group, topic))}
     for t in sorted(topics):
         if principal.covers_topic(t):
             await _groups(engine).delete(group, t)
@@ -124,7 +122,7 @@ async def list_groups(
     if principal.role != "admin":
         def accept(group: str, topics: Iterable[str]) -> bool:
             return principal.covers_group(group) and any(map(principal.covers_topic, topics))
-    groups, next_after = await _ready(_groups(engine).groups_page(limit, after, accept))
+    groups, next_after = await ready(_groups(engine).groups_page(limit, after, accept))
     return GroupList(groups=groups, next_after=next_after)
 
 
@@ -135,7 +133,3 @@ def _groups(engine: Engine) -> Groups:
         raise LogClosedError("groups")
     return groups
 
-
-async def _ready(value: MaybeAwaitable[T]) -> T:
-    """A lone process's group offsets answer at once; a shard's ask shard 0 (awaitable)."""
-    return await value if inspect.isawaitable(value) else value

@@ -8,15 +8,14 @@ is under the token's fetch quota (its answer's bytes count, api/quotas.py) and l
 
 from __future__ import annotations
 
-import inspect
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from engine.errors import LogClosedError
-from engine.interface import MaybeAwaitable, Queues
+from engine.interface import Queues, ready
 from engine.queues import LeasedRecord as EngineLeased
 from engine.queues import QueueInfo, QueueSettings
 
@@ -42,7 +41,6 @@ from .schemas import (
 from .schemas import Queue as QueueModel
 
 router = APIRouter(prefix="/v1/topics", tags=["queues"], route_class=PolicyRoute)
-T = TypeVar("T")
 
 _problems: dict[int | str, dict[str, Any]] = {
     400: {"model": Problem, "description": "invalid_request (queue name)"},
@@ -61,10 +59,6 @@ def _queues(engine: Engine) -> Queues:
         raise LogClosedError("queues")
     return queues
 
-
-async def _ready(value: MaybeAwaitable[T]) -> T:
-    """Shard 0's queues answer reads at once; another shard's ask shard 0 (awaitable)."""
-    return await value if inspect.isawaitable(value) else value
 
 
 def _model(info: QueueInfo) -> QueueModel:
@@ -120,7 +114,7 @@ async def create_queue(
     summary="A queue's settings and, per partition, its window and counts",
 )
 async def describe_queue(topic: str, queue: str, engine: Engine, _principal: Reader) -> QueueModel:
-    return _model(await _ready(_queues(engine).describe(topic, queue)))
+    return _model(await ready(_queues(engine).describe(topic, queue)))
 
 
 @router.delete(
@@ -144,7 +138,7 @@ async def delete_queue(topic: str, queue: str, engine: Engine, _principal: Reade
     summary="A topic's queues, by name",
 )
 async def list_queues(topic: str, engine: Engine, _principal: Reader) -> QueueList:
-    return QueueList(queues=await _ready(_queues(engine).names(topic)))
+    return QueueList(queues=await ready(_queues(engine).names(topic)))
 
 
 def _record_json(r: EngineLeased, kf: str, vf: str) -> dict[str, Any]:

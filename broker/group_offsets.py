@@ -16,14 +16,13 @@ answers -1, which clients read as "unknown" and skip the epoch check for.
 
 from __future__ import annotations
 
-import inspect
-from typing import Any, TypeVar
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from engine.errors import LogClosedError
 from engine.groups import MAX_GROUP_CHARS
-from engine.interface import Groups, MaybeAwaitable
+from engine.interface import Groups, ready
 
 from .coordinator import GroupState
 from .errors import KafkaError, error_code
@@ -31,7 +30,6 @@ from .listener import Call
 from .protocol import has, make, ms, nested, serves
 
 NO_OFFSET = -1
-T = TypeVar("T")
 
 
 def offsets_of(call: Call) -> Groups:
@@ -42,10 +40,6 @@ def offsets_of(call: Call) -> Groups:
         raise LogClosedError("groups")
     return groups
 
-
-async def _ready(value: MaybeAwaitable[T]) -> T:
-    """GroupOffsets answers fetches at once on shard 0; RemoteGroups elsewhere with a call."""
-    return await value if inspect.isawaitable(value) else value
 
 
 def _group_error(call: Call, group: str) -> ErrorCode | None:
@@ -156,7 +150,7 @@ async def _fetch_group(
         call.error = code
         return code, ()
     try:
-        committed = await _ready(offsets_of(call).fetch(group))
+        committed = await ready(offsets_of(call).fetch(group))
     except Exception as exc:
         call.error = error_code(exc, "OffsetFetch")
         return call.error, ()
@@ -206,7 +200,7 @@ async def offset_delete(call: Call, request: Any) -> Any:
             part_code = ErrorCode.group_subscribed_to_topic
         elif described.state == GroupState.DEAD.value:  # unknown to the coordinator
             try:
-                if not await _ready(offsets_of(call).fetch(group)):
+                if not await ready(offsets_of(call).fetch(group)):
                     code = ErrorCode.group_id_not_found
             except Exception as exc:
                 code = error_code(exc, "OffsetDelete")

@@ -11,12 +11,11 @@ deletes its offsets, as Kafka's coordinator, which loads both from __consumer_of
 
 from __future__ import annotations
 
-import inspect
-from typing import Any, TypeVar
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from engine.interface import MaybeAwaitable
+from engine.interface import ready
 
 from .coordinator import GroupCoordinator
 from .errors import KafkaError, error_code
@@ -28,11 +27,7 @@ CLASSIC = "classic"
 EMPTY = "Empty"
 DEAD = "Dead"
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
-T = TypeVar("T")
 
-
-async def _ready(value: MaybeAwaitable[T]) -> T:
-    return await value if inspect.isawaitable(value) else value
 
 
 def _coordinator(call: Call, group: str) -> GroupCoordinator:
@@ -177,11 +172,11 @@ async def leave_group(call: Call, request: Any) -> Any:
 
 async def _offset_groups(call: Call) -> set[str]:
     """The groups that have committed offsets (on the coordinator shard only)."""
-    return set(await _ready(offsets_of(call).groups()))
+    return set(await ready(offsets_of(call).groups()))
 
 
 async def _has_offsets(call: Call, group: str) -> bool:
-    return bool(await _ready(offsets_of(call).fetch(group)))
+    return bool(await ready(offsets_of(call).fetch(group)))
 
 
 @serves(16, "ListGroups", 0, 5)

@@ -24,6 +24,7 @@ other engine module.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
@@ -51,6 +52,12 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 # an answer now (GroupOffsets, on the process that holds the offsets) or later (RemoteGroups)
 MaybeAwaitable: TypeAlias = T | Awaitable[T]
+
+
+async def ready(value: MaybeAwaitable[T]) -> T:
+    """The value of a read that shard 0 answers at once and another shard through shard 0
+    (an awaitable): what every caller of Groups and Queues reads with."""
+    return await value if inspect.isawaitable(value) else value
 
 
 class Partition(Protocol):
