@@ -42,10 +42,11 @@ function put(el, ...children) {
   el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
 }
 
+// a table scrolls sideways inside its own box (never wider than its panel, at any width)
 function table(headers, rows, attrs) {
-  return h("table", attrs,
+  return h("div", { class: "scroll" }, h("table", attrs,
     h("thead", null, h("tr", null, headers.map((c) => (c.startsWith("#") ? h("th", { class: "num" }, c.slice(1)) : h("th", null, c))))),
-    h("tbody", null, rows.length ? rows : h("tr", null, h("td", { colspan: headers.length, class: "muted" }, "none"))));
+    h("tbody", null, rows.length ? rows : h("tr", null, h("td", { colspan: headers.length, class: "muted" }, "none")))));
 }
 
 const num = (value) => h("td", { class: "num" }, value === null || value === undefined ? "–" : fmtInt(value));
@@ -336,12 +337,12 @@ async function viewTopic(target, [, name]) {
     h("h1", null, name, h("span", { class: "sub mono" }, topic.topic_id), topic.internal ? h("span", { class: "tag" }, "internal") : null),
     actions,
     h("div", { class: "grid" },
-      h("section", { class: "panel" }, h("h2", null, "Partitions"),
+      h("section", { class: "panel wide-panel" }, h("h2", null, "Partitions"),
         table(["#Partition", "#Log start", "#High watermark", "#Messages", "#Segments", "#Size"], partitions, { id: "partitions" }),
         can("admin") ? addPartitionsForm(name, topic.partitions.length) : null),
       can("write") ? producePanel(name, topic.partitions.length) : null,
       can("read") ? keyLookupPanel(name) : null,
-      h("section", { class: "panel" }, h("h2", null, "Configs"),
+      h("section", { class: "panel wide-panel" }, h("h2", null, "Configs"),
         table(["Name", "Value", ""], configRows, { id: "configs" }),
         can("admin") ? alterConfigForm(name) : null)));
 }
@@ -695,8 +696,8 @@ async function viewTail(target, [, name], params) {
       h("div", { class: "toolbar" }, h("label", null, "Partition", picker), toggle,
         h("span", null, rate, " records/s (last 5 s) · ", count, " received · ", status)),
       h("p", { class: "muted" }, `Newest first; the last ${keep} are kept. Pause ends the stream; Resume goes on from the next offset.`),
-      h("table", { id: "tail" },
-        h("thead", null, h("tr", null, ["Offset", "Timestamp", "Key", "Value", "Headers"].map((c) => h("th", null, c)))), rows)));
+      h("div", { class: "scroll" }, h("table", { id: "tail" },
+        h("thead", null, h("tr", null, ["Offset", "Timestamp", "Key", "Value", "Headers"].map((c) => h("th", null, c)))), rows))));
   run();
 }
 

@@ -645,3 +645,65 @@ def test_the_console_files_ship_in_the_package() -> None:
     assert here == {"index.html", *console.ASSETS}
     package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert "console_assets/*" in package_data["api"]
+
+
+# the layout checks (layoutFaults, hiddenColumns), added to every page of a test that uses them
+LAYOUT_CHECKS = (Path(__file__).parent / "layout_checks.js").read_text()
+
+
+def test_every_view_fits_widths_from_a_phone_to_a_wide_screen(start, console_factory) -> None:
+    """At 360, 390, 1366, 1920 and 2560 px wide, no view has an element wider than its panel
+    (tables scroll inside theirs), the page never scrolls sideways, and every column of the
+    partitions table can be seen (at once, or by scrolling its box)."""
+    server, client = start(1)
+    name = "payments.settlements.eu-west-1.v2"
+    configs = {
+        "cleanup.policy": "compact,delete", "segment.bytes": "1048576",
+        "message.timestamp.type": "LogAppendTime", "min.compaction.lag.ms": "3600000",
+        "max.compaction.lag.ms": "604800000",
+    }
+    created = client.post("/v1/topics", json={"name": name, "partitions": 3, "configs": configs})
+    created.raise_for_status()
+    items = [{"sku": f"sku-{i}", "qty": i} for i in range(30)]
+    value = json.dumps({"id": "x" * 400, "items": items})
+    trace = [{"key": "trace-id", "value": "0af7651916cd43dd8448eb211c80319c" * 3}]
+    records = [
+        {"key": f"customer-{i}-{'k' * 60}", "value": value, "partition": i % 3, "headers": trace}
+        for i in range(30)
+    ]
+    client.post(f"/v1/topics/{name}/records", json={"records": records}).raise_for_status()
+    commits = [{"topic": name, "partition": p, "offset": 3, "metadata": "m" * 80} for p in range(3)]
+    group = "settlement-reconciliation-job"
+    client.post(f"/v1/groups/{group}/offsets", json={"offsets": commits}).raise_for_status()
+    console = console_factory(server)
+    page = console.page
+    page.add_init_script(LAYOUT_CHECKS)
+    views = {
+        "#/topics": "#topics tbody tr",
+        f"#/topics/{name}": "#partitions tbody tr",
+        f"#/topics/{name}/partitions/0": "#segments tbody tr",
+        f"#/topics/{name}/records": "#records tbody tr",
+        f"#/topics/{name}/tail": "#tail-status",
+        "#/groups": "#groups tbody tr",
+        f"#/groups/{group}": "#group-offsets tbody tr",
+        "#/snapshots": "#create-snapshot",
+        "#/charts": "#charts .chart",
+    }
+    for width in (360, 390, 1366, 1920, 2560):
+        page.set_viewport_size({"width": width, "height": 900})
+        for view, ready in views.items():
+            console.open(view)
+            page.locator(ready).first.wait_for()
+            page.wait_for_timeout(50)  # the last layout
+            faults = page.evaluate("layoutFaults()")
+            assert not faults, (width, view, faults[:10])
+            if view == f"#/topics/{name}":
+                assert page.locator("#partitions thead th").count() == 6
+                assert page.evaluate("hiddenColumns('partitions')") == [], width
+                assert page.evaluate("hiddenColumns('configs')") == [], width
+                if width in (390, 1366):
+                    console.shot(f"topic-{width}px")
+        # the header's token form and its buttons stay in the window
+        for button in ("#token-form button[type=submit]", "#token-clear"):
+            box = page.locator(button).bounding_box()
+            assert box is not None and 0 <= box["x"] <= width - box["width"], (width, button, box)
