@@ -1,8 +1,9 @@
-"""Consumer-group offsets: commit, fetch, delete, list groups."""
+"""Consumer-group offsets: commit, fetch, delete, reset, list groups."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -16,7 +17,16 @@ from .auth import Describer, GroupMember, principal_of
 from .deps import Engine
 from .errors import ApiError
 from .policy import PolicyRoute
-from .schemas import CommittedGroupOffset, GroupList, GroupOffsets, GroupOffsetsCommit, Problem
+from .schemas import (
+    CommittedGroupOffset,
+    GroupList,
+    GroupOffsets,
+    GroupOffsetsCommit,
+    GroupOffsetsReset,
+    GroupOffsetsResetResult,
+    Problem,
+    ResetGroupOffset,
+)
 
 DEFAULT_GROUPS_PAGE = 1000
 MAX_GROUPS_PAGE = 10_000
@@ -92,6 +102,117 @@ async def delete_offsets(
         if principal.covers_topic(t):
             await _groups(engine).delete(group, t)
     return Response(status_code=204)
+
+
+@router.post(
+    "/{group}/offsets/reset",
+    operation_id="resetGroupOffsets",
+    response_model=GroupOffsetsResetResult,
+    responses={
+        **_problems,
+        400: {
+            "model": Problem,
+            "description": "invalid_request (group id; shift_by without a committed offset)",
+        },
+        409: {"model": Problem, "description": "group_not_empty: the group has live Kafka members"},
+    },
+    summary="Reset a consumer group's offsets (Kafka's kafka-consumer-groups.sh --reset-offsets)",
+    description=(
+        "One scope: `topic` (all its partitions, or `partitions`) or `all_topics` (every topic "
+        "the group has offsets on). One strategy: `to_earliest`, `to_latest`, `to_datetime`, "
+        "`to_offset` or `shift_by`; a target outside [log start offset, high watermark] is moved "
+        "into it, as Kafka's tool does. `dry_run: true` answers the plan and commits nothing. "
+        "Refused with 409 `group_not_empty` while Kafka consumers are members of the group "
+        "(Kafka's tool: the group must be inactive)."
+    ),
+)
+async def reset_offsets(
+    group: str, body: GroupOffsetsReset, request: Request, engine: Engine, _principal: GroupMember
+) -> GroupOffsetsResetResult:
+    principal = principal_of(request)
+    groups = _groups(engine)
+    if body.topic is not None and not principal.covers_topic(body.topic):
+        raise ApiError(
+            403, "forbidden", f"{principal.name!r} has no access to topic {body.topic!r}"
+        )
+    await refuse_live_members(request, group)
+    committed = {
+        (c.topic, c.partition): c.offset for c in await ready(groups.fetch(group, body.topic))
+        if principal.covers_topic(c.topic)
+    }
+    if body.topic is not None:
+        count = len(engine.topic(body.topic).partitions)  # 404 for an unknown topic
+        chosen = [(body.topic, p) for p in (body.partitions or range(count))]
+    else:
+        chosen = sorted(committed)
+    plan = [
+        ResetGroupOffset(
+            topic=t, partition=p, previous_offset=committed.get((t, p)),
+            offset=await _target(engine, body, t, p, committed.get((t, p))),
+        )
+        for t, p in dict.fromkeys(chosen)
+    ]
+    if plan and not body.dry_run:
+        await refuse_live_members(request, group)  # a member may have joined while we looked
+        await groups.commit(group, [(o.topic, o.partition, o.offset, "") for o in plan])
+    return GroupOffsetsResetResult(group=group, dry_run=body.dry_run, offsets=plan)
+
+
+async def refuse_live_members(request: Request, group: str) -> None:
+    """409 group_not_empty while the Kafka group coordinator holds live members of `group`:
+    their next commits would overwrite the reset (Kafka's tool refuses a group that is not
+    inactive; its broker answers NON_EMPTY_GROUP). app/lifespan.py sets `group_members`
+    (shard 0's coordinator, asked through the channel on the other shards); None without a
+    Kafka listener, where a group has no members to refuse for."""
+    members_of = getattr(request.app.state, "group_members", None)
+    if members_of is None:
+        return
+    state, members = await members_of(group)
+    if members:
+        raise ApiError(
+            409, "group_not_empty",
+            f"group {group!r} has {members} live member(s) (state {state}): offsets can be "
+            "reset only while the group is inactive; stop its consumers first",
+            members=members, group_state=state,
+        )
+
+
+async def _target(
+    engine: Engine, body: GroupOffsetsReset, topic: str, partition: int, current: int | None
+) -> int:
+    """The new offset of one partition, by the request's strategy, within [log start offset,
+    high watermark] (Kafka's ResetOffsets: checkOffsetsRange)."""
+    log = engine.partition(topic, partition)  # 404 for an unknown partition
+    start, end = log.log_start_offset, log.high_watermark
+    if body.to_earliest:
+        return start
+    if body.to_latest:
+        return end
+    if body.to_datetime is not None:
+        found = await log.offset_for_timestamp(_millis(body.to_datetime))
+        return end if found is None else max(start, min(found[0], end))
+    if body.to_offset is not None:
+        return max(start, min(body.to_offset, end))
+    assert body.shift_by is not None
+    if current is None:
+        raise ApiError(
+            400, "invalid_request",
+            f"cannot shift the offset of {topic}-{partition}: group has no committed offset there",
+        )
+    return max(start, min(current + body.shift_by, end))
+
+
+def _millis(text: str) -> int:
+    """ISO 8601 (a `Z` or an offset; none: UTC) as milliseconds since the epoch."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ApiError(
+            422, "validation_error", f"to_datetime {text!r} is not an ISO 8601 time"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
 
 
 @router.get(

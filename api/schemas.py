@@ -13,7 +13,15 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 
 class Problem(BaseModel):
@@ -39,6 +47,10 @@ class Problem(BaseModel):
     topic: str | None = Field(None, description="partition_offline")
     partition: int | None = Field(None, description="partition_offline")
     reason: str | None = Field(None, description="partition_offline")
+    members: int | None = Field(None, description="group_not_empty: the group's live members")
+    group_state: str | None = Field(
+        None, description="group_not_empty: the group's state (Stable, PreparingRebalance, ...)"
+    )
     limit: Any = Field(None, description="request_too_large: the byte limit; snapshot_limit: count or bytes")
     limit_ms: int | None = Field(None, description="request_timeout")
     kind: str | None = Field(None, description="quota_exceeded: produce or fetch")
@@ -282,6 +294,86 @@ class GroupOffsetsCommit(BaseModel):
 class GroupOffsets(BaseModel):
     group: str
     offsets: list[CommittedGroupOffset]
+
+
+class GroupOffsetsReset(BaseModel):
+    """Kafka's `kafka-consumer-groups.sh --reset-offsets`: one scope (`topic`, with or without
+    `partitions`, or `all_topics`) and one strategy (`to_earliest`, `to_latest`,
+    `to_datetime`, `to_offset` or `shift_by`), each named after the tool's option."""
+
+    topic: str | None = Field(None, description="the topic whose offsets to reset (--topic)")
+    partitions: list[StrictInt] | None = Field(
+        None, min_length=1,
+        description="only these partitions of `topic` (--topic t:0,1); default: all of them",
+    )
+    all_topics: bool = Field(
+        False, description="every topic the group has committed offsets on (--all-topics)"
+    )
+    to_earliest: bool = Field(
+        False, description="to each partition's log start offset (--to-earliest)"
+    )
+    to_latest: bool = Field(False, description="to each partition's high watermark (--to-latest)")
+    to_datetime: str | None = Field(
+        None,
+        description=(
+            "to the first offset whose record timestamp is at least this ISO 8601 time, or "
+            "the high watermark where none is (--to-datetime); a time without a zone is UTC"
+        ),
+        examples=["2024-05-01T09:30:00Z"],
+    )
+    to_offset: StrictInt | None = Field(
+        None, ge=0,
+        description="to this offset, moved into [log start offset, high watermark] (--to-offset)",
+    )
+    shift_by: StrictInt | None = Field(
+        None,
+        description=(
+            "the committed offset plus this (negative: back), moved into [log start offset, high "
+            "watermark] (--shift-by); every partition reset needs a committed offset"
+        ),
+    )
+    dry_run: bool = Field(
+        False, description="answer the new offsets without committing them (--dry-run)"
+    )
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="after")
+    def _one_scope_one_strategy(self) -> GroupOffsetsReset:
+        strategies = [
+            name for name, given in (
+                ("to_earliest", self.to_earliest), ("to_latest", self.to_latest),
+                ("to_datetime", self.to_datetime is not None),
+                ("to_offset", self.to_offset is not None),
+                ("shift_by", self.shift_by is not None),
+            ) if given
+        ]
+        if len(strategies) != 1:
+            raise ValueError(
+                "give exactly one of to_earliest, to_latest, to_datetime, to_offset, shift_by"
+                + (f" (got {', '.join(strategies)})" if strategies else "")
+            )
+        if (self.topic is None) == (not self.all_topics):
+            raise ValueError("give either topic or all_topics: true")
+        if self.partitions is not None and self.topic is None:
+            raise ValueError("partitions needs topic")
+        if self.partitions is not None and any(p < 0 for p in self.partitions):
+            raise ValueError("partitions are at least 0")
+        return self
+
+
+class ResetGroupOffset(BaseModel):
+    topic: str
+    partition: int
+    previous_offset: int | None = Field(
+        description="the committed offset before the reset; null: none"
+    )
+    offset: int = Field(description="the new committed offset")
+
+
+class GroupOffsetsResetResult(BaseModel):
+    group: str
+    dry_run: bool = Field(description="true: nothing was committed")
+    offsets: list[ResetGroupOffset]
 
 
 class GroupList(BaseModel):

@@ -92,10 +92,35 @@ async def start_kafka(app: FastAPI, settings: Settings, engine: LogManager) -> K
         broker.coordinator = GroupCoordinator()
         broker.coordinator.start()
     app.state.kafka = broker
+    _share_group_members(app, engine, broker)
     listener = KafkaListener(broker, sock)
     await listener.start()
     logger.info("Kafka listener on %s:%d (broker %d of %d)", host, port, index, count)
     return listener
+
+
+def _share_group_members(app: FastAPI, engine: LogManager, broker: Broker) -> None:
+    """`app.state.group_members(group)` -> (state, live members) from the Kafka group
+    coordinator, which lives on shard 0 (the other shards ask it through the channel): what
+    an HTTP offset reset refuses a group with live members by (api/groups.py)."""
+    coordinator = broker.coordinator
+    channel = engine.channel
+
+    async def members_here(group: str) -> tuple[str, int]:
+        if coordinator is None:
+            return "Dead", 0
+        (described,) = await coordinator.describe_groups([group])
+        return described.state, len(described.members)
+
+    if coordinator is not None:
+        app.state.group_members = members_here
+        if channel is not None:
+            channel.handlers["group_members"] = members_here
+    elif channel is not None:
+        async def members_there(group: str) -> tuple[str, int]:
+            return tuple(await channel.call(broker.coordinator_id, "group_members", group))
+
+        app.state.group_members = members_there
 
 
 def _serve_family(app: FastAPI, engine: LogManager, workers: Workers, metrics: Metrics) -> None:

@@ -116,6 +116,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.shutting_down = False
     app.state.loop = None
     app.state.peer_metrics = None  # a shard of a family: the other shards' /metrics (lifespan)
+    # with the Kafka listener: group -> (state, live members), from shard 0's coordinator
+    app.state.group_members = None
     app.state.auth_watcher = watcher
     install_routes(app)
     quotas = QuotaManager(settings.quota_config())

@@ -123,6 +123,111 @@ def test_groups_are_listed_a_page_at_a_time(client: httpx.Client) -> None:
     assert_problem(client.get("/v1/groups", params={"limit": "x"}), 422, "validation_error")
 
 
+def _reset(client: httpx.Client, group: str, **body: object) -> httpx.Response:
+    return client.post(f"/v1/groups/{group}/offsets/reset", json=body)
+
+
+def _plan(response: httpx.Response) -> dict[tuple[str, int], tuple[int | None, int]]:
+    assert response.status_code == 200, response.text
+    offsets = response.json()["offsets"]
+    return {(o["topic"], o["partition"]): (o["previous_offset"], o["offset"]) for o in offsets}
+
+
+def _committed(client: httpx.Client, group: str) -> dict[tuple[str, int], int]:
+    offsets = client.get(f"/v1/groups/{group}/offsets").json()["offsets"]
+    return {(o["topic"], o["partition"]): o["offset"] for o in offsets}
+
+
+def test_group_offsets_reset_as_kafkas_tool_does(client: httpx.Client) -> None:
+    """Each of kafka-consumer-groups.sh's strategies (--to-earliest, --to-latest, --to-datetime,
+    --to-offset, --shift-by) over a topic, chosen partitions or all of the group's topics;
+    targets outside [log start, high watermark] are moved into it; --dry-run commits nothing."""
+    client.post("/v1/topics", json={"name": "t", "partitions": 3})
+    client.post("/v1/topics", json={"name": "u"})
+    for p in range(3):
+        produce(client, "t", [f"v{i}" for i in range(10)], partition=p, ts0=1_000_000 + 100 * p)
+    produce(client, "u", ["a", "b"])
+    client.post("/v1/topics/t/partitions/1/delete-records", json={"before_offset": 2})
+    commit = {"offsets": [
+        {"topic": "t", "partition": 0, "offset": 5}, {"topic": "u", "partition": 0, "offset": 1}
+    ]}
+    assert client.post("/v1/groups/g/offsets", json=commit).status_code == 200
+
+    dry = _reset(client, "g", topic="t", to_earliest=True, dry_run=True)
+    assert _plan(dry) == {("t", 0): (5, 0), ("t", 1): (None, 2), ("t", 2): (None, 0)}
+    assert dry.json()["dry_run"] is True and dry.json()["group"] == "g"
+    assert _committed(client, "g") == {("t", 0): 5, ("u", 0): 1}  # a dry run commits nothing
+
+    assert _plan(_reset(client, "g", topic="t", partitions=[1, 2], to_latest=True)) == {
+        ("t", 1): (None, 10), ("t", 2): (None, 10)
+    }
+    assert _committed(client, "g") == {("t", 0): 5, ("t", 1): 10, ("t", 2): 10, ("u", 0): 1}
+    # to_datetime: the first record at or after the time; none there: the high watermark
+    at = "1970-01-01T00:16:40.103Z"  # 1,000,103 ms: after all of p0, offset 3 of p1, before p2
+    assert _plan(_reset(client, "g", topic="t", to_datetime=at)) == {
+        ("t", 0): (5, 10), ("t", 1): (10, 3), ("t", 2): (10, 0)
+    }
+    later = "1970-01-01T01:16:40.103+01:00"  # the same instant as above, in another zone
+    again = _reset(client, "g", topic="t", partitions=[1], to_datetime=later, dry_run=True)
+    assert _plan(again) == {("t", 1): (3, 3)}
+    # a time before the log start offset's record: the log start offset
+    early = "1970-01-01T00:00:00Z"
+    first = _reset(client, "g", topic="t", partitions=[1], to_datetime=early, dry_run=True)
+    assert _plan(first) == {("t", 1): (3, 2)}
+    assert _plan(_reset(client, "g", topic="t", to_datetime="1970-01-01T00:16:40.205")) == {
+        ("t", 0): (10, 10), ("t", 1): (3, 10), ("t", 2): (0, 5)
+    }
+    assert _plan(_reset(client, "g", topic="t", to_datetime="2999-01-01T00:00:00")) == {
+        ("t", 0): (10, 10), ("t", 1): (10, 10), ("t", 2): (5, 10)
+    }
+    # to_offset and shift_by are held within [log start offset, high watermark]
+    assert _plan(_reset(client, "g", topic="t", to_offset=1)) == {
+        ("t", 0): (10, 1), ("t", 1): (10, 2), ("t", 2): (10, 1)
+    }
+    assert _plan(_reset(client, "g", topic="t", to_offset=99, partitions=[0])) == {
+        ("t", 0): (1, 10)
+    }
+    assert _plan(_reset(client, "g", all_topics=True, shift_by=-4)) == {
+        ("t", 0): (10, 6), ("t", 1): (2, 2), ("t", 2): (1, 0), ("u", 0): (1, 0)
+    }
+    assert _plan(_reset(client, "g", all_topics=True, shift_by=3)) == {
+        ("t", 0): (6, 9), ("t", 1): (2, 5), ("t", 2): (0, 3), ("u", 0): (0, 2)
+    }
+    assert _committed(client, "g") == {("t", 0): 9, ("t", 1): 5, ("t", 2): 3, ("u", 0): 2}
+    got = client.get("/v1/groups/g/offsets").json()["offsets"]
+    assert all(o["commit_timestamp"] > 0 and o["metadata"] == "" for o in got)
+
+    # shift_by needs a committed offset on every partition it resets (Kafka: "no current
+    # committed offset"); nothing is committed when one lacks it
+    client.post("/v1/topics", json={"name": "w", "partitions": 2})
+    one = {"offsets": [{"topic": "w", "partition": 0, "offset": 0}]}
+    client.post("/v1/groups/h/offsets", json=one)
+    body = assert_problem(_reset(client, "h", topic="w", shift_by=1), 400, "invalid_request")
+    assert "w-1" in body["detail"]
+    assert _committed(client, "h") == {("w", 0): 0}
+    # an unknown group with all_topics has nothing to reset
+    assert _plan(_reset(client, "nobody", all_topics=True, to_earliest=True)) == {}
+    assert client.get("/v1/groups/nobody/offsets").json()["offsets"] == []
+
+    assert_problem(_reset(client, "g", topic="nope", to_earliest=True), 404, "topic_not_found")
+    missing = _reset(client, "g", topic="t", partitions=[7], to_earliest=True)
+    assert_problem(missing, 404, "partition_not_found")
+    for bad in (
+        {"topic": "t"},  # no strategy
+        {"topic": "t", "to_earliest": True, "to_latest": True},  # two
+        {"to_earliest": True},  # no scope
+        {"topic": "t", "all_topics": True, "to_earliest": True},  # two
+        {"all_topics": True, "partitions": [0], "to_earliest": True},
+        {"topic": "t", "partitions": [-1], "to_earliest": True},
+        {"topic": "t", "to_offset": -1},
+        {"topic": "t", "to_offset": "3"},
+        {"topic": "t", "to_datetime": "yesterday"},
+        {"topic": "t", "to_earliest": True, "execute": True},
+    ):
+        assert_problem(client.post("/v1/groups/g/offsets/reset", json=bad), 422, "validation_error")
+    assert _committed(client, "g") == {("t", 0): 9, ("t", 1): 5, ("t", 2): 3, ("u", 0): 2}
+
+
 def test_group_offsets_survive_restart(app_factory) -> None:
     server = app_factory().start()
     with server.client() as c:

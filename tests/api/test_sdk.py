@@ -500,6 +500,23 @@ def _fetch_group_offsets(s: Scene) -> None:
     assert [(o.topic, o.offset) for o in fetch.sync(group="billing", client=s.client, topic="orders").offsets] == [("orders", 1)]
 
 
+@_uses("resetGroupOffsets", "groups", "reset_group_offsets")
+def _reset_group_offsets(s: Scene) -> None:
+    m, reset = s.m, s.op("groups", "reset_group_offsets")
+    plan = reset.sync(
+        group="billing", client=s.client,
+        body=m.GroupOffsetsReset(topic="events", to_latest=True, dry_run=True),
+    )
+    assert isinstance(plan, m.GroupOffsetsResetResult), plan
+    planned = [(o.topic, o.partition, o.previous_offset, o.offset) for o in plan.offsets]
+    assert (plan.dry_run, planned) == (True, [("events", 0, 5, 14)])
+    body = m.GroupOffsetsReset(all_topics=True, shift_by=0)
+    done = reset.sync(group="billing", client=s.client, body=body)
+    assert sorted((o.topic, o.previous_offset, o.offset) for o in done.offsets) == [
+        ("events", 5, 5), ("orders", 1, 1),
+    ]
+
+
 @_uses("listGroups", "groups", "list_groups")
 def _list_groups(s: Scene) -> None:
     list_groups = s.op("groups", "list_groups")

@@ -585,6 +585,67 @@ def test_kcat_resumes_a_group_from_an_http_commit_and_commits_what_it_reads(
     }
 
 
+def test_an_http_offset_reset_is_refused_while_kafka_consumers_are_members(
+    kafka_server, new_topic
+) -> None:
+    """POST /v1/groups/{group}/offsets/reset answers 409 group_not_empty while a kafka-python
+    consumer is a member of the group (asked of shard 0's coordinator from every shard, as
+    Kafka's tool refuses a group that is not inactive); a dry run is refused as well, and
+    nothing is committed. Once the consumer leaves, the same reset is applied, and the
+    consumer that joins next resumes from it."""
+    import kafka
+
+    topic = new_topic(2)
+    http, bootstrap = kafka_server.http, kafka_server.bootstrap
+    _produce_http(http, topic, {0: 4, 1: 4})
+    group = _group()
+    reset = {"topic": topic, "to_offset": 1}
+
+    def consumer() -> Any:
+        return kafka.KafkaConsumer(
+            topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+            auto_offset_reset="earliest", request_timeout_ms=10_000, consumer_timeout_ms=500,
+        )
+
+    member = consumer()
+    try:
+        deadline, read = time.monotonic() + 30, 0
+        while read < 8 and time.monotonic() < deadline:
+            read += sum(map(len, member.poll(timeout_ms=200).values()))
+        assert read == 8, "the consumer never joined its group and read its records"
+        member.commit()
+        before = _http_offsets(http, group)
+        assert {k: o["offset"] for k, o in before.items()} == {(topic, 0): 4, (topic, 1): 4}
+        for body in (reset, {**reset, "dry_run": True}):
+            response = http.post(f"/v1/groups/{group}/offsets/reset", json=body)
+            assert response.status_code == 409, response.text
+            assert response.headers["content-type"].startswith("application/problem+json")
+            problem = response.json()
+            assert (problem["code"], problem["members"]) == ("group_not_empty", 1), problem
+            assert problem["group_state"] == "Stable", problem
+        assert _http_offsets(http, group) == before
+    finally:
+        member.close()  # leaves the group (LeaveGroup)
+    wait_until(lambda: http.post(
+        f"/v1/groups/{group}/offsets/reset", json={**reset, "dry_run": True}
+    ).status_code == 200, timeout=15, interval=0.2)
+    response = http.post(f"/v1/groups/{group}/offsets/reset", json=reset)
+    assert response.status_code == 200, response.text
+    assert {k: o["offset"] for k, o in _http_offsets(http, group).items()} == {
+        (topic, 0): 1, (topic, 1): 1
+    }
+    again = consumer()
+    try:
+        seen: list[tuple[int, int]] = []
+        deadline = time.monotonic() + 30
+        while len(seen) < 6 and time.monotonic() < deadline:
+            for records in again.poll(timeout_ms=200).values():
+                seen += [(r.partition, r.offset) for r in records]
+        assert sorted(seen) == [(p, o) for p in (0, 1) for o in (1, 2, 3)]
+    finally:
+        again.close()
+
+
 def test_the_admin_clients_list_describe_and_delete_groups_http_made(
     kafka_server, new_topic
 ) -> None:
