@@ -44,9 +44,25 @@ file ready instead of rebuilding it on the read path (issue 28), and a crash at 
 the old segments or the new ones, each with its own file or none, never another's.
 
 Crash story: appends never wait for this file. A crash before a roll finished writing it
-leaves a torn or missing file: rebuilt on first use. The active segment's entries are rebuilt
-by scanning the active segment on first use after a start (load_active), for a partition
-whose topic has `eventlog.key.index` on (the default).
+leaves a torn or missing file: rebuilt on first use.
+
+The active segment after a restart (issue 28: a restart costs O(1) per partition, not
+O(active segment)). A clean shutdown writes the active segment's entries as its
+`<base>.keyindex` too (KeyIndex.write_active: the same format, stamped with the segment's next
+offset and size at close, not fsynced; skipped when the file there already holds them). After
+a start, the writer's first append does not read the segment: it makes the active entries
+*pending* (ActiveKeys with prefix_end = the segment's size then) and adds its own entries from
+there, while one background thread (_Loader) loads the entries of [0, prefix_end): from that
+file when it matches the segment exactly as a closed segment's must (base offset, next offset,
+size, CRC), else by scanning those bytes (after a crash, or when no file was written). What
+uses the entries before the load is done waits for it, and nothing else does: a per-key read
+(load_active, in a worker thread: it loads the prefix itself if the thread has not got to it
+yet), an append with a per-key condition (PartitionLog.append waits in a worker thread before
+its request is queued, never in the commit thread), and a clean shutdown, which then leaves the
+file as it was instead of waiting. A roll while the prefix is pending writes no file for the
+closed segment (its first per-key read rebuilds it). Such a file is stale once the segment has
+grown, and then never matches it; recovery removes the file of any segment it had to repair
+(recovery.py), so a file can never claim offsets or positions its segment does not hold.
 
 Threads: the writer (its commit thread) adds entries; readers (the event loop, worker
 threads) look them up concurrently, no further than the published high watermark. The active
@@ -59,6 +75,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import queue
 import struct
 import threading
 import weakref
@@ -126,18 +143,56 @@ class ActiveKeys:
     FAN_IN = 8
     MERGE_ENTRIES = 4 * 1024 * 1024
 
-    __slots__ = ("base_offset", "entries", "lock", "scanned_to", "state")
+    __slots__ = (
+        "base_offset", "entries", "lock", "scanned_to", "state", "prefix", "prefix_end",
+        "prefix_next_offset", "prefix_ready", "prefix_source", "cancelled", "_prefix_lock",
+    )
 
-    def __init__(self, base_offset: int) -> None:
+    def __init__(
+        self, base_offset: int, prefix_end: int = 0, prefix_next_offset: int | None = None
+    ) -> None:
         self.base_offset = base_offset
         self.state: tuple[tuple[ClosedKeys, ...], _Tail] = ((), _Tail())
         self.entries = 0
         self.lock = threading.Lock()
-        # the segment's bytes its entries cover: [0, scanned_to), a batch boundary
-        self.scanned_to = 0
+        # the segment's bytes its entries cover: [0, scanned_to), a batch boundary; those of
+        # [0, prefix_end) are `prefix` (loaded by load_prefix), the rest the runs and the tail
+        self.scanned_to = prefix_end
+        self.prefix: ClosedKeys | None = None
+        self.prefix_end = prefix_end
+        # the segment's next offset when it was prefix_end bytes (what its file must say)
+        self.prefix_next_offset = base_offset if prefix_next_offset is None else prefix_next_offset
+        self.prefix_ready = threading.Event()  # set once `prefix` holds [0, prefix_end)
+        self.prefix_source = ""  # "file" or "scan", once loaded (tests and logs)
+        self.cancelled = False  # no longer the log's: the background load skips it
+        self._prefix_lock = threading.Lock()
+        if prefix_end == 0:
+            self.prefix_ready.set()
 
     def __len__(self) -> int:
-        return self.entries
+        prefix = self.prefix
+        return self.entries + (len(prefix) if prefix is not None else 0)
+
+    def load_prefix(self, segment: LogSegment) -> None:
+        """Load the entries of the segment's first prefix_end bytes, once: from its
+        `.keyindex` when that matches the segment as it was then, else by scanning them.
+        Blocking; whoever comes second waits for the first (the background thread or a reader)."""
+        if self.prefix_ready.is_set():
+            return
+        with self._prefix_lock:
+            if self.prefix_ready.is_set():
+                return
+            path = key_index_file(segment.directory, self.base_offset)
+            keys = ClosedKeys.read(path, self.base_offset, self.prefix_next_offset, self.prefix_end)
+            source = "file"
+            if keys is None:
+                scanned = ActiveKeys(self.base_offset)
+                _scan_into(scanned, segment, self.prefix_end)
+                keys = scanned.freeze()
+                source = "scan"
+            self.prefix = keys
+            self.prefix_source = source
+            self.prefix_ready.set()
 
     def add(self, h: int, offset: int, position: int) -> None:
         self.add_many([h], [offset], position)
@@ -194,13 +249,17 @@ class ActiveKeys:
             hashes, offsets, positions = tail.arrays()
         mine = hashes == np.uint64(h)
         yield from zip(reversed(offsets[mine].tolist()), reversed(positions[mine].tolist()))
-        for run in reversed(runs):
+        prefix = self.prefix
+        for run in reversed(runs) if prefix is None else (*reversed(runs), prefix):
             offsets, positions = run.entries_of(h)
             yield from zip(reversed(offsets.tolist()), reversed(positions.tolist()))
 
     def freeze(self) -> ClosedKeys:
-        """Every entry, sorted by hash and then offset (a closed segment's file's order)."""
+        """Every entry, sorted by hash and then offset (a closed segment's file's order). The
+        prefix must be loaded (prefix_ready)."""
         runs, tail = self.state
+        if self.prefix is not None:
+            runs = (self.prefix, *runs)
         with self.lock:
             hashes, offsets, positions = tail.arrays()
         hashes = np.concatenate([r.hashes for r in runs] + [hashes])
@@ -212,7 +271,8 @@ class ActiveKeys:
     def memory_bytes(self) -> int:
         """About what the entries hold in memory (the runs' arrays and the tail's)."""
         runs, tail = self.state
-        return sum(16 * len(r) for r in runs) + 20 * len(tail.offsets)
+        prefix = 16 * len(self.prefix) if self.prefix is not None else 0  # (a file's: mapped)
+        return prefix + sum(16 * len(r) for r in runs) + 20 * len(tail.offsets)
 
 
 def _sorted(base_offset: int, hashes: np.ndarray, offsets: np.ndarray, positions: np.ndarray) -> ClosedKeys:
@@ -337,6 +397,42 @@ def segment_keys(
             yield fields.offsets, fields.keys, start
 
 
+class _Loader:
+    """One daemon thread that loads pending active entries (ActiveKeys.load_prefix) in the
+    order their partitions first appended after a start: one at a time, so a restart's loads
+    do not take every core from the appends they make room for. A daemon thread, not an
+    executor's, so that a process exiting never waits for a scan (the entries are derived)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[ActiveKeys, LogSegment]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def submit(self, active: ActiveKeys, segment: LogSegment) -> None:
+        self._jobs.put((active, segment))
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None:
+                    name = "eventlog-keyindex-load"
+                    thread = threading.Thread(target=self._run, name=name, daemon=True)
+                    thread.start()
+                    self._thread = thread
+
+    def _run(self) -> None:
+        while True:
+            active, segment = self._jobs.get()
+            if active.cancelled or active.prefix_ready.is_set():
+                continue
+            try:
+                active.load_prefix(segment)
+            except Exception as exc:  # (a segment closed under it, say): whoever needs it loads it
+                where = f"{segment.directory.name}/{segment.name}"
+                logger.debug("%s: key index not loaded in the background: %r", where, exc)
+
+
+_LOADER = _Loader()
+
+
 class KeyIndex:
     """A partition's key index (its writer's; readers use lookups)."""
 
@@ -349,41 +445,95 @@ class KeyIndex:
 
     # -- the writer ---------------------------------------------------------------------------
 
-    def load_active(self, segment: LogSegment, end_position: int) -> ActiveKeys:
-        """The active segment's entries, covering at least its first `end_position` bytes:
-        scanned from the segment when not loaded yet (after a start, or an undone append), and
-        brought up to `end_position` when they cover less (a reader that loaded them from an
-        older view of the log)."""
+    def active_for_append(self, segment: LogSegment) -> ActiveKeys:
+        """The writer's entries for the active segment, never reading its bytes here: when
+        none are loaded (after a start, or an undone append) they start pending at the
+        segment's end, their prefix loaded by the background thread (the module's docstring)."""
         active = self.active
-        if active is not None and active.base_offset == segment.base_offset and active.scanned_to >= end_position:
-            return active
-        with self._lock:
-            active = self.active
-            if active is None or active.base_offset != segment.base_offset:
-                active = ActiveKeys(segment.base_offset)
-                _scan_into(active, segment, end_position)
-                self.active = active
-            elif active.scanned_to < end_position:
-                _scan_into(active, segment, end_position)
+        base = segment.base_offset
+        if active is None or active.base_offset != base or active.scanned_to < segment.size:
+            with self._lock:
+                active = self.active
+                if active is None or active.base_offset != segment.base_offset:
+                    active = ActiveKeys(segment.base_offset, segment.size, segment.next_offset)
+                    self.active = active
+                    if not active.prefix_ready.is_set():
+                        _LOADER.submit(active, segment)
+                elif active.scanned_to < segment.size:  # (made by a reader from an older view)
+                    _scan_into(active, segment, segment.size)
         return active
 
+    def load_active(self, segment: LogSegment, end_position: int) -> ActiveKeys:
+        """The active segment's entries, loaded and covering at least its first `end_position`
+        bytes (a reader's, or a per-key condition's; blocking: it waits for a pending prefix, or
+        loads it itself): loaded when not yet (after a start, or an undone append), and brought
+        up to `end_position` when they cover less (a reader that loaded them from an older
+        view of the log)."""
+        active = self.active
+        if active is None or active.base_offset != segment.base_offset:
+            with self._lock:
+                active = self.active
+                if active is None or active.base_offset != segment.base_offset:
+                    active = ActiveKeys(segment.base_offset, end_position, segment.next_offset)
+                    self.active = active
+        active.load_prefix(segment)
+        if active.scanned_to < end_position:
+            with self._lock:
+                if active.scanned_to < end_position:
+                    _scan_into(active, segment, end_position)
+        return active
+
+    def active_ready(self) -> bool:
+        """Whether the active entries are loaded (a per-key condition reads them at once)."""
+        active = self.active
+        return active is not None and active.prefix_ready.is_set()
+
     def rolled(self, old: LogSegment, new_base_offset: int) -> None:
-        """`old` was closed: its entries become its file; the new active segment starts empty."""
+        """`old` was closed: its entries become its file (unless they are still pending: then
+        its first per-key read rebuilds it); the new active segment starts empty."""
         active = self.active
         if active is not None and active.base_offset == old.base_offset:
             if active.scanned_to < old.size:  # (loaded by a reader from an older view)
                 with self._lock:
                     _scan_into(active, old, old.size)
-            closed = active.freeze()
-            try:
-                closed.write(key_index_file(self.directory, old.base_offset), old.next_offset, old.size)
-            except OSError as exc:  # derived data: rebuilt on first use
-                logger.warning("%s: key index of %s not written: %s", self.directory.name, old.name, exc)
-            self._closed[old] = closed
+            if active.prefix_ready.is_set():
+                self._closed[old] = self._write(active.freeze(), old)
+            else:
+                active.cancelled = True
+                remove_key_index(self.directory, old.base_offset)  # a clean shutdown's: stale
         self.active = ActiveKeys(new_base_offset)
+
+    def write_active(self, segment: LogSegment) -> bool:
+        """Clean shutdown: write the active segment's entries as its `.keyindex`, so the next
+        start loads them instead of scanning the segment. Not when they are not loaded or do
+        not cover the segment (the next start scans, in the background), nor when the file
+        there already holds them (loaded from it, nothing added since). True if written."""
+        active = self.active
+        if (
+            active is None or active.base_offset != segment.base_offset or segment.size == 0
+            or not active.prefix_ready.is_set() or active.scanned_to != segment.size
+        ):
+            return False
+        if active.prefix_source == "file" and active.prefix_end == segment.size:
+            return False
+        self._write(active.freeze(), segment)
+        return True
+
+    def _write(self, keys: ClosedKeys, segment: LogSegment) -> ClosedKeys:
+        """Write a segment's file; a failure is logged (derived data: rebuilt on first use)."""
+        try:
+            path = key_index_file(self.directory, segment.base_offset)
+            keys.write(path, segment.next_offset, segment.size)
+        except OSError as exc:
+            where = f"{self.directory.name}/{segment.name}"
+            logger.warning("%s: key index not written: %s", where, exc)
+        return keys
 
     def forget_active(self) -> None:
         """Drop the active segment's entries (an undone append): rebuilt on next use."""
+        active = self.active
+        if active is not None:
+            active.cancelled = True
         self.active = None
 
     # -- lookups (any thread) -----------------------------------------------------------------

@@ -47,7 +47,6 @@ from .errors import (
     KeyIndexDisabledError,
     KeyRequiredError,
     KeyVersionMismatchError,
-    LogClosedError,
     OffsetMismatchError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
@@ -630,13 +629,15 @@ class PartitionLog(LogReads):
         return self._stage(commit, len(group))
 
     def _begin_commit(self, group: list[_Append]) -> _GroupCommit:
-        """The commit's state, with the key index's active entries loaded (what is committed)."""
+        """The commit's state, with the key index's active entries ready for this commit's
+        (after a start, pending: their prefix loads in the background, key_index.py; a per-key
+        condition waited for it before its request was queued: append)."""
         config = self.config
         now = self.clock()
         keys_on = config.key_index
         index = self.key_index
         if keys_on:
-            index.load_active(self._segments[-1], self._segments[-1].size)
+            index.active_for_append(self._segments[-1])
         elif index.active is not None:
             index.forget_active()
         # this commit's keyed records: only when a request has a per-key condition to check
@@ -946,9 +947,26 @@ class PartitionLog(LogReads):
             raise CorruptBatchError("nothing to append")
         if size is None:
             size = sum(b.header.size for b in batches)
+        if key_condition is not None:
+            await self._keys_ready()
         return await self._submit(
             _Append(batches=batches, size=size, expected_offset=expected_offset, key_condition=key_condition)
         )
+
+    async def _keys_ready(self) -> None:
+        """Before a request with a per-key condition is queued: the key index's active entries
+        loaded (after a start their prefix may be pending: key_index.py), waited for in a worker
+        thread, so that the commit thread, which every partition's appends share, never waits
+        for a scan. (If they are dropped again before its commit, that commit loads them.)"""
+        if not self.config.key_index or self.key_index.active_ready():
+            return
+        self.check_open()
+        try:
+            view = self.view
+            load = self.key_index.load_active
+            await anyio.to_thread.run_sync(load, view.segments[-1], view.active_end)
+        except OSError as exc:
+            raise self._read_error(exc) from exc
 
     def append_soon(
         self, batches: Sequence[PreparedBatch], callback: Callable[[AppendResult | None, BaseException | None], None],
@@ -970,16 +988,20 @@ class PartitionLog(LogReads):
 
         op = _Append(batches=batches, size=size, expected_offset=expected_offset, key_condition=key_condition, callback=done)
         # others wait for room already (after them, in order), or the queue is full: wait for
-        # room as append() would
-        if self._senders or not self._put_nowait(op):
+        # room as append() would; a per-key condition waits for the key index first (append)
+        keys_on = self.config.key_index
+        keys_wait = key_condition is not None and keys_on and not self.key_index.active_ready()
+        if keys_wait or self._senders or not self._put_nowait(op):
             task = asyncio.ensure_future(self._send_later(op))
             self._senders.add(task)
             task.add_done_callback(self._senders.discard)
 
     async def _send_later(self, op: _Op) -> None:
         try:
+            if isinstance(op, _Append) and op.key_condition is not None:
+                await self._keys_ready()
             await self._put(op)
-        except LogClosedError as exc:
+        except EngineError as exc:
             op.error = exc
             op.finish()
 
@@ -1206,6 +1228,8 @@ class PartitionLog(LogReads):
         self._unflushed_messages = 0
         self.recovery_point = self._next_offset
         self._snapshot_producers(self._next_offset, self.clock())
+        if self.config.key_index:  # the next start loads the active entries, not a scan
+            self.key_index.write_active(active)
 
     @property
     def failed(self) -> StorageError | None:

@@ -18,9 +18,10 @@ Steps, in order (Kafka's LogLoader does the same):
    segment from the one holding the recovery point on is scanned (LogSegment.recover): each
    batch's framing, CRC and offsets checked, damaged bytes dropped where valid batches follow
    them (the segment rewritten without them, repair.py) and a torn tail truncated; later
-   segments are kept; indexes rebuilt. After a clean shutdown nothing is scanned and indexes
-   are mapped on first use. Either way a segment whose index files are missing or have
-   impossible sizes is rebuilt.
+   segments are kept; indexes rebuilt; the key index file of a segment that lost bytes is
+   removed (its positions may be wrong; key_index.py). After a clean shutdown nothing is
+   scanned and indexes are mapped on first use. Either way a segment whose index files are
+   missing or have impossible sizes is rebuilt.
 6. If segments existed and the log end is below an offset that may have been acknowledged (the
    recovery point, or what a dropped batch's header claims), start an empty active segment at
    that offset: a gap, never a reused offset.
@@ -48,7 +49,7 @@ from . import dropped, filenames
 from .config import LogConfig
 from .errors import CorruptIndexError, StorageError
 from .fileutil import fsync_dir, io_errors, storage_error
-from .key_index import KEY_INDEX_SUFFIX
+from .key_index import KEY_INDEX_SUFFIX, remove_key_index
 from .log_dirs import CleanTail
 from .repair import DAMAGED_SUFFIX, DamagedRange
 from .segment import LogSegment
@@ -202,6 +203,8 @@ def load_log(
             if segment.base_offset in needs_rebuild:
                 stats.rebuilt_indexes += 1
             stats.truncated_bytes += result.truncated_bytes
+            if result.damaged:  # bytes cut out or off: its key index's positions may be wrong
+                remove_key_index(directory, segment.base_offset)
             for damaged in result.damaged:
                 _report_damage(directory, segment, damaged, last, stats)
                 if damaged.last_offset is not None:
