@@ -411,6 +411,7 @@ async def _fetch(
         await log.wait_for_data(offset, max_wait_ms / 1000)
     raw = RECORD_BATCH_MEDIA_TYPE in request.headers.get("accept", "")
     if raw:
+        await log.settle()
         slice_ = log.fetch_slice(offset, max_bytes)
         view = log.view
         headers = {

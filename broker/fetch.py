@@ -131,6 +131,7 @@ async def _read_all(
                 _check_epoch(log, getattr(p, "current_leader_epoch", -1))  # (v9+)
                 limit = min(p.partition_max_bytes, budget - total)
                 if limit > 0 or total == 0:
+                    await log.settle()
                     slice_ = log.fetch_slice(p.fetch_offset, max(limit, 1))
                     if slice_ is not None:
                         data = await log.read_slice(slice_)

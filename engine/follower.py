@@ -14,6 +14,14 @@ generation the slot showed meanwhile (the owner publishes the new one first). A 
 that went away under a reader is found under its .deleted name (the owner unlinks those
 only after file.delete.delay.ms).
 
+A listing made while the flag is up may be torn: between a swap's rename of the old segments
+to .deleted and of the new ones to their live names, neither is listed, and a view built on
+it would skip their records (a compacted log's offsets may have gaps, so nothing would say
+so). Such a view is held `torn`: it answers offsets (the slot's), never records. Reads wait
+for the owner to finish its renames (`settle`, polling the slot) and list again; a read
+that cannot wait (`fetch_slice`, synchronous) is told the owner is unavailable (503, or
+Kafka's retriable NOT_LEADER_OR_FOLLOWER).
+
 Nothing here writes a file: an index that fails its sanity check is rebuilt in memory. The
 offset ranges recovery dropped (reads say when they cross one) come from the owner's
 dropped-offsets-checkpoint (dropped.py), read on first use after each listing.
@@ -61,6 +69,11 @@ logger = logging.getLogger("eventlog.engine")
 
 # the active segment's index entries are read again once this much more has been published
 ACTIVE_REFRESH_BYTES = 1024 * 1024
+# a read that finds its view torn looks at the slot again this often, for at most this long
+# (the owner's renames and their directory fsyncs take milliseconds; a stuck owner is called
+# silent by its heartbeat long before)
+SETTLE_POLL_S = 0.002
+SETTLE_PATIENCE_S = 10.0
 
 
 class FollowerSegment(LogSegment):
@@ -248,6 +261,7 @@ class FollowedPartition(LogReads):
         self._state: SlotState | None = None
         self._view: LogView | None = None
         self._listed_generation: int | None = None  # the generation _view's segments were listed at
+        self._torn = False  # _view was listed while the owner renamed files: offsets only
         self._dropped: dropped.Ranges | None = None  # the owner's dropped-offsets-checkpoint, once read
         self._active_built_end = -1
         self._closed = False
@@ -310,9 +324,9 @@ class FollowedPartition(LogReads):
         if self._closed:
             raise self._closed_error()
         state = self._slot()
-        if state == self._state and self._view is not None:
+        if state == self._state and self._view is not None and not self._torn:
             return self._view
-        old = self._view
+        old = None if self._torn else self._view
         listed = state.generation == self._listed_generation
         if old is not None and old.active.base_offset == state.active_base and (listed or state.flags & CHANGING):
             # only the offsets moved, or files are being renamed: the previous list still reads.
@@ -364,11 +378,6 @@ class FollowedPartition(LogReads):
             except FileNotFoundError:
                 raise self._gone_error() from None
             bases.sort()
-            again = self._slot()
-            if again.generation != state.generation or again.active_base != state.active_base or state.active_base not in {b for b, _ in bases}:
-                state = again
-                continue
-            state = again
             # a closed segment already open is kept only if it is the same file (a compaction
             # swap puts a new file under the same base offset)
             known = {(s.base_offset, s.inode): s for s in (old.segments[:-1] if old is not None else ())}  # type: ignore[attr-defined]
@@ -390,6 +399,22 @@ class FollowedPartition(LogReads):
                         seg.index_inodes = index_inodes.get(base, {})
                 if seg is not None:
                     segments.append(seg)
+            # the slot again, after the files were stat()ed by name (open_existing takes the
+            # size of what the name holds now: a rename between the listing's stat and that one
+            # would pair one file's inode with another's size)
+            again = self._slot()
+            moved = again.generation != state.generation or again.active_base != state.active_base
+            if moved or state.active_base not in {b for b, _ in bases}:
+                state = again
+                reused = {id(seg) for seg in known.values()}
+                for seg in segments:
+                    if id(seg) not in reused:
+                        seg.release_descriptors()
+                continue
+            # renames only happen under CHANGING, and a change's new generation is published
+            # before the flag clears: clear before and after with one generation, nothing moved
+            torn = bool((state.flags | again.flags) & CHANGING)
+            state = again
             segments.append(self._active(state))
             if old is not None:  # let go of files the owner removed (their space comes back)
                 kept = {id(seg) for seg in segments}
@@ -399,31 +424,55 @@ class FollowedPartition(LogReads):
             self._state = state
             self._dropped = None  # read again on next use
             # a listing made while the owner renames files may miss some: list again after
-            self._listed_generation = None if state.flags & CHANGING else state.generation
+            self._torn = torn
+            self._listed_generation = None if torn else state.generation
             return LogView.build(tuple(segments), max(state.log_start_offset, segments[0].base_offset), state.high_watermark, state.active_end)
         raise StorageError(self.directory, "the segment list kept changing while it was read")
 
     # -- reads (log_reads.LogReads, once more on a fresh listing) -----------------------------
 
+    def _readable_view(self) -> LogView:
+        """The view, for a read that cannot wait: refused while it is torn."""
+        view = self.view
+        if self._torn:
+            why = f"{self.name}'s segment files are being renamed by its owner"
+            raise ShardUnavailableError(self.owner, why)
+        return view
+
+    async def settle(self) -> LogView:
+        """The view, once it is not torn: waits (polling the slot) while the owner renames
+        files under a listing this shard had to make meanwhile."""
+        view = self.view
+        if not self._torn:
+            return view
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SETTLE_PATIENCE_S
+        while self._torn:
+            if loop.time() > deadline:
+                return self._readable_view()
+            await asyncio.sleep(SETTLE_POLL_S)
+            view = self.view
+        return view
+
     def _on_view(self, fn: Any, *args: Any) -> Any:
         """fn(view, *args); once more on a fresh listing if a file went away under the view
         (retention or a compaction swap renamed it while this shard's view listed it)."""
         try:
-            return fn(self.view, *args)
+            return fn(self._readable_view(), *args)
         except (OSError, StorageError) as exc:
             if not _gone(exc):
                 raise
             self._state = self._view = None
-            return fn(self.view, *args)
+            return fn(self._readable_view(), *args)
 
     async def _on_view_async(self, fn: Any, *args: Any) -> Any:
         try:
-            return await fn(self.view, *args)
+            return await fn(await self.settle(), *args)
         except (OSError, StorageError) as exc:
             if not _gone(exc):
                 raise
             self._state = self._view = None
-            return await fn(self.view, *args)
+            return await fn(await self.settle(), *args)
 
     # -- waiting for data ---------------------------------------------------------------------
 

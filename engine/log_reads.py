@@ -98,6 +98,11 @@ class LogReads:
     async def _on_view_async(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await fn(self.view, *args)
 
+    async def settle(self) -> LogView:
+        """The view, once records may be read from it: an owned log's at once; a followed
+        one's may first wait for its owner to finish renaming files (follower.py)."""
+        return self.view
+
     @property
     def high_watermark(self) -> int:
         return self.view.high_watermark
@@ -168,12 +173,14 @@ class LogReads:
     async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """Kafka's ListOffsets by time (a few index searches and small reads: inline)."""
         try:
+            await self.settle()
             return self._on_view(reader.offset_for_timestamp, timestamp)
         except OSError as exc:
             raise self._read_error(exc) from exc
 
     async def max_timestamp_offset(self) -> tuple[int, int] | None:
         try:
+            await self.settle()
             return self._on_view(reader.max_timestamp_offset)
         except OSError as exc:
             raise self._read_error(exc) from exc

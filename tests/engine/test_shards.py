@@ -258,6 +258,69 @@ async def test_a_follower_that_reads_mid_swap_lists_the_new_segments_after_it(tm
         assert values_of(s0, "c", p) == after
 
 
+async def test_a_follower_that_must_list_mid_swap_reads_no_records_from_that_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between a swap's rename of the old segments to .deleted and of the new ones to their
+    live names, a directory listing holds neither. A follower that lists right then (its view
+    was dropped: a file went away under it, or it never had one) must not read records from
+    that listing: they would skip the swapped range, and a compacted log's offsets may have
+    gaps, so nothing would say so (the flaky test_readers_see_the_table_view_throughout_a_pass
+    saw keys' latest values missing). A read then waits for the renames to end; a read that
+    cannot wait is told to retry."""
+    import asyncio
+
+    import engine.partition_log as partition_log
+    from workers.manager import Workers, WorkerSettings
+
+    async with family(tmp_path) as (s0, s1):
+        await s0.create_topic("c", 2, {"cleanup.policy": "compact", "segment.bytes": "1024"})
+        p = next(p for p in range(2) if owner_of("c", p, 2) == 1)
+        owner, follower = s1.partition("c", p), s0.partition("c", p)
+        assert isinstance(follower, FollowedPartition)
+        for i in range(60):  # a unique key, then a hot one: every segment keeps something
+            key = b"hot" if i % 2 else b"u%02d" % i
+            batch = encode_batch(0, [(key, b"v%02d" % i + b"x" * 40, T0, [])])
+            await owner.append(prepare_batches(batch, owner.config))
+
+        async def table_of(log: FollowedPartition) -> dict:
+            return {r.key: r.value for r in (await log.read_records(0, 1000, 10**6)).records}
+
+        table = await table_of(follower)
+        loop = asyncio.get_running_loop()
+        torn, refused, waited = [], [], []
+
+        async def read_now() -> None:
+            waited.append(await table_of(follower))
+
+        def mid_swap(name: str) -> None:
+            if name != "swap.after_deleted_rename" or torn:
+                return
+            follower._state = follower._view = None  # as after a file went away under it
+            view = follower.view  # offsets still answer, from the slot
+            torn.append((getattr(follower, "_torn", False), {s.base_offset for s in view.segments}))
+            try:
+                follower.fetch_slice(0, 10**6)
+            except ShardUnavailableError as exc:
+                refused.append(exc)
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(read_now()))
+
+        monkeypatch.setattr(partition_log, "crash_point", mid_swap)
+        results = await Workers(s1, WorkerSettings(cleaner_run_in="thread")).run_compaction("c")
+        assert any(r.cleaned for r in results)
+        for _ in range(500):
+            if waited:
+                break
+            await anyio.sleep(0.01)
+        assert waited == [table], "the read waited for the swap and saw every key's latest value"
+        (was_torn, listed), = torn
+        assert was_torn and len(refused) == 1
+        owned = {s.base_offset for s in owner.view.segments}
+        assert listed < owned | listed, "the listing missed segments"
+        assert not follower._torn
+        assert await table_of(follower) == table
+
+
 async def test_follower_reads_a_growing_active_segment_by_offset_and_time(tmp_path: Path) -> None:
     async with family(tmp_path) as (s0, s1):
         await s0.create_topic("g", 2)
