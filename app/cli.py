@@ -1,5 +1,5 @@
 """The `eventlog` command: serve, dump-log, import-kafka, snapshot, upload-snapshot, prune-upload, nightly,
-version."""
+groups reset-offsets, version."""
 
 from __future__ import annotations
 
@@ -222,6 +222,63 @@ def nightly(
 
     wanted = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
     raise typer.Exit(run_nightly_cli(snapshot, out, wanted, master=master, memory=memory, full=full, schemas=schema))
+
+
+groups = typer.Typer(
+    help="Consumer groups on a running server (Kafka's kafka-consumer-groups.sh).",
+    no_args_is_help=True, rich_markup_mode=None,
+)
+cli.add_typer(groups, name="groups")
+
+
+@groups.command("reset-offsets")
+def reset_offsets(
+    group: str = typer.Argument(..., metavar="GROUP", help="the consumer group"),
+    topic: Optional[str] = typer.Option(
+        None, "--topic", metavar="TOPIC[:P,P]",
+        help="a topic (all its partitions), or some: orders:0,2",
+    ),
+    all_topics: bool = typer.Option(
+        False, "--all-topics", help="every topic the group has offsets on"
+    ),
+    to_earliest: bool = typer.Option(False, "--to-earliest", help="to the log start offset"),
+    to_latest: bool = typer.Option(False, "--to-latest", help="to the high watermark"),
+    to_datetime: Optional[str] = typer.Option(
+        None, "--to-datetime", metavar="ISO-8601",
+        help="to the first record at or after this time, e.g. 2024-05-01T09:30:00Z (no zone: UTC)",
+    ),
+    to_offset: Optional[int] = typer.Option(
+        None, "--to-offset", metavar="N", min=0, help="to offset N"
+    ),
+    shift_by: Optional[int] = typer.Option(
+        None, "--shift-by", metavar="N", help="the committed offset plus N (negative: back)"
+    ),
+    execute: bool = typer.Option(False, "--execute", help="commit the new offsets"),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="print the new offsets only (the default)"
+    ),
+    url: str = typer.Option(
+        "http://127.0.0.1:8080", "--url", envvar="EVENTLOG_URL", show_envvar=False,
+        help="the server [env EVENTLOG_URL]",
+    ),
+    token: Optional[str] = typer.Option(
+        None, "--token", envvar="EVENTLOG_TOKEN", show_envvar=False,
+        help="bearer token (a consumer of the group, or admin) [env EVENTLOG_TOKEN]",
+    ),
+) -> None:
+    """Reset a group's committed offsets, as kafka-consumer-groups.sh --reset-offsets: refused
+    while the group has live Kafka members; without --execute nothing is committed."""
+    from .group_admin import run_reset
+
+    if execute and dry_run:
+        err.print("[red]reset-offsets:[/red] give --execute or --dry-run, not both")
+        raise typer.Exit(2)
+    chosen = {
+        "to_earliest": True if to_earliest else None, "to_latest": True if to_latest else None,
+        "to_datetime": to_datetime, "to_offset": to_offset, "shift_by": shift_by,
+    }
+    strategy = {k: v for k, v in chosen.items() if v is not None}
+    raise typer.Exit(run_reset(url, token, group, topic, all_topics, strategy, execute))
 
 
 @cli.command()

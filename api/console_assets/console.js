@@ -728,11 +728,12 @@ async function viewGroups(target, _match, params) {
   const rows = details.map(({ group, offsets }) => h("tr", { dataset: { group } },
     h("td", null, h("a", { href: `#/groups/${encodeURIComponent(group)}` }, group)),
     h("td", null, [...new Set(offsets.map((o) => o.topic))].join(", ")), num(offsets.length),
+    h("td", { class: "mono" }, fmtTime(offsets.length ? Math.max(...offsets.map((o) => o.commit_timestamp)) : null)),
     num(offsets.reduce((s, o) => s + (o.lag || 0), 0))));
   put(target, h("h1", null, "Consumer groups"),
     h("section", { class: "panel" },
       h("p", { class: "muted" }, "Groups with committed offsets (POST /v1/groups/{group}/offsets). Lag: high watermark − committed offset."),
-      table(["Group", "Topics", "#Partitions", "#Total lag"], rows, { id: "groups" }),
+      table(["Group", "Topics", "#Partitions", "Last commit", "#Total lag"], rows, { id: "groups" }),
       h("div", { class: "pager" },
         h("a", { href: "#/groups" }, h("button", { type: "button", disabled: !after }, "⇤ First")),
         h("a", { href: `#/groups?${q({ after: nextAfter })}`, id: "next-groups" }, h("button", { type: "button", disabled: !nextAfter }, "Next ▶")),
@@ -744,7 +745,7 @@ async function viewGroup(target, [, group]) {
   const lagged = await withLag(offsets);
   const rows = lagged.map((o) => h("tr", null,
     h("td", null, h("a", { href: topicHref(o.topic) }, o.topic)), num(o.partition), num(o.offset), num(o.high_watermark), num(o.lag),
-    h("td", { class: "mono" }, o.metadata || "")));
+    h("td", { class: "mono" }, fmtTime(o.commit_timestamp)), h("td", { class: "mono" }, o.metadata || "")));
   const remove = async () => {
     if (!(await confirmTyped(`Delete every committed offset of group ${group}?`, group))) return;
     try { await api("DELETE", `/v1/groups/${encodeURIComponent(group)}/offsets`); go("#/groups"); } catch (error) { showBanner(error.text || String(error)); }
@@ -753,8 +754,59 @@ async function viewGroup(target, [, group]) {
     h("div", { class: "crumbs" }, h("a", { href: "#/groups" }, "Consumer groups"), " / "),
     h("h1", null, group),
     h("section", { class: "panel" },
-      table(["Topic", "#Partition", "#Committed", "#High watermark", "#Lag", "Metadata"], rows, { id: "group-offsets" }),
-      can("group") ? h("div", { class: "toolbar spaced" }, h("button", { class: "danger", type: "button", onclick: remove }, "Delete the group's offsets")) : null));
+      table(["Topic", "#Partition", "#Committed", "#High watermark", "#Lag", "Committed at", "Metadata"], rows, { id: "group-offsets" }),
+      can("group") ? h("div", { class: "toolbar spaced" }, h("button", { class: "danger", type: "button", onclick: remove }, "Delete the group's offsets")) : null),
+    can("group") ? resetOffsetsPanel(group, [...new Set(offsets.map((o) => o.topic))]) : null);
+}
+
+// Kafka's kafka-consumer-groups.sh --reset-offsets: Preview is its --dry-run, Reset its --execute;
+// the server refuses a group with live Kafka members (group_not_empty), shown as the answer
+const RESET_STRATEGIES = [["to_earliest", "to earliest"], ["to_latest", "to latest"], ["to_datetime", "to a time"],
+  ["to_offset", "to an offset"], ["shift_by", "shift by ±N"]];
+
+function resetOffsetsPanel(group, topics) {
+  const out = h("div", { id: "reset-result" });
+  const value = h("input", { name: "value", class: "narrow", disabled: true, "aria-label": "value" });
+  const strategy = h("select", { name: "strategy" }, RESET_STRATEGIES.map(([v, label]) => h("option", { value: v }, label)));
+  strategy.addEventListener("change", () => {
+    const kind = strategy.value;
+    value.disabled = kind === "to_earliest" || kind === "to_latest";
+    value.type = kind === "to_datetime" ? "datetime-local" : "number";
+    value.step = "1";
+    value.min = kind === "to_offset" ? "0" : "";
+    value.placeholder = kind === "shift_by" ? "-10" : "";
+  });
+  const form = h("form", { class: "inline spaced", id: "reset-offsets" },
+    h("label", null, "Topic", h("input", { name: "topic", list: "group-topics", placeholder: "every topic of the group", value: topics.length === 1 ? topics[0] : "" })),
+    h("datalist", { id: "group-topics" }, topics.map((t) => h("option", { value: t }))),
+    h("label", null, "Partitions", h("input", { name: "partitions", placeholder: "all, or 0,2", class: "narrow" })),
+    h("label", null, "Reset", strategy), h("label", null, "Value", value),
+    h("button", { type: "submit", name: "dry_run", value: "1" }, "Preview"),
+    h("button", { type: "submit", name: "execute", value: "1", class: "danger" }, "Reset offsets"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const data = new FormData(form);
+    const execute = event.submitter && event.submitter.name === "execute";
+    const body = { dry_run: !execute };
+    const topic = data.get("topic").trim();
+    if (topic) body.topic = topic; else body.all_topics = true;
+    const parts = data.get("partitions").trim();
+    if (parts) body.partitions = parts.split(",").map((p) => Number(p.trim()));
+    const kind = strategy.value;
+    if (kind === "to_earliest" || kind === "to_latest") body[kind] = true;
+    else if (kind === "to_datetime") body.to_datetime = value.value ? new Date(value.value).toISOString() : "";
+    else body[kind] = Number(value.value);
+    try {
+      const answer = await api("POST", `/v1/groups/${encodeURIComponent(group)}/offsets/reset`, body);
+      if (execute) { showBanner(`Reset ${answer.offsets.length} offset(s) of group ${group}.`, "info"); route(); return; }
+      put(out, h("p", { class: "muted" }, "Preview: nothing was committed."),
+        table(["Topic", "#Partition", "#Committed now", "#New offset"], answer.offsets.map((o) => h("tr", null,
+          h("td", null, o.topic), num(o.partition), num(o.previous_offset), num(o.offset))), { id: "reset-plan" }));
+    } catch (error) { result(out, error.text || String(error), false); }
+  });
+  return h("section", { class: "panel" }, h("h2", null, "Reset offsets"),
+    h("p", { class: "muted" }, "As kafka-consumer-groups.sh --reset-offsets: refused while Kafka consumers are members of the group."),
+    form, out);
 }
 
 // -- snapshots -----------------------------------------------------------------------------------

@@ -308,3 +308,52 @@ def test_import_kafka_refuses_kafkas_metadata_log_as_a_topic(tmp_path: Path) -> 
     assert merged.returncode == 0, merged.stderr + merged.stdout
     assert "already exists" not in merged.stderr
     assert "1 committed offset(s) of 1 group(s)" in merged.stdout
+
+
+def test_groups_reset_offsets_plans_then_executes_against_a_server(server) -> None:
+    """`eventlog groups reset-offsets` is Kafka's --reset-offsets over HTTP: without --execute
+    it prints the plan and commits nothing; with it, the table of new offsets is what the
+    server committed; a bad scope, a missing strategy and a refusal exit non-zero."""
+    with server.client() as client:
+        client.post("/v1/topics", json={"name": "orders", "partitions": 3})
+        for p in range(3):
+            records = {"records": [{"value": str(i), "partition": p} for i in range(4)]}
+            assert client.post("/v1/topics/orders/records", json=records).status_code == 200
+        commit = {"offsets": [{"topic": "orders", "partition": p, "offset": 4} for p in range(3)]}
+        assert client.post("/v1/groups/billing/offsets", json=commit).status_code == 200
+
+        def committed() -> dict[int, int]:
+            offsets = client.get("/v1/groups/billing/offsets").json()["offsets"]
+            return {o["partition"]: o["offset"] for o in offsets}
+
+        base = ["groups", "reset-offsets", "billing", "--url", server.url]
+        plan = run(*base, "--topic", "orders:0,2", "--shift-by", "-3")
+        assert plan.returncode == 0, plan.stderr
+        rows = [line.split() for line in plan.stdout.splitlines()]
+        assert rows[0] == ["GROUP", "TOPIC", "PARTITION", "PREVIOUS-OFFSET", "NEW-OFFSET"]
+        assert rows[1:] == [
+            ["billing", "orders", "0", "4", "1"], ["billing", "orders", "2", "4", "1"]
+        ]
+        assert "dry run" in plan.stderr and "--execute" in plan.stderr
+        assert committed() == {0: 4, 1: 4, 2: 4}
+        assert run(*base, "--topic", "orders", "--to-earliest", "--dry-run").returncode == 0
+        assert committed() == {0: 4, 1: 4, 2: 4}
+
+        done = run(*base, "--all-topics", "--to-offset", "2", "--execute")
+        assert done.returncode == 0, done.stderr
+        assert [line.split()[-1] for line in done.stdout.splitlines()[1:]] == ["2", "2", "2"]
+        assert "dry run" not in done.stderr
+        assert committed() == {0: 2, 1: 2, 2: 2}
+
+        for bad, why in (
+            (["--to-earliest"], "either --topic or --all-topics"),
+            (["--topic", "orders"], "exactly one of"),
+            (["--topic", "orders", "--to-latest", "--to-earliest"], "exactly one of"),
+            (["--topic", "orders:x", "--to-latest"], "partitions are numbers"),
+            (["--topic", "nope", "--to-latest", "--execute"], "topic_not_found"),
+        ):
+            failed = run(*base, *bad)
+            assert failed.returncode == 1 and why in failed.stderr, (bad, failed.stderr)
+        both = run(*base, "--topic", "orders", "--to-latest", "--execute", "--dry-run")
+        assert both.returncode == 2 and "not both" in both.stderr
+        assert committed() == {0: 2, 1: 2, 2: 2}

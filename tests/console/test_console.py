@@ -422,6 +422,74 @@ def test_groups_are_shown_a_page_at_a_time(start, console_factory) -> None:
     assert listed["next_after"] == "job-099"
 
 
+def test_a_groups_offsets_are_reset_from_its_page_with_commit_times(start, console_factory) -> None:
+    """The group page shows each offset's commit time and resets offsets as Kafka's
+    --reset-offsets: Preview (a dry run) shows the plan and commits nothing, Reset commits it;
+    a refusal (shift without a committed offset) is shown and commits nothing. Each checked
+    through the API."""
+    server, client = start(1)
+    client.post("/v1/topics", json={"name": "ledger", "partitions": 2}).raise_for_status()
+    for p in range(2):
+        records = [{"value": f"v{i}", "partition": p, "timestamp": T0 + 1000 * i} for i in range(6)]
+        client.post("/v1/topics/ledger/records", json={"records": records}).raise_for_status()
+    commit = {"offsets": [{"topic": "ledger", "partition": 0, "offset": 5}]}
+    client.post("/v1/groups/settle/offsets", json=commit).raise_for_status()
+
+    def committed() -> dict[int, int]:
+        offsets = client.get("/v1/groups/settle/offsets").json()["offsets"]
+        return {o["partition"]: o["offset"] for o in offsets}
+
+    stamp = client.get("/v1/groups/settle/offsets").json()["offsets"][0]["commit_timestamp"]
+    shown = datetime.fromtimestamp(stamp / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    console = console_factory(server)
+    page = console.page
+    console.open("#/groups")
+    page.locator("#groups tbody tr[data-group=settle]").wait_for()
+    assert shown in console.rows("groups")[0]
+    console.open("#/groups/settle")
+    page.locator("#group-offsets tbody tr").first.wait_for()
+    assert shown in console.rows("group-offsets")[0]
+
+    form = page.locator("#reset-offsets")
+    assert form.locator("input[name=topic]").input_value() == "ledger"  # the group's one topic
+    form.locator("select[name=strategy]").select_option("to_earliest")
+    form.locator("button[name=dry_run]").click()
+    page.locator("#reset-plan tbody tr").nth(1).wait_for()
+    plan = [r.split("\t") for r in console.rows("reset-plan")]
+    assert [[c.strip() for c in r] for r in plan] == [
+        ["ledger", "0", "5", "0"], ["ledger", "1", "–", "0"]
+    ]
+    assert committed() == {0: 5}  # a preview commits nothing
+
+    # to a time (the browser's zone is UTC here): the record of T0 + 3 s is offset 3
+    form.locator("select[name=strategy]").select_option("to_datetime")
+    at = datetime.fromtimestamp(T0 / 1000 + 3, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    form.locator("input[name=value]").fill(at)
+    form.locator("button[name=execute]").click()
+    wait_until(lambda: committed() == {0: 3, 1: 3}, what="the reset to a time")
+    page.locator("#banner", has_text="Reset 2 offset(s)").wait_for()
+    page.locator("#group-offsets tbody tr").nth(1).wait_for()
+    assert [r.split("\t")[2].strip() for r in console.rows("group-offsets")] == ["3", "3"]
+
+    form = page.locator("#reset-offsets")
+    form.locator("input[name=partitions]").fill("1")
+    form.locator("select[name=strategy]").select_option("shift_by")
+    form.locator("input[name=value]").fill("-2")
+    form.locator("button[name=execute]").click()
+    wait_until(lambda: committed() == {0: 3, 1: 1}, what="the shift of partition 1")
+    console.shot("group-reset")
+
+    client.post("/v1/topics", json={"name": "ledger-2"}).raise_for_status()
+    form = page.locator("#reset-offsets")
+    page.locator("#group-offsets tbody tr").nth(1).wait_for()
+    form.locator("input[name=topic]").fill("ledger-2")
+    form.locator("select[name=strategy]").select_option("shift_by")
+    form.locator("input[name=value]").fill("1")
+    form.locator("button[name=execute]").click()
+    page.locator("#reset-result.error", has_text="no committed offset").wait_for()
+    assert committed() == {0: 3, 1: 1}
+
+
 def test_behind_auth_a_token_shows_only_what_it_may_do(tmp_path: Path, start, console_factory) -> None:
     auth = tmp_path / "auth.json"
     auth.write_text(json.dumps({"tokens": [
