@@ -9,6 +9,7 @@ from fastapi.openapi.utils import get_openapi
 
 from . import (
     admin,
+    browse,
     console,
     docs,
     groups,
@@ -27,6 +28,7 @@ from .schemas import KeyProduceRequest, ProduceRequest
 _QUOTA_OPERATIONS = frozenset({
     "produceRecords", "produceToPartition", "fetchRecords", "streamRecords", "appendKeyRecords", "readKeyRecords",
     "streamKeyRecords", "leaseQueueRecords",
+    "browseRecords",
 })
 # models referenced only from openapi_extra (bodies parsed by hand) must still be published
 _EXTRA_SCHEMAS = (ProduceRequest, KeyProduceRequest)
@@ -40,6 +42,7 @@ def install_routes(app: FastAPI) -> None:
     app.include_router(health.router)
     app.include_router(topics.router)
     app.include_router(records.router)
+    app.include_router(browse.router)  # GET /v1/topics/{topic}/records: all partitions merged
     app.include_router(keys.router)
     app.include_router(offsets.router)
     app.include_router(groups.router)

@@ -43,7 +43,10 @@ FETCH = "fetch"
 KINDS = (PRODUCE, FETCH)
 
 _PRODUCE_PATH = re.compile(r"^/v1/topics/[^/]+/(?:partitions/[^/]+/|keys/.*/)?records$")
-_FETCH_PATH = re.compile(r"^/v1/topics/[^/]+/(?:partitions/[^/]+|keys/.*)/records(?:/stream)?$")
+# (and a topic's records, every partition merged: api/browse.py)
+_FETCH_PATH = re.compile(
+    r"^/v1/topics/[^/]+/(?:(?:partitions/[^/]+|keys/.*)/)?records(?:/stream)?$"
+)
 # a queue's lease (api/queues.py): its records count as fetched
 _LEASE_PATH = re.compile(r"^/v1/topics/[^/]+/queues/[^/]+/lease$")
 

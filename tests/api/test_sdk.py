@@ -409,6 +409,34 @@ def _fetch_records(s: Scene) -> None:
     assert page.next_offset == 5
 
 
+@_uses("browseRecords", "records", "browse_records")
+def _browse_records(s: Scene) -> None:
+    m = s.m
+    browse = s.op("records", "browse_records")
+    # every partition of `orders` merged, oldest first (timestamps 1 000 + i), page by page
+    seen, cursor = [], None
+    for _ in range(10):
+        kwargs = {"cursor": cursor} if cursor else {}
+        page = browse.sync(
+            topic="orders", client=s.client, order=m.RecordsOrder.OLDEST, limit=5, **kwargs
+        )
+        assert isinstance(page, m.TopicRecordsPage), page
+        seen += [(r.partition, r.offset, r.key, r.value, r.timestamp) for r in page.records]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    sent = zip(s.produced.offsets, s.sent, strict=True)
+    assert seen == [(o.partition, o.offset, r.key, r.value, r.timestamp) for o, r in sent]
+    # filtered: a header's value, in two partitions, newest first
+    wanted = sorted({s.produced.offsets[i].partition for i in (3, 7)})
+    page = browse.sync(topic="orders", client=s.client, header="seq=7", partition=wanted)
+    assert [r.key for r in page.records] == ["user-7"]
+    assert page.next_cursor is None and not page.scan_limited
+    refused = browse.sync(topic="orders", client=s.client, cursor="nope")
+    assert isinstance(refused, m.Problem)
+    assert (refused.code, refused.status) == ("invalid_cursor", 400)
+
+
 @_uses("produceToPartition", "records", "produce_to_partition")
 def _produce_to_partition(s: Scene) -> None:
     m = s.m

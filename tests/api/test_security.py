@@ -65,6 +65,7 @@ ROUTES: dict[str, tuple[str, bool, Req]] = {
     "produceRecords": ("producer", True, ("POST", f"/v1/topics/{TOPIC}/records", {"records": [{"value": "v"}]})),
     "produceToPartition": ("producer", True, ("POST", f"/v1/topics/{TOPIC}/partitions/0/records", {"records": [{"value": "v"}]})),
     "fetchRecords": ("consumer", True, ("GET", f"/v1/topics/{TOPIC}/partitions/0/records", None)),
+    "browseRecords": ("consumer", True, ("GET", f"/v1/topics/{TOPIC}/records", None)),
     "appendKeyRecords": ("producer", True, ("POST", f"/v1/topics/{TOPIC}/keys/k-1/records", {"records": [{"value": "v"}]})),
     "readKeyRecords": ("consumer", True, ("GET", f"/v1/topics/{TOPIC}/keys/k-1/records", None)),
     "streamKeyRecords": ("consumer", True, ("GET", f"/v1/topics/{TOPIC}/keys/k-1/records/stream", None)),
