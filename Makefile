@@ -34,15 +34,22 @@ run: install-service
 	EVENTLOG_DATA_DIR="$${EVENTLOG_DATA_DIR:-$(DATA_DIR)}" EVENTLOG_HOST="$${EVENTLOG_HOST:-127.0.0.1}" \
 	EVENTLOG_PORT="$${EVENTLOG_PORT:-8080}" $(BIN)/eventlog serve
 
-# The suite at one process per server (N = 1 where a test names none), then the tests marked
-# `shards` once more against shard families (EVENTLOG_TEST_PROCESSES=2: the API tests written
-# against one process run against two shards; tests/broker/ runs both shapes by itself).
+# The suite at one process per server (N = 1 where a test names none), in TEST_WORKERS worker
+# processes (pytest-xdist; a test file stays on one worker, tests/analytics/ too: one Spark
+# session); then the tests marked `serial` (time bounds that want a quiet machine) alone; then
+# the tests marked `shards` once more against shard families (EVENTLOG_TEST_PROCESSES=2: the API
+# tests written against one process run against two shards; tests/broker/ runs both shapes by
+# itself). TEST_WORKERS=0 runs each pass in this one process.
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
+
 test: install test-peers
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
-	EVENTLOG_TEST_PROCESSES=2 $(BIN)/python -m pytest -m shards $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS)
+	EVENTLOG_TEST_PROCESSES=2 $(BIN)/python -m pytest $(XDIST) -m shards $(PYTEST_ARGS)
 
 test-fast: install test-peers
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # tests/lint_ratchet.json from the tree: after mending lint offences (the ratchet only shrinks)
 lint-ratchet: install

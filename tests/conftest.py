@@ -142,10 +142,45 @@ def run_eventlog(*args: str, env: dict[str, str] | None = None) -> CommandResult
     return CommandResult(result.exit_code, result.stdout, result.stderr)
 
 
+# make test runs the suite in worker processes (pytest-xdist): each takes its ports from a
+# range of its own below the kernel's ephemeral range (32768-60999), so no worker's server is
+# handed a port another worker just probed, nor one a client's connection holds. Alone (no
+# worker), the kernel picks.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+PORT_RANGE = 3000
+_next_port = [0]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    if not XDIST_WORKER.startswith("gw"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    low = 12000 + int(XDIST_WORKER[2:]) % 6 * PORT_RANGE
+    for _ in range(PORT_RANGE):
+        # round robin from where the last one left off: a port a server just closed lingers
+        port = low + _next_port[0] % PORT_RANGE
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}..{low + PORT_RANGE - 1}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The groups `--dist loadgroup` keeps on one worker: a test file's tests (its module
+    fixtures start once), and tests/analytics/ whole (one Spark session)."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        path = item.path.relative_to(tests)
+        group = "analytics" if path.parts[0] == "analytics" else path.as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @dataclass

@@ -26,7 +26,7 @@ from engine.shards import owner_of
 from ..conftest import ServerProcess, wait_until
 from .test_supervisor import _identity
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # heartbeats under load: alone in make test
 
 PARTITIONS = 9
 VICTIM = 2

@@ -34,6 +34,9 @@ from ..conftest import (
     wait_until,
 )
 
+# heartbeats and kill deadlines: make test runs these alone (serial)
+pytestmark = pytest.mark.serial
+
 EVENTLOG = str(VENV_BIN / "eventlog")
 
 
