@@ -53,11 +53,11 @@ test-fast: install test-peers
 
 # tests/lint_ratchet.json from the tree: after mending lint offences (the ratchet only shrinks)
 lint-ratchet: install
-	$(BIN)/python tests/test_lint.py
+	$(BIN)/python -m tests.test_lint
 
 # tests/types_ratchet.json from the tree: after mending type errors (the ratchet only shrinks)
 types-ratchet: install
-	$(BIN)/python tests/test_types.py
+	$(BIN)/python -m tests.test_types
 
 # Debian's chromium for the console's browser tests, libfuse2 for the power-cut tests, kcat and
 # KafkaJS (npm, where node is) for the Kafka client tests (skipped with the reason where they cannot be)

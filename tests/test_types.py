@@ -8,10 +8,9 @@ uses, fails here. The engine's and the workers' own findings are not reported (t
 for their types only).
 
 Today's offenders are listed in tests/types_ratchet.json (file -> error code -> count), as
-tests/lint_ratchet.json lists ruff's: a file may not gain an error of any code, and the ratchet
-may only shrink. A change that removes errors must shrink it too (`make types-ratchet` writes it
-from the tree), so what was mended cannot come back unseen. A new module starts clean: it has
-no entry. mypy keeps its incremental cache in .mypy_cache: a run after the first takes seconds.
+tests/lint_ratchet.json lists ruff's (tests/ratchet.py says how a ratchet works): a file may not
+gain an error of any code, and the ratchet may only shrink (`make types-ratchet` writes it from
+the tree). mypy keeps its incremental cache in .mypy_cache: a run after the first takes seconds.
 """
 
 from __future__ import annotations
@@ -20,15 +19,15 @@ import functools
 import json
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RATCHET = Path(__file__).with_name("types_ratchet.json")
+from tests.ratchet import ROOT, Counts, Ratchet, count
+
+RATCHET = Ratchet(Path(__file__).with_name("types_ratchet.json"))
 
 
 @functools.cache
-def errors() -> dict[str, dict[str, int]]:
+def errors() -> Counts:
     """{file: {error code: count}} of mypy's errors over what pyproject.toml names, as the
     ratchet keeps them (run once per session: both tests read the same findings)."""
     done = subprocess.run(
@@ -39,33 +38,13 @@ def errors() -> dict[str, dict[str, int]]:
     assert done.returncode in (0, 1), (
         f"mypy failed to run ({done.returncode}):\n{done.stderr}{done.stdout}"
     )
-    counts: Counter[tuple[str, str]] = Counter()
-    for line in done.stdout.splitlines():
-        if not line.startswith("{"):
-            continue  # (a summary line, should mypy print one)
-        finding = json.loads(line)
-        if finding["severity"] != "error":
-            continue  # notes explain the error before them
-        path = Path(finding["file"]).resolve().relative_to(ROOT).as_posix()
-        counts[(path, finding["code"] or "syntax")] += 1
-    out: dict[str, dict[str, int]] = {}
-    for (path, code), n in sorted(counts.items()):
-        out.setdefault(path, {})[code] = n
-    return out
-
-
-def _allowed() -> dict[str, dict[str, int]]:
-    return json.loads(RATCHET.read_text())
+    findings = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    # (a line not JSON is a summary line, should mypy print one; notes explain the error before)
+    return count((f["file"], f["code"]) for f in findings if f["severity"] == "error")
 
 
 def test_no_file_gains_a_type_error() -> None:
-    allowed = _allowed()
-    worse = [
-        f"{path}: {code} {n} (allowed {allowed.get(path, {}).get(code, 0)})"
-        for path, codes in errors().items()
-        for code, n in codes.items()
-        if n > allowed.get(path, {}).get(code, 0)
-    ]
+    worse = RATCHET.worse(errors())
     assert not worse, (
         "new type errors (`.venv/bin/mypy` shows them; fix them, the ratchet only shrinks):\n"
         + "\n".join(worse)
@@ -73,18 +52,11 @@ def test_no_file_gains_a_type_error() -> None:
 
 
 def test_the_ratchet_only_shrinks() -> None:
-    found = errors()
-    stale = [
-        f"{path}: {code} allowed {n}, found {found.get(path, {}).get(code, 0)}"
-        for path, codes in _allowed().items()
-        for code, n in codes.items()
-        if n > found.get(path, {}).get(code, 0)
-    ]
+    stale = RATCHET.stale(errors())
     assert not stale, (
         "type errors were mended: shrink the ratchet with `make types-ratchet`\n" + "\n".join(stale)
     )
 
 
 if __name__ == "__main__":  # make types-ratchet
-    RATCHET.write_text(json.dumps(errors(), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {RATCHET.relative_to(ROOT)}")
+    RATCHET.write(errors())
