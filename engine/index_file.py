@@ -57,6 +57,10 @@ class IndexFile:
         self._appendable = False
         self._buffer: np.ndarray | None = None  # appendable: uint8 bytes of the buffer
         self._written = 0  # appendable: entries already on the file
+        # appendable: the file may differ from what a clean close leaves (entries written or
+        # dropped since it was trimmed and fsynced): False only for a file opened for appends
+        # that held exactly its entries, untouched since (close then has nothing to do)
+        self._changed = True
         self._handle: FileHandle | None = None  # appendable: for pwrite, opened on first write
         self._in_memory: np.ndarray | None = None  # read-only entries whose file could not be written
         self._load_lock = threading.Lock()
@@ -127,6 +131,8 @@ class IndexFile:
         count = self._valid_entries(data)
         self._load_buffer(data[: count * self.ENTRY_SIZE], written=count)
         self._appendable = True
+        # trimmed already: as a clean close, or recovery's rebuild, left it (both fsynced it)
+        self._changed = len(data) != count * self.ENTRY_SIZE
 
     def close_for_append(self) -> None:
         """Write what is pending, trim the file to its entries, fsync it, and switch to lazy
@@ -134,10 +140,11 @@ class IndexFile:
         if not self._appendable:
             return
         self.write_pending()
-        with io_errors(self.path, "cannot trim index"):
-            handle = self._writable_handle()
-            os.ftruncate(handle.fd, self._entries * self.ENTRY_SIZE)
-            os.fsync(handle.fd)
+        if self._changed:  # (an index untouched since it was opened is trimmed and durable)
+            with io_errors(self.path, "cannot trim index"):
+                handle = self._writable_handle()
+                os.ftruncate(handle.fd, self._entries * self.ENTRY_SIZE)
+                os.fsync(handle.fd)
         self._appendable = False
         self._handle = None
         self._buffer = None
@@ -289,6 +296,7 @@ class IndexFile:
         assert self._appendable and 0 <= count <= self._entries
         self._entries = count
         self._written = min(self._written, count)
+        self._changed = True
 
     def _append_raw(self, packed: bytes) -> None:
         assert self._appendable and self._buffer is not None
@@ -315,6 +323,7 @@ class IndexFile:
         except OSError as exc:
             raise storage_error(exc, self.path, "cannot write index entries") from exc
         self._written = count
+        self._changed = True
 
     def _writable_handle(self) -> FileHandle:
         handle = self._handle

@@ -115,6 +115,7 @@ logger = logging.getLogger("eventlog.engine")
 
 PARTITION_METADATA = "partition.metadata"
 MAX_PARTITIONS = 10_000  # per topic
+LOAD_CHUNK = 64  # partitions loaded per worker thread hop at start-up (_load_partitions)
 
 
 @dataclass(frozen=True)
@@ -293,15 +294,6 @@ class LogManager:
         loaded in parallel (recovery; one that fails goes offline alone), the others followed
         (in a shard family). Returns the loaded ones, whose writers are not started yet."""
         loaded: list[tuple[TopicState, int, PartitionLog]] = []
-
-        async def load_one(state: TopicState, p: int) -> None:
-            try:
-                log = await self._load_partition(state.name, p, state.config, state.meta.topic_id)
-            except Exception as exc:
-                self._set_offline(state, p, exc)
-                return
-            loaded.append((state, p, log))
-
         states = []
         for name, meta in self.image.topics.items():
             if name == METADATA_TOPIC:
@@ -309,13 +301,21 @@ class LogManager:
             state = TopicState(meta, self.config.default_log_config.with_overrides(meta.overrides))
             state.partitions = [None] * meta.partitions  # type: ignore[list-item]
             states.append(state)
-        async with anyio.create_task_group() as loaders:
-            for state in states:
-                for p in range(state.meta.partitions):
-                    if self.owns(state.name, p):
-                        loaders.start_soon(load_one, state, p)
-                    else:
-                        state.partitions[p] = self.family.follow(state.name, state.meta.topic_id, p, state.config)  # type: ignore[call-overload]
+        mine: list[tuple[TopicState, int]] = []
+        for state in states:
+            for p in range(state.meta.partitions):
+                if self.owns(state.name, p):
+                    mine.append((state, p))
+                else:
+                    followed = self.family.follow(state.name, state.meta.topic_id, p, state.config)
+                    state.partitions[p] = followed  # type: ignore[call-overload]
+        todo = [(s.name, p, s.config, s.meta.topic_id) for s, p in mine]
+        logs = await self._load_partitions(todo)
+        for (state, p), log in zip(mine, logs, strict=True):
+            if isinstance(log, Exception):
+                self._set_offline(state, p, log)
+            else:
+                loaded.append((state, p, log))
         for state in states:
             self.topics[state.name] = state
         for state, p, log in loaded:
@@ -377,6 +377,55 @@ class LogManager:
         self, topic: str, partition: int, config: LogConfig, topic_id: str | None
     ) -> PartitionLog:
         log_dir = self._find_partition_dir(topic, partition) or self._pick_dir()
+        limiter = self._recovery_limiter
+        loaded = await anyio.to_thread.run_sync(
+            self._load_files, log_dir, topic, partition, config, topic_id, limiter=limiter
+        )
+        return self._make_log(topic, partition, config, loaded)
+
+    async def _load_partitions(
+        self, todo: list[tuple[str, int, LogConfig, str | None]]
+    ) -> list[PartitionLog | Exception]:
+        """Load many partitions (start-up): their files in chunks of LOAD_CHUNK per worker
+        thread hop, recovery_threads hops at once, so a start pays one hop per chunk instead of
+        one per partition (at 5,000 partitions the hops and their tasks cost more than the
+        loads); each partition's log, or the error that takes it offline, in `todo`'s order."""
+        results: list[PartitionLog | Exception] = [None] * len(todo)  # type: ignore[list-item]
+        # each one's log dir, decided here on the loop (_pick_dir reads what the loop changes)
+        dirs = [self._find_partition_dir(t, p) or self._pick_dir() for t, p, _c, _i in todo]
+
+        def load_chunk(start: int) -> list[Any]:
+            out: list[Any] = []
+            for i in range(start, min(start + LOAD_CHUNK, len(todo))):
+                topic, partition, config, topic_id = todo[i]
+                try:
+                    out.append(self._load_files(dirs[i], topic, partition, config, topic_id))
+                except Exception as exc:
+                    out.append(exc)
+            return out
+
+        async def run_chunk(start: int) -> None:
+            limiter = self._recovery_limiter
+            files = await anyio.to_thread.run_sync(load_chunk, start, limiter=limiter)
+            for i, got in enumerate(files, start):
+                if isinstance(got, Exception):
+                    results[i] = got
+                    continue
+                topic, partition, config, _topic_id = todo[i]
+                try:
+                    results[i] = self._make_log(topic, partition, config, got)
+                except Exception as exc:
+                    results[i] = exc
+
+        async with anyio.create_task_group() as tg:
+            for start in range(0, len(todo), LOAD_CHUNK):
+                tg.start_soon(run_chunk, start)
+        return results
+
+    def _load_files(
+        self, log_dir: LogDir, topic: str, partition: int, config: LogConfig, topic_id: str | None
+    ) -> Any:
+        """A partition's files in `log_dir` opened and recovered (blocking: a worker thread)."""
         directory = log_dir.path / filenames.partition_dir_name(topic, partition)
         tp = (topic, partition)
 
@@ -413,11 +462,13 @@ class LogManager:
                 fsync_dir(directory.parent)
             producers = ProducerStateManager(directory, self.config.producer_id_expiration_ms)
             rebuild_producer_state(producers, loaded.segments, loaded.next_offset, self.clock())
-            return loaded, producers, epoch
+            return log_dir, directory, loaded, producers, epoch
 
-        loaded, producers, epoch = await anyio.to_thread.run_sync(
-            load, limiter=self._recovery_limiter
-        )
+        return load()
+
+    def _make_log(self, topic: str, partition: int, config: LogConfig, files: Any) -> PartitionLog:
+        """The PartitionLog of a partition whose files _load_files opened (on the loop)."""
+        log_dir, directory, loaded, producers, epoch = files
         self.load_stats[f"{topic}-{partition}"] = loaded.stats
         log = PartitionLog(
             topic,
@@ -808,7 +859,8 @@ class LogManager:
             raise InvalidPartitionsError(
                 adding,
                 reason=f"the server holds {in_use} partitions; {adding} more would pass its limit of "
-                f"{self.config.max_partitions} (EVENTLOG_MAX_PARTITIONS)",
+                f"{self.config.max_partitions}: raise EVENTLOG_MAX_PARTITIONS to at least "
+                f"{in_use + adding} and restart (docs/OPERATIONS.md, 'Partition limits')",
             )
         counts = self._partitions_per_process(topic, range(first, first + adding))
         most = max(counts)

@@ -452,7 +452,8 @@ class LogSegment:
         self.write_staged()
         if self.max_timestamp != NO_TIMESTAMP:
             self._time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp, skip_full_check=True)
-        self.flush()
+        if self._unsynced is not None:  # else nothing was written since the last fdatasync
+            self.flush()
         self._offset_index.close_for_append()
         self._time_index.close_for_append()
         # keep the descriptor for readers; it no longer needs write access but that is harmless
