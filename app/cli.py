@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from pydantic import ValidationError
@@ -25,6 +25,41 @@ cli = typer.Typer(
     rich_markup_mode=None,  # help texts are plain: their "[env EVENTLOG_...]" is not markup
 )
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class PlainUsage(typer.core.TyperCommand):
+    """A command whose usage line names its arguments as click does (`FILE...`, `SNAPSHOT_DIR`,
+    `[URI]` when optional) where typer writes `{files}`, `{SNAPSHOT_DIR}`."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, typer.core.TyperArgument):
+                name = param.make_metavar(ctx)  # the plain metavar (typer adds braces for usage)
+                pieces.append(name if param.required else f"[{name}]")
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .main import __version__
+
+        typer.echo(f"eventlog {__version__}")
+        raise typer.Exit()
+
+
+@cli.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="print the version and exit"
+    ),
+) -> None:
+    """Apache Kafka's log layer behind a REST API. Each command's --help lists its options,
+    with the EVENTLOG_* variable each one reads; docs/OPERATIONS.md has every setting."""
+
+
 # False: `eventlog serve` without --processes or EVENTLOG_PROCESSES runs one process, as before
 # the shard family existed. True: it runs Settings.processes' default, one shard per core.
 SHARDS_BY_DEFAULT = True
@@ -39,7 +74,21 @@ def _settings(**overrides: object) -> Settings:
         raise typer.Exit(2) from None
 
 
-@cli.command()
+SERVE_EPILOG = (
+    "Every setting is also an EVENTLOG_* variable, most with no option here (docs/OPERATIONS.md, "
+    "\"Settings\", lists them all). Among them: authentication, EVENTLOG_AUTH_FILE (a JSON file of "
+    "bearer tokens, roles and prefixes; unset: no auth; edits apply without a restart); quotas, "
+    "EVENTLOG_QUOTA_PRODUCE_BYTES_PER_SEC and EVENTLOG_QUOTA_FETCH_BYTES_PER_SEC (per token); "
+    "snapshot limits, EVENTLOG_SNAPSHOT_DIR, EVENTLOG_SNAPSHOT_MAX_COUNT (32) and "
+    "EVENTLOG_SNAPSHOT_MAX_BYTES (10%); the Kafka listener, EVENTLOG_KAFKA_PORT; request limits, "
+    "EVENTLOG_MAX_REQUEST_BYTES. Running it: docs/OPERATIONS.md."
+)
+
+
+@cli.command(
+    cls=PlainUsage, epilog=SERVE_EPILOG,
+    short_help="Run the HTTP service (and the Kafka listener) until SIGTERM or SIGINT.",
+)
 def serve(
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="data directory [env EVENTLOG_DATA_DIR; default ./data]"),
     host: Optional[str] = typer.Option(None, "--host", help="listen address [env EVENTLOG_HOST; default 127.0.0.1]"),
@@ -105,10 +154,13 @@ def serve(
         raise typer.Exit(exc.status) from None
 
 
-@cli.command("dump-log")
+@cli.command(
+    "dump-log", cls=PlainUsage,
+    short_help="Print segment files, like kafka-dump-log.sh; --verify checks them.",
+)
 def dump_log(
     files: list[Path] = typer.Argument(
-        ..., exists=True, dir_okay=False,
+        ..., exists=True, dir_okay=False, metavar="FILE...",
         help=".log, .index, .timeindex or .keyindex files, or a partition's dropped-offsets-checkpoint",
     ),
     verify: bool = typer.Option(False, "--verify", help="check every batch's CRC and every index entry against the log"),
@@ -121,10 +173,18 @@ def dump_log(
     raise typer.Exit(run_dump(files, verify=verify, records=records, values=values))
 
 
-@cli.command("import-kafka")
+@cli.command(
+    "import-kafka", cls=PlainUsage,
+    short_help="Adopt an Apache Kafka broker's partition directories.",
+    epilog="Reads EVENTLOG_DATA_DIR for the data directory when --data-dir is not given.",
+)
 def import_kafka(
-    kafka_log_dir: Path = typer.Argument(..., exists=True, file_okay=False, help="a Kafka broker's log.dirs entry"),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="eventlog data directory [default ./data]"),
+    kafka_log_dir: Path = typer.Argument(
+        ..., exists=True, file_okay=False, metavar="KAFKA_LOG_DIR", help="a Kafka broker's log.dirs entry"
+    ),
+    data_dir: Optional[Path] = typer.Option(
+        None, "--data-dir", help="eventlog data directory [env EVENTLOG_DATA_DIR; default ./data]"
+    ),
     topics: Optional[str] = typer.Option(None, "--topics", help="comma-separated topics to import (default: all)"),
     link: bool = typer.Option(False, "--link/--copy", help="hard-link segment files instead of copying them"),
 ) -> None:
@@ -137,15 +197,24 @@ def import_kafka(
     raise typer.Exit(run_import(settings, kafka_log_dir, wanted, link=link))
 
 
-@cli.command()
+@cli.command(
+    cls=PlainUsage,
+    short_help="Take a consistent snapshot (hard links + manifest.json) for Spark or a backup.",
+)
 def snapshot(
     topics: Optional[str] = typer.Option(None, "--topics", help="comma-separated topics (default: every user topic)"),
     url: Optional[str] = typer.Option(
-        None, "--url", envvar="EVENTLOG_URL", help="a running server, e.g. http://127.0.0.1:8080 [env EVENTLOG_URL]"
+        None, "--url", envvar="EVENTLOG_URL", show_envvar=False,
+        help="a running server, e.g. http://127.0.0.1:8080 [env EVENTLOG_URL; default: none, the data dir]",
     ),
-    token: Optional[str] = typer.Option(None, "--token", envvar="EVENTLOG_TOKEN", help="bearer token for --url"),
+    token: Optional[str] = typer.Option(
+        None, "--token", envvar="EVENTLOG_TOKEN", show_envvar=False,
+        help="an admin's bearer token for --url [env EVENTLOG_TOKEN]",
+    ),
     data_dir: Optional[Path] = typer.Option(
-        None, "--data-dir", help="without --url: a data dir no server is using; with --url and --to: the server's"
+        None, "--data-dir",
+        help="without --url: a data dir no server is using; with --url and --to: the server's "
+        "[env EVENTLOG_DATA_DIR; default ./data]",
     ),
     to: Optional[str] = typer.Option(
         None, "--to", metavar="URI",
@@ -162,7 +231,12 @@ def snapshot(
     raise typer.Exit(run_snapshot(settings, wanted, url=url, token=token, to=to))
 
 
-@cli.command("upload-snapshot")
+@cli.command(
+    "upload-snapshot", cls=PlainUsage,
+    short_help="Upload a finished snapshot to shared storage (S3, any pyarrow URI), incrementally.",
+    epilog="S3 credentials and region come from the AWS_* variables (AWS_ACCESS_KEY_ID, "
+    "AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL) or the machine's role.",
+)
 def upload_snapshot(
     directory: Path = typer.Argument(
         ..., exists=True, file_okay=False, metavar="SNAPSHOT_DIR", help="a snapshot directory (with manifest.json)"
@@ -179,7 +253,11 @@ def upload_snapshot(
     raise typer.Exit(run_upload(directory, to))
 
 
-@cli.command("prune-upload")
+@cli.command(
+    "prune-upload", cls=PlainUsage,
+    short_help="Remove old snapshots from an upload root, and segments none names.",
+    epilog="S3 credentials and region come from the AWS_* variables or the machine's role.",
+)
 def prune_upload(
     root: str = typer.Argument(
         ..., metavar="URI", help="an upload root: what snapshot --to and upload-snapshot --to were given"
@@ -200,7 +278,13 @@ def prune_upload(
     raise typer.Exit(run_prune(root, keep, dry_run=dry_run, grace_ms=grace_ms))
 
 
-@cli.command()
+@cli.command(
+    cls=PlainUsage,
+    short_help="Run the nightly Spark job over a snapshot: tables of compacted topics, daily counts.",
+    epilog="Environment: JAVA_HOME, the Java 17 Spark runs on (default: one found in the usual "
+    "places); AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL for an s3:// "
+    "--snapshot. The session runs with TZ=UTC and SPARK_LOCAL_IP=127.0.0.1 unless they are set.",
+)
 def nightly(
     snapshot: str = typer.Option(
         ..., "--snapshot",
@@ -228,10 +312,15 @@ groups = typer.Typer(
     help="Consumer groups on a running server (Kafka's kafka-consumer-groups.sh).",
     no_args_is_help=True, rich_markup_mode=None,
 )
-cli.add_typer(groups, name="groups")
+cli.add_typer(
+    groups, name="groups", short_help="Consumer groups on a running server: reset-offsets."
+)
 
 
-@groups.command("reset-offsets")
+@groups.command(
+    "reset-offsets", cls=PlainUsage,
+    short_help="Reset a group's offsets, as kafka-consumer-groups.sh --reset-offsets.",
+)
 def reset_offsets(
     group: str = typer.Argument(..., metavar="GROUP", help="the consumer group"),
     topic: Optional[str] = typer.Option(
@@ -281,7 +370,7 @@ def reset_offsets(
     raise typer.Exit(run_reset(url, token, group, topic, all_topics, strategy, execute))
 
 
-@cli.command()
+@cli.command(cls=PlainUsage, short_help="Print the version (also: eventlog --version).")
 def version() -> None:
     """Print the version."""
     from .main import __version__

@@ -357,3 +357,65 @@ def test_groups_reset_offsets_plans_then_executes_against_a_server(server) -> No
         both = run(*base, "--topic", "orders", "--to-latest", "--execute", "--dry-run")
         assert both.returncode == 2 and "not both" in both.stderr
         assert committed() == {0: 2, 1: 2, 2: 2}
+
+
+COMMANDS = [
+    "serve", "dump-log", "import-kafka", "snapshot", "upload-snapshot", "prune-upload", "nightly",
+    "version", "groups", "groups reset-offsets",
+]
+
+
+def _help(command: str) -> str:
+    done = run(*command.split(), "--help")
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_version_is_an_option_and_a_command() -> None:
+    from app.main import __version__
+
+    for args in (["--version"], ["version"]):
+        done = run(*args)
+        assert (done.returncode, done.stdout) == (0, f"eventlog {__version__}\n"), done.stderr
+
+
+def test_help_is_whole_and_names_arguments_plainly() -> None:
+    """`eventlog --help` lists each command with its whole short help (no "..." where a
+    description was cut); every usage line names its arguments as FILE..., SNAPSHOT_DIR, URI,
+    never in braces."""
+    root = _help("")
+    listing = " ".join(root.split("Commands:")[1].split())
+    assert "..." not in listing, root
+    for name in ("serve", "dump-log", "import-kafka", "snapshot", "upload-snapshot", "prune-upload",
+                 "nightly", "version", "groups"):
+        assert f" {name} " in f" {listing} ", (name, root)
+    assert "Run the HTTP service (and the Kafka listener) until SIGTERM or SIGINT." in listing
+    usages = {c: _help(c).splitlines()[0] for c in COMMANDS}
+    for usage in usages.values():
+        assert "{" not in usage and "}" not in usage, usage
+    assert usages["dump-log"].endswith("[OPTIONS] FILE...")
+    assert usages["upload-snapshot"].endswith("[OPTIONS] SNAPSHOT_DIR")
+    assert usages["prune-upload"].endswith("[OPTIONS] URI")
+    assert usages["import-kafka"].endswith("[OPTIONS] KAFKA_LOG_DIR")
+
+
+def test_help_names_each_commands_environment() -> None:
+    """serve's help names the auth file, quotas and snapshot limits and points to
+    docs/OPERATIONS.md; snapshot's names each variable once and --data-dir's default;
+    import-kafka's and nightly's name the variables they read."""
+    serve = " ".join(_help("serve").split())
+    needs = ("EVENTLOG_AUTH_FILE", "EVENTLOG_QUOTA_PRODUCE_BYTES_PER_SEC",
+             "EVENTLOG_SNAPSHOT_MAX_COUNT", "EVENTLOG_SNAPSHOT_MAX_BYTES", "docs/OPERATIONS.md")
+    for needed in needs:
+        assert needed in serve, needed
+    snapshot = " ".join(_help("snapshot").split())
+    assert snapshot.count("EVENTLOG_URL") == 1 and snapshot.count("EVENTLOG_TOKEN") == 1, snapshot
+    assert "env var:" not in snapshot
+    data_dir = snapshot.split("--data-dir <path>")[1].split(" --to ")[0]
+    assert "EVENTLOG_DATA_DIR; default ./data" in data_dir, data_dir
+    assert "EVENTLOG_DATA_DIR" in " ".join(_help("import-kafka").split())
+    nightly = " ".join(_help("nightly").split())
+    for needed in ("JAVA_HOME", "AWS_ACCESS_KEY_ID", "AWS_ENDPOINT_URL"):
+        assert needed in nightly, needed
+    for command in COMMANDS:  # a variable is named once: ours, not typer's "[env var: ...]" too
+        assert "env var:" not in _help(command), command
