@@ -14,12 +14,14 @@ of one partition, from the C client in bench/fanout/, against Redis pub/sub); gr
 group's offsets and a page of GET /v1/groups at 10 to 100,000 groups); kafka_small (256 B
 records over 100 partitions from librdkafka producers, against Redis AOF always -P 16 and our HTTP
 one-record path) and kafka_consume (librdkafka reading 1 GB against cat of the segment files),
-with kafka_clients holding their librdkafka load. bench/capacity/ is the capacity run for
+with kafka_clients holding their librdkafka load; keys_compaction (per-key reads around a
+compaction pass) and scale (start, stop and the first append after a restart against
+partitions and stored data, as log-log slopes). bench/capacity/ is the capacity run for
 big machines (its own scripts; see bench/README.md).
 """
 
 BENCHMARKS = (
     "append", "read", "lookup", "restart", "http_produce", "http_raw", "http_fetch", "compaction", "snapshot", "spark",
     "http_shards", "http_small", "http_fanout", "http_keys", "groups",
-    "kafka_small", "kafka_consume",
+    "kafka_small", "kafka_consume", "keys_compaction", "scale",
 )

@@ -59,6 +59,8 @@ SPACE_GB = {
     "groups": (0.5, 0.5),
     "kafka_small": (3, 1),  # deleted topics linger file.delete.delay.ms (60 s): a few cells
     "kafka_consume": (2.5, 0.8),
+    "keys_compaction": (2, 0.5),
+    "scale": (8.5, 1),  # its largest active segment: 4 GB (EVENTLOG_BENCH_SCALE_DATA_GB=16: 16)
 }
 
 
