@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import FastAPI
@@ -21,7 +22,13 @@ from . import (
     snapshots,
     topics,
 )
-from .errors import PROBLEM_JSON, install_error_handlers
+from .errors import (
+    PROBLEM_EXAMPLES,
+    PROBLEM_JSON,
+    STATUS_CODES,
+    install_error_handlers,
+    problem_example,
+)
 from .schemas import KeyProduceRequest, ProduceRequest
 
 # operations under a produce or fetch quota (quotas.py)
@@ -64,6 +71,7 @@ def install_routes(app: FastAPI) -> None:
                 components.update(extra.pop("$defs", {}))
                 components[model.__name__] = extra
             _document_problems(schema)
+            _document_examples(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -120,3 +128,42 @@ def _document_problems(schema: dict[str, Any]) -> None:
 
 
 __all__ = ["install_routes"]
+
+
+# an operation whose body's model is shared, with its own example (docs/API.md's)
+_REQUEST_EXAMPLES: dict[str, Any] = {
+    "produceToPartition": {"records": [{"value": "to partition 3"}]},
+}
+_CODE = re.compile(r"\b[a-z]+(?:_[a-z0-9]+)*\b")
+
+
+def _document_examples(schema: dict[str, Any]) -> None:
+    """Real examples, where Swagger UI and ReDoc would otherwise render a body generated from
+    the schema (status 0, every optional member empty): each problem+json response gets one
+    example per code its description names (the status's usual code where it names none),
+    each that code's own body at that status; a request body whose model carries examples
+    (docs/API.md's) shows the first."""
+    components = schema.get("components", {}).get("schemas", {})
+    for path_item in schema.get("paths", {}).values():
+        for operation in path_item.values():
+            for status, response in operation.get("responses", {}).items():
+                content = response.get("content", {}).get(PROBLEM_JSON)
+                if content is None or not status.isdigit():
+                    continue
+                code_status = int(status)
+                words = _CODE.findall(response.get("description", ""))
+                named = [c for c in dict.fromkeys(words) if c in PROBLEM_EXAMPLES]
+                codes = named or [STATUS_CODES.get(code_status, "internal_error")]
+                examples = {
+                    code: {"summary": code, "value": problem_example(code_status, code)}
+                    for code in codes
+                }
+                # a new dict: _document_problems gives every response the same content object
+                response["content"][PROBLEM_JSON] = {**content, "examples": examples}
+            body = operation.get("requestBody", {}).get("content", {}).get("application/json")
+            ref = (body or {}).get("schema", {}).get("$ref", "")
+            model = components.get(ref.rsplit("/", 1)[-1], {}) if ref else {}
+            if body is not None and operation.get("operationId") in _REQUEST_EXAMPLES:
+                body["example"] = _REQUEST_EXAMPLES[operation["operationId"]]
+            elif body is not None and model.get("examples"):
+                body["example"] = model["examples"][0]

@@ -101,6 +101,160 @@ def problem(status: int, code: str, detail: str, *, headers: dict[str, str] | No
     return Response(orjson.dumps(body), status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
+# One realistic detail (and the members the code adds) per code, for the OpenAPI document's
+# examples (api/__init__.py): what a client sees, not a body generated from the schema
+PROBLEM_EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
+    "validation_error": (
+        "body.records.0.partition: Input should be a valid integer",
+        {
+            "errors": [
+                {
+                    "loc": ["body", "records", 0, "partition"],
+                    "msg": "Input should be a valid integer",
+                    "type": "int_type",
+                }
+            ],
+        },
+    ),
+    "invalid_json": ("the body is not JSON: unexpected character: line 1 column 2 (char 1)", {}),
+    "invalid_topic_name": ("invalid topic name 'orders/2024': only a-z A-Z 0-9 . _ - allowed", {}),
+    "invalid_config": ("retention.ms: -5 is below -1", {}),
+    "invalid_partitions": ("topic 'orders' has 3 partitions; the count can only grow", {}),
+    "invalid_request": ("invalid group id '': 1..249 printable characters", {}),
+    "topic_exists": ("topic 'orders' already exists", {}),
+    "queue_exists": ("queue 'work' of topic 'jobs' exists with other settings", {}),
+    "topic_not_found": ("topic 'orders' does not exist", {}),
+    "partition_not_found": ("topic 'orders' has no partition 7", {}),
+    "queue_not_found": ("topic 'jobs' has no queue 'work'", {}),
+    "snapshot_not_found": ("no snapshot '20260101T000000Z-1'", {}),
+    "not_found": ("no such resource", {}),
+    "offset_out_of_range": (
+        "offset 120 is outside [0, 42]",
+        {"log_start_offset": 0, "high_watermark": 42},
+    ),
+    "record_too_large": (
+        "a batch of 1,200,000 bytes; the topic's max.message.bytes is 1,048,588",
+        {},
+    ),
+    "request_too_large": ("the body is over 67,108,864 bytes", {"limit": 67108864}),
+    "request_timeout": (
+        "no request body, or no answer, within EVENTLOG_REQUEST_TIMEOUT_MS",
+        {"limit_ms": 30000},
+    ),
+    "quota_exceeded": (
+        "'reader' is over its fetch quota of 1,048,576 bytes/s",
+        {
+            "kind": "fetch",
+            "quota_bytes_per_sec": 1048576,
+            "throttle_time_ms": 1200,
+        },
+    ),
+    "corrupt_batch": ("batch at byte 0: CRC mismatch", {}),
+    "transactions_unsupported": (
+        "a transactional batch: eventlog has no transaction coordinator",
+        {},
+    ),
+    "unsupported_media_type": ("Content-Type text/plain: send application/json", {}),
+    "not_utf8": ("the value of offset 3 is not UTF-8: ask for format base64", {}),
+    "not_json": ("the value of offset 3 is not JSON: ask for format base64", {}),
+    "unauthorized": ("no bearer token: send Authorization: Bearer <token>", {}),
+    "forbidden": ("'reader' has no access to topic 'orders'", {}),
+    "unavailable": ("the server is shutting down", {}),
+    "not_ready": ("recovery is still running", {}),
+    "offset_mismatch": (
+        "the partition's next offset is 42, not 40",
+        {"expected_offset": 40, "high_watermark": 42},
+    ),
+    "key_version_mismatch": (
+        "the key's latest record is at offset 17, not 12",
+        {
+            "expected_offset": 12,
+            "current_offset": 17,
+        },
+    ),
+    "key_index_disabled": ("topic 'orders' has eventlog.key.index=false", {}),
+    "key_required": ("a record without a key: this route appends to one key", {}),
+    "out_of_order_sequence": (
+        "producer 4001 epoch 0: sequence 7 after 4",
+        {
+            "producer_id": 4001,
+            "producer_epoch": 0,
+            "sequence": 7,
+            "last_sequence": 4,
+        },
+    ),
+    "producer_fenced": (
+        "producer 4001: epoch 0 is older than 1",
+        {
+            "producer_id": 4001,
+            "producer_epoch": 0,
+            "current_epoch": 1,
+        },
+    ),
+    "idempotency_key_reused": ("Idempotency-Key 'order-17' was used with another request", {}),
+    "group_not_empty": (
+        "group 'billing' has 2 live member(s) (state Stable): offsets can be reset only "
+        "while the group is inactive; stop its consumers first",
+        {"members": 2, "group_state": "Stable"},
+    ),
+    "storage_full": ("the disk is full: nothing was written; retry later", {}),
+    "open_files_limit": ("3 more partitions would pass what the open-files limit serves", {}),
+    "too_many_open_files": ("out of file descriptors: the append was undone; retry", {}),
+    "snapshot_limit": ("32 snapshots are held: delete one first", {"limit": "count"}),
+    "storage_error": ("orders-0/00000000000000000000.log: Input/output error", {}),
+    "corrupt_data": (
+        "orders-0: the batch at offsets 40..44 fails its CRC-32C",
+        {
+            "first_offset": 40,
+            "last_offset": 44,
+        },
+    ),
+    "partition_offline": (
+        "orders-1 could not be loaded at start-up",
+        {
+            "topic": "orders",
+            "partition": 1,
+            "reason": "Permission denied",
+        },
+    ),
+    "compaction_failed": ("orders-0: compaction failed: Input/output error", {}),
+    "internal_error": ("an unexpected error: see the server's log", {}),
+    "method_not_allowed": ("GET, HEAD, POST only", {}),
+}
+# the code an answer of this status most often has, where a description names none
+STATUS_CODES = {
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    409: "topic_exists",
+    412: "key_version_mismatch",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    416: "offset_out_of_range",
+    422: "validation_error",
+    429: "quota_exceeded",
+    500: "storage_error",
+    503: "unavailable",
+    507: "storage_full",
+}
+
+
+def problem_example(status: int, code: str) -> dict[str, Any]:
+    """The body a `code` answer at `status` has, as problem() writes it, with a real detail."""
+    detail, extra = PROBLEM_EXAMPLES[code]
+    return {
+        "type": f"urn:eventlog:problem:{code}",
+        "title": HTTPStatus(status).phrase,
+        "status": status,
+        "detail": detail,
+        "code": code,
+        **extra,
+    }
+
+
 class ServerPaths:
     """The server's directories, to show a path relative to the data dir and to take absolute
     paths out of error details. Directories outside the data dir show as `<snapshot dir>` and

@@ -78,7 +78,9 @@ class TopicCreate(BaseModel):
     name: str = Field(min_length=1, max_length=249, examples=["orders"])
     partitions: StrictInt | None = Field(None, ge=1, le=10_000, description="default: the server's num.partitions (1)")
     configs: dict[str, ConfigValue] = Field(default_factory=dict, examples=[{"cleanup.policy": "compact"}])
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [  # docs/API.md's
+        {"name": "orders", "partitions": 3, "configs": {"retention.ms": 86400000}},
+    ]})
 
 
 class TopicSummary(BaseModel):
@@ -145,7 +147,16 @@ class ProduceRequest(BaseModel):
         None, ge=0, description="conditional append: the partition's next offset must be this (as If-Match); "
         "the records must all go to one partition",
     )
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [  # docs/API.md's
+        {"records": [
+            {"key": "user-42", "value": "hello", "headers": [{"key": "source", "value": "curl"}]},
+            {"key": "user-6", "value": "world", "timestamp": 1700000000000},
+        ]},
+        {"key_format": "string", "value_format": "json", "records": [
+            {"key": "user-42", "value": {"total": 12.5, "items": 3}},
+            {"key": "user-42", "value": None},
+        ]},
+    ]})
 
 
 class RecordOffset(BaseModel):
@@ -207,7 +218,9 @@ class KeyRecord(BaseModel):
 class KeyProduceRequest(BaseModel):
     records: list[KeyRecord] = Field(min_length=1)
     value_format: Format = Format.string
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [  # docs/API.md's
+        {"value_format": "json", "records": [{"value": {"type": "created", "total": 40}}]},
+    ]})
 
 
 class KeyProduceResponse(BaseModel):
@@ -288,7 +301,9 @@ class CommittedGroupOffset(BaseModel):
 
 class GroupOffsetsCommit(BaseModel):
     offsets: list[GroupOffset] = Field(min_length=1)
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [  # docs/API.md's
+        {"offsets": [{"topic": "orders", "partition": 0, "offset": 3, "metadata": "batch 17"}]},
+    ]})
 
 
 class GroupOffsets(BaseModel):
@@ -335,7 +350,10 @@ class GroupOffsetsReset(BaseModel):
     dry_run: bool = Field(
         False, description="answer the new offsets without committing them (--dry-run)"
     )
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [  # docs/API.md's
+        {"topic": "payments", "to_earliest": True, "dry_run": True},
+        {"all_topics": True, "shift_by": -1},
+    ]})
 
     @model_validator(mode="after")
     def _one_scope_one_strategy(self) -> GroupOffsetsReset:
