@@ -61,10 +61,22 @@ function fmtBytes(n) {
   return `${i ? n.toFixed(1) : n} ${units[i]}`;
 }
 
+// every time in the console is UTC (as the API's timestamps and Kafka's tools), said with
+// "UTC"; the time pickers are read as UTC too. timeCell adds the browser's local time on hover.
 function fmtTime(ms) {
   if (ms === null || ms === undefined || ms < 0) return "–";
   return new Date(ms).toISOString().replace("T", " ").replace("Z", " UTC");
 }
+
+function localTime(ms) {
+  if (ms === null || ms === undefined || ms < 0) return null;
+  return new Date(ms).toLocaleString("sv-SE", { timeZoneName: "short" }) + " (your time zone)";
+}
+
+const timeCell = (ms) => h("td", { class: "mono time", title: localTime(ms) }, fmtTime(ms));
+
+// a datetime-local picker's value ("2026-01-01T00:30" or with seconds), read as UTC
+const pickedUtc = (value) => new Date(`${value.length === 16 ? `${value}:00` : value}Z`).getTime();
 
 function fmtMs(ms) {
   if (ms === null || ms === undefined || ms === "") return "–";
@@ -209,8 +221,10 @@ function textOf(bytes) {
 function hexOf(bytes) {
   const parts = [];
   for (let i = 0; i < bytes.length; i += 16) {
-    const row = Array.from(bytes.slice(i, i + 16), (b) => b.toString(16).padStart(2, "0"));
-    parts.push(`${i.toString(16).padStart(6, "0")}  ${row.join(" ")}`);
+    const line = bytes.slice(i, i + 16);
+    const row = Array.from(line, (b) => b.toString(16).padStart(2, "0")).join(" ").padEnd(47);
+    const ascii = Array.from(line, (b) => (b >= 0x20 && b < 0x7f ? String.fromCharCode(b) : ".")).join("");
+    parts.push(`${i.toString(16).padStart(6, "0")}  ${row}  |${ascii}|`);
   }
   return parts.join("\n");
 }
@@ -244,7 +258,7 @@ function recordRows(records, as, withPartition) {
   return records.map((r) => h("tr", { dataset: { offset: r.offset } },
     h("td", { class: "num mono" }, String(r.offset)),
     withPartition !== undefined ? h("td", { class: "num" }, String(withPartition)) : null,
-    h("td", { class: "mono" }, fmtTime(r.timestamp)),
+    timeCell(r.timestamp),
     h("td", { class: "key" }, renderBytes(r.key, as === "hex" ? "hex" : "auto")),
     h("td", { class: "value" }, renderBytes(r.value, as)),
     h("td", { class: "headers mono" }, renderHeaders(r.headers, as))));
@@ -528,19 +542,19 @@ function passBlock(title, pass, absent) {
 
 async function viewRecords(target, [, name], params) {
   const topic = await get(`/v1/topics/${encodeURIComponent(name)}`);
-  const mode = params.get("mode") || "offset";
+  // every partition merged (GET /v1/topics/{t}/records) unless a partition's offsets are asked for
+  const mode = params.get("mode") || (params.has("partition") || params.has("offset") ? "offset" : "browse");
+  if (mode === "browse") { await viewBrowse(target, topic, params); return; }
   const partition = Number(params.get("partition") || 0);
   const size = Number(params.get("size") || 50);
   const as = params.get("as") || "auto";
   const here = (changes) => `${topicHref(name)}/records?${q({ mode, partition, size, as, ...Object.fromEntries(params), ...changes })}`;
-  const tabs = h("div", { class: "tabs" }, ["offset", "time", "key"].map((m) =>
-    h("a", { href: `${topicHref(name)}/records?${q({ mode: m, partition, size, as })}`, class: m === mode ? "active" : "", dataset: { mode: m } },
-      { offset: "By offset", time: "By time", key: "By key" }[m])));
+  const tabs = recordTabs(name, mode, { partition, size, as });
   const form = h("form", { class: "toolbar", id: "records-form" },
     mode !== "key" ? h("label", null, "Partition", h("select", { name: "partition" },
       topic.partitions.map((p) => h("option", { value: String(p.partition), selected: p.partition === partition }, String(p.partition))))) : null,
     mode === "offset" ? h("label", null, "From offset", h("input", { name: "offset", type: "number", min: 0, value: params.get("offset") || "", placeholder: "log start", class: "narrow" })) : null,
-    mode === "time" ? h("label", null, "From (your time zone)", h("input", { name: "time", type: "datetime-local", step: 1, value: params.get("time") || "" })) : null,
+    mode === "time" ? h("label", null, "From (UTC)", h("input", { name: "time", type: "datetime-local", step: 1, value: params.get("time") || "" })) : null,
     mode === "key" ? h("label", null, "Key", h("input", { name: "key", value: params.get("key") || "", required: true, placeholder: "order-17" })) : null,
     h("label", null, "Page", h("select", { name: "size" }, [20, 50, 100, 500].map((n) => h("option", { value: String(n), selected: n === size }, String(n))))),
     h("label", null, "Show values as", h("select", { name: "as" }, ["auto", "text", "json", "hex"].map((v) => h("option", { value: v, selected: v === as }, v)))),
@@ -563,6 +577,103 @@ async function viewRecords(target, [, name], params) {
   }
 }
 
+const RECORD_MODES = { browse: "All partitions", offset: "One partition, by offset", time: "One partition, by time", key: "By key" };
+
+function recordTabs(name, mode, keep) {
+  return h("div", { class: "tabs" }, Object.entries(RECORD_MODES).map(([m, title]) =>
+    h("a", { href: `${topicHref(name)}/records?${q({ mode: m, ...(m === "browse" ? {} : keep) })}`, class: m === mode ? "active" : "", dataset: { mode: m } }, title)));
+}
+
+// one line of a value: text, compact JSON, or hex for bytes that are not UTF-8
+function preview(b64) {
+  const bytes = bytesOf(b64);
+  if (bytes === null) return h("span", { class: "tombstone" }, "null");
+  const text = textOf(bytes);
+  if (text === null) return h("span", { class: "muted" }, `hex ${Array.from(bytes.slice(0, 48), (b) => b.toString(16).padStart(2, "0")).join(" ")}`);
+  let shown = text;
+  const trimmed = text.trim();
+  if (trimmed.startsWith("{") || trimmed.startsWith("[")) { try { shown = JSON.stringify(JSON.parse(text)); } catch { /* as typed */ } }
+  return shown === "" ? h("span", { class: "muted" }, "(empty)") : shown.slice(0, 400);
+}
+
+// the records of every partition merged, newest or oldest first, filtered, a page at a time (the
+// API pages with a cursor and looks at a bounded number of records a page: a filter that matches
+// little answers short pages, said in the summary, and Next goes on)
+async function viewBrowse(target, topic, params) {
+  const name = topic.name;
+  const p = (key, fallback = "") => params.get(key) ?? fallback;
+  const size = Number(p("size", "50"));
+  const as = p("as", "auto");
+  const form = h("form", { class: "toolbar", id: "browse-form" },
+    h("label", null, "Order", h("select", { name: "order" }, ["newest", "oldest"].map((o) => h("option", { value: o, selected: o === p("order", "newest") }, `${o} first`)))),
+    h("label", null, "Partition", h("select", { name: "partition" }, h("option", { value: "" }, "all"),
+      topic.partitions.map((x) => h("option", { value: String(x.partition), selected: String(x.partition) === p("partition") }, String(x.partition))))),
+    h("label", null, "Key", h("input", { name: "key", value: p("key"), placeholder: "exactly", class: "medium" })),
+    h("label", null, "Value contains", h("input", { name: "value_contains", value: p("value_contains"), placeholder: "text", class: "medium" })),
+    h("label", null, "Header", h("input", { name: "header", value: p("header"), placeholder: "name or name=value", class: "medium" })),
+    h("label", null, "From offset (each partition)", h("input", { name: "from_offset", type: "number", min: 0, value: p("from_offset"), class: "narrow" })),
+    h("label", null, "From time (UTC)", h("input", { name: "from_time", type: "datetime-local", step: 1, value: p("from_time") })),
+    h("label", null, "Page", h("select", { name: "size" }, [20, 50, 100, 500].map((n) => h("option", { value: String(n), selected: n === size }, String(n))))),
+    h("label", null, "Show values as", h("select", { name: "as" }, ["auto", "text", "json", "hex"].map((v) => h("option", { value: v, selected: v === as }, v)))),
+    h("button", { class: "primary", type: "submit" }, "Show"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const data = Object.fromEntries(new FormData(form));
+    if (data.from_offset !== "" && data.from_time !== "") data.from_time = ""; // one start: the offset
+    go(`${topicHref(name)}/records?${q({ mode: "browse", ...data })}`);
+  });
+  const body = h("div", { id: "records-body" }, h("p", { class: "muted" }, "Loading…"));
+  put(target,
+    h("div", { class: "crumbs" }, h("a", { href: "#/topics" }, "Topics"), " / ", h("a", { href: topicHref(name) }, name), " / "),
+    h("h1", null, `${name} · records`), recordTabs(name, "browse", { size, as }), h("section", { class: "panel" }, form, body));
+  // the key as typed, sent in base64 as the page asks for keys (key_format=base64)
+  const filters = { order: p("order", "newest"), partition: p("partition"), key: p("key") ? base64Of(p("key")) : "", value_contains: p("value_contains"), header: p("header") };
+  const start = p("cursor") ? { cursor: p("cursor") }
+    : { from_offset: p("from_offset"), from_time: p("from_time") ? pickedUtc(p("from_time")) : "" };
+  let page;
+  try {
+    page = await get(`/v1/topics/${encodeURIComponent(name)}/records?${q({ ...filters, ...start, limit: size, key_format: "base64", value_format: "base64" })}`);
+  } catch (error) { put(body, h("p", { class: "result error" }, error.text || String(error))); return; }
+  const here = (changes) => `${topicHref(name)}/records?${q({ mode: "browse", ...Object.fromEntries(params), ...changes })}`;
+  const back = p("back").split(",").filter(Boolean);
+  const pager = h("div", { class: "pager" },
+    h("a", { href: here({ cursor: "", back: "" }), id: "first" }, h("button", { type: "button", disabled: !p("cursor") }, "⇤ First")),
+    h("a", { href: here({ cursor: back.length ? back[back.length - 1].replace("first", "") : "", back: back.slice(0, -1).join(",") }), id: "previous" },
+      h("button", { type: "button", disabled: !p("cursor") }, "◀ Previous")),
+    h("a", { href: here({ cursor: page.next_cursor || "", back: [...back, p("cursor") || "first"].join(",") }), id: "next" },
+      h("button", { type: "button", disabled: !page.next_cursor }, "Next ▶")),
+    h("span", { class: "muted", id: "browse-summary" }, `${page.records.length} record${page.records.length === 1 ? "" : "s"} · ${fmtInt(page.scanned)} looked at`,
+      page.scan_limited ? ` · the page stopped after ${fmtInt(page.scanned)} records: Next ▶ looks further` : "",
+      page.next_cursor ? "" : " · the end"));
+  const rows = h("tbody");
+  for (const r of page.records) {
+    const line = h("tr", { class: "line", dataset: { partition: r.partition, offset: r.offset }, tabindex: 0, title: "show the whole record" },
+      h("td", { class: "num" }, String(r.partition)), h("td", { class: "num mono" }, String(r.offset)), timeCell(r.timestamp),
+      h("td", { class: "key clip" }, preview(r.key)), h("td", { class: "value clip" }, preview(r.value)),
+      h("td", { class: "num" }, r.headers.length ? String(r.headers.length) : "–"));
+    const toggle = () => {
+      const open = line.nextElementSibling;
+      if (open && open.classList.contains("detail")) { open.remove(); line.classList.remove("open"); return; }
+      line.classList.add("open");
+      line.after(h("tr", { class: "detail" }, h("td", { colspan: 6 },
+        h("dl", { class: "facts" },
+          h("dt", null, "Partition · offset"), h("dd", null, `${r.partition} · ${r.offset}`),
+          h("dt", null, "Timestamp"), h("dd", { title: localTime(r.timestamp) }, `${fmtTime(r.timestamp)} (${r.timestamp} ms)`),
+          h("dt", null, "Key"), h("dd", { class: "key" }, renderBytes(r.key, as === "hex" ? "hex" : "auto")),
+          h("dt", null, "Value"), h("dd", { class: "value" }, renderBytes(r.value, as)),
+          h("dt", null, "Headers"), h("dd", { class: "headers mono" }, renderHeaders(r.headers, as))))));
+    };
+    line.addEventListener("click", toggle);
+    line.addEventListener("keydown", (e) => { if (e.key === "Enter") toggle(); });
+    rows.append(line);
+  }
+  if (!page.records.length) rows.append(h("tr", null, h("td", { colspan: 6, class: "muted", id: "no-records" }, "no records on this page")));
+  put(body, pager, h("div", { class: "scroll" }, h("table", { id: "records", class: "lines" },
+    h("colgroup", null, h("col", { class: "c-partition" }), h("col", { class: "c-offset" }), h("col", { class: "c-time" }), h("col", { class: "c-key" }), h("col"), h("col", { class: "c-headers" })),
+    h("thead", null, h("tr", null, h("th", { class: "num" }, "Partition"), h("th", { class: "num" }, "Offset"), h("th", null, "Timestamp (UTC)"),
+      h("th", null, "Key"), h("th", null, "Value"), h("th", { class: "num" }, "Headers"))), rows)));
+}
+
 async function showOffsetPage(name, partition, mode, params, size, as, body, here) {
   const base = `/v1/topics/${encodeURIComponent(name)}/partitions/${partition}`;
   let offset = params.get("offset");
@@ -570,7 +681,7 @@ async function showOffsetPage(name, partition, mode, params, size, as, body, her
   if (mode === "time") {
     const time = params.get("time");
     if (!time) { put(body, h("p", { class: "muted" }, "Pick a date and time: the page starts at the first record at or after it.")); return; }
-    const ms = new Date(time).getTime();
+    const ms = pickedUtc(time);
     const found = await get(`${base}/offsets?${q({ timestamp: ms })}`);
     if (found.offset === null) {
       put(body, h("p", { class: "muted", id: "no-records" }, `No record at or after ${fmtTime(ms)} in partition ${partition}.`));

@@ -11,6 +11,7 @@ With EVENTLOG_CONSOLE_SCREENSHOTS=<dir>, the tests save the screenshots docs/CON
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -63,9 +64,9 @@ def browser() -> Iterator:
 class Console:
     """A browser tab on the console of `server`, failing the test on any script error."""
 
-    def __init__(self, browser, server: ServerProcess) -> None:
+    def __init__(self, browser, server: ServerProcess, zone: str = "UTC") -> None:
         self.server = server
-        self.context = browser.new_context(viewport={"width": 1280, "height": 860}, timezone_id="UTC")
+        self.context = browser.new_context(viewport={"width": 1280, "height": 860}, timezone_id=zone)
         self.context.set_default_timeout(15_000)
         self.page = self.context.new_page()
         self.errors: list[str] = []
@@ -100,8 +101,8 @@ class Console:
 def console_factory(browser) -> Iterator:
     opened: list[Console] = []
 
-    def make(server: ServerProcess) -> Console:
-        console = Console(browser, server)
+    def make(server: ServerProcess, zone: str = "UTC") -> Console:
+        console = Console(browser, server, zone)
         opened.append(console)
         return console
 
@@ -193,6 +194,8 @@ def test_a_topic_from_creation_to_deletion_on_two_shards(start, console_factory)
 
     # by offset: the page with the produced record, then paging in partition 0
     page.locator("a", has_text="Browse records").first.click()
+    page.locator("#browse-form").wait_for()  # every partition merged, first
+    page.locator("a[data-mode=offset]").click()
     page.locator("#records-form select[name=partition]").select_option(str(partition))
     page.locator("#records-form button[type=submit]").click()
     page.locator("#records", has_text="order-17").wait_for()
@@ -775,3 +778,120 @@ def test_every_view_fits_widths_from_a_phone_to_a_wide_screen(start, console_fac
         for button in ("#token-form button[type=submit]", "#token-clear"):
             box = page.locator(button).bounding_box()
             assert box is not None and 0 <= box["x"] <= width - box["width"], (width, button, box)
+
+
+def _lines(page) -> list[tuple[int, int]]:
+    """(partition, offset) of the records browser's lines, top to bottom."""
+    cells = page.locator("#records tr.line").evaluate_all(
+        "rows => rows.map(r => [Number(r.dataset.partition), Number(r.dataset.offset)])"
+    )
+    return [tuple(c) for c in cells]
+
+
+def _browsed(client: httpx.Client, topic: str, **params) -> list[tuple[int, int]]:
+    params = {"limit": 500, "value_format": "base64", **params}
+    answer = client.get(f"/v1/topics/{topic}/records", params=params)
+    answer.raise_for_status()
+    return [(r["partition"], r["offset"]) for r in answer.json()["records"]]
+
+
+def test_the_records_browser_merges_partitions_filters_pages_and_jumps(start, console_factory):
+    """The records view's first tab: every partition merged (GET /v1/topics/{t}/records, on a
+    family of 2), newest or oldest first, one line a record that opens; filters on key, value
+    text, header and partition; pages; a jump to an offset or a time (a UTC picker, also in a
+    browser whose zone is not UTC)."""
+    server, client = start(2)
+    client.post("/v1/topics", json={"name": "events", "partitions": 3}).raise_for_status()
+    records = [
+        {"key": f"user-{i % 5}", "value": json.dumps({"n": i, "kind": ("view", "click")[i % 2]}),
+         "partition": i % 3, "timestamp": T0 + i * 60_000,
+         "headers": [{"key": "source", "value": "web" if i % 3 == 0 else "app"}]}
+        for i in range(30)
+    ]
+    client.post("/v1/topics/events/records", json={"records": records}).raise_for_status()
+    value = base64.b64encode(b"\x00\x01hello\xff").decode()
+    binary = {"key": "YmlufQ==", "value": value, "partition": 1,
+              "timestamp": T0 + 31 * 60_000}
+    client.post("/v1/topics/events/records", json={"records": [binary], "key_format": "base64",
+                                                    "value_format": "base64"}).raise_for_status()
+    console = console_factory(server)
+    page = console.page
+
+    console.open("#/topics/events")
+    page.locator("a", has_text="Browse records").first.click()
+    page.locator("#records tr.line").first.wait_for()
+    assert _lines(page) == _browsed(client, "events") and len(_lines(page)) == 31
+    assert _lines(page)[0] == (1, 10)  # the newest: the binary value
+    heights = page.locator("#records tr.line").evaluate_all("rows => rows.map(r => r.offsetHeight)")
+    assert max(heights) < 40, heights  # one line a record
+    assert '{"n":29,"kind":"click"}' in page.locator("#records tr.line").nth(1).inner_text()
+    # a line opens to the whole record: hex with an ASCII column for bytes that are not UTF-8
+    page.locator("#records tr.line").first.click()
+    detail = page.locator("#records tr.detail")
+    detail.wait_for()
+    assert "00 01 68 65 6c 6c 6f ff" in detail.inner_text() and "|..hello.|" in detail.inner_text()
+    page.locator("#records tr.line").nth(2).click()
+    page.locator("#records tr.detail pre.json").wait_for()
+    assert '"kind": "view"' in page.locator("#records tr.detail").nth(1).inner_text()  # n = 28
+    console.shot("records-browser")
+    page.locator("#records tr.line").first.click()
+    assert page.locator("#records tr.detail").count() == 1
+
+    # filters, each checked against the API's answer
+    form = page.locator("#browse-form")
+    form.locator("input[name=key]").fill("user-3")
+    form.locator("input[name=value_contains]").fill("click")
+    form.locator("button[type=submit]").click()
+    page.wait_for_function("() => document.querySelectorAll('#records tr.line').length === 3")
+    assert _lines(page) == _browsed(client, "events", key="user-3", value_contains="click")
+    assert all("user-3" in row for row in page.locator("#records tr.line").all_inner_texts())
+    form.locator("input[name=key]").fill("")
+    form.locator("input[name=value_contains]").fill("")
+    form.locator("input[name=header]").fill("source=web")
+    form.locator("select[name=order]").select_option("oldest")
+    form.locator("button[type=submit]").click()
+    page.wait_for_function("() => document.querySelectorAll('#records tr.line').length === 10")
+    assert _lines(page) == _browsed(client, "events", header="source=web", order="oldest")
+    assert {p for p, _ in _lines(page)} == {0}
+    form.locator("input[name=header]").fill("")
+    form.locator("select[name=partition]").select_option("2")
+    form.locator("button[type=submit]").click()
+    page.wait_for_function("() => document.querySelector('#records .line')?.dataset.partition == 2")
+    assert _lines(page) == [(2, o) for o in range(10)]
+
+    # pages of 20, oldest first: Next, Previous, First
+    console.open("#/topics/events/records?mode=browse&order=oldest&size=20")
+    page.locator("#records tr.line").first.wait_for()
+    every = _browsed(client, "events", order="oldest")
+    assert _lines(page) == every[:20]
+    page.locator("#next").click()
+    page.wait_for_function("() => document.querySelectorAll('#records tr.line').length === 11")
+    assert _lines(page) == every[20:] and page.locator("#next button").is_disabled()
+    assert "the end" in page.locator("#browse-summary").inner_text()
+    page.locator("#previous").click()
+    page.wait_for_function("() => document.querySelectorAll('#records tr.line').length === 20")
+    assert _lines(page) == every[:20] and page.locator("#previous button").is_disabled()
+
+    # a jump to an offset (in each partition) and to a time
+    form.locator("input[name=from_offset]").fill("8")
+    form.locator("button[type=submit]").click()
+    page.wait_for_function("() => document.querySelectorAll('#records tr.line').length === 7")
+    assert _lines(page) == _browsed(client, "events", order="oldest", from_offset=8)
+    zoned = console_factory(server, zone="America/New_York")  # UTC-5: the picker is still UTC
+    for c in (console, zoned):
+        c.open("#/topics/events/records?mode=browse&order=oldest")
+        c.page.locator("#records tr.line").first.wait_for()
+        c.page.locator("#browse-form input[name=from_time]").fill("2026-01-01T00:10:00")
+        c.page.locator("#browse-form button[type=submit]").click()
+        c.page.wait_for_function("() => document.querySelectorAll('#records tr.line').length == 21")
+        first = c.page.locator("#records tr.line").first
+        assert "2026-01-01 00:10:00.000 UTC" in first.inner_text()
+        assert first.locator("td.time").get_attribute("title") is not None
+        assert _lines(c.page) == _browsed(client, "events", order="oldest", from_time=T0 + 600_000)
+    local = zoned.page.locator("#records tr.line td.time").first.get_attribute("title")
+    assert local.startswith("2025-12-31 19:10:00"), local  # the local time, on hover
+    zoned.page.locator("#browse-form select[name=order]").select_option("newest")
+    zoned.page.locator("#browse-form button[type=submit]").click()
+    zoned.page.wait_for_function("() => document.querySelectorAll('#records tr.line').length == 11")
+    assert _lines(zoned.page) == _browsed(client, "events", from_time=T0 + 600_000)
+    console.shot("records-browser-filtered")
