@@ -310,7 +310,8 @@ def test_container_environment_is_settings(compose: dict[str, Any]) -> None:
 
 def test_the_service_healthcheck_and_port_are_the_apps(compose: dict[str, Any]) -> None:
     """The healthcheck asks a GET route the app has, on the port the server listens on, which
-    is the one the compose file publishes; it needs no token (no auth file in the service)."""
+    is the one the compose file publishes; it needs no token, also once an operator sets
+    EVENTLOG_AUTH_FILE (the file's comment says how): /healthz, the one route open then."""
     service = compose["services"]["eventlog"]
     settings = _settings_of(_container_env(service))
     test = service["healthcheck"]["test"]
@@ -321,8 +322,7 @@ def test_the_service_healthcheck_and_port_are_the_apps(compose: dict[str, Any]) 
     parsed = urllib.parse.urlsplit(url.group(1))
     assert parsed.hostname == "127.0.0.1" and settings.host == "0.0.0.0" and parsed.port == settings.port
     assert _has_route("GET", parsed.path), parsed.path
-    if settings.auth_file is not None:
-        assert parsed.path == "/healthz", "with an auth file, only /healthz answers without a token"
+    assert parsed.path == "/healthz", "with an auth file, only /healthz answers without a token"
     published = [p if isinstance(p, str) else f"{p['published']}:{p['target']}" for p in service["ports"]]
     assert [p.rsplit(":", 1)[-1] for p in published] == [str(settings.port)], published
 
@@ -461,3 +461,19 @@ def test_no_tracked_file_points_outside_the_repository() -> None:
             if _OUTSIDE in line or notes:
                 found.append(f"{name}:{number}: {line.decode(errors='replace').strip()[:120]}")
     assert not found, "point to the repository's own docs instead:\n" + "\n".join(found)
+
+
+def test_the_license_is_an_spdx_expression() -> None:
+    """setuptools 77+ warns, twice a build, that `project.license` as a table is deprecated
+    (PEP 639): the license is the SPDX string, and the build asks for a setuptools that reads it
+    (an older one would refuse the string)."""
+    import tomllib
+
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert data["project"]["license"] == "Apache-2.0"
+    floors = [
+        int(m.group(1)) for r in data["build-system"]["requires"]
+        if (m := re.fullmatch(r"setuptools>=(\d+)(?:\.\d+)*", r.replace(" ", "")))
+    ]
+    assert floors and floors[0] >= 77, data["build-system"]["requires"]
+    assert not any("License ::" in c for c in data["project"].get("classifiers", []))
