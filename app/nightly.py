@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -66,6 +67,20 @@ def run_nightly_cli(
         finally:
             progress.update(current, completed=1, total=1)
             spark.stop()
+    print_summary(out, result, target)
+    return 0
+
+
+# the width a summary is printed at where stdout is no terminal (a log, a pipe): rich would cut
+# it to 80 columns, folding paths and titles; a table takes only the width its cells need
+UNBOUNDED_WIDTH = 10_000
+
+
+def print_summary(console: Console, result: Any, target: Path) -> None:
+    """The run's table, its daily counts and where _SUMMARY.json is: whole lines where
+    stdout is not a terminal, the terminal's width where it is."""
+    if not console.is_terminal:
+        console = Console(file=console.file, highlight=False, soft_wrap=True, width=UNBOUNDED_WIDTH)
     kind = "incremental" if result.incremental else "full"
     table = Table("topic", "compacted", "offsets read", "lost to retention", "table rows", "output",
                   title=f"nightly: snapshot {result.snapshot_id}, run {result.run} ({kind})")
@@ -75,7 +90,7 @@ def run_nightly_cli(
             "" if t.table_rows is None else f"{t.table_rows}{' (rebuilt)' if t.rebuilt and result.incremental else ''}",
             t.table_path or "",
         )
-    out.print(table)
-    out.print(f"daily counts: {result.daily_rows} rows in {target / 'daily'}; {result.seconds} s")
-    out.print(json.dumps({"summary": str(target / "_SUMMARY.json")}))
-    return 0
+    console.print(table)
+    daily = target / "daily"
+    console.print(f"daily counts: {result.daily_rows} rows in {daily}; {result.seconds} s")
+    console.print(json.dumps({"summary": str(target / "_SUMMARY.json")}))

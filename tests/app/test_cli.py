@@ -419,3 +419,29 @@ def test_help_names_each_commands_environment() -> None:
         assert needed in nightly, needed
     for command in COMMANDS:  # a variable is named once: ours, not typer's "[env var: ...]" too
         assert "env var:" not in _help(command), command
+
+
+def test_the_nightly_summary_is_not_cut_where_stdout_is_no_terminal() -> None:
+    """Into a pipe or a log, the run's table keeps whole rows (rich cuts at 80 columns)."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from app.nightly import print_summary
+
+    deep = Path("/var/lib/eventlog/warehouse/tables/customer-profile-changes-eu-west-1")
+    topic = SimpleNamespace(
+        topic="customer-profile-changes-eu-west-1", compacted=True, offsets_read=1_234_567,
+        offsets_lost=0, table_rows=98_765, rebuilt=False, table_path=str(deep),
+    )
+    result = SimpleNamespace(
+        snapshot_id="20260101T000000Z-1", run=7, incremental=True, topics=[topic], daily_rows=31,
+        seconds=12.5,
+    )
+    buffer = io.StringIO()
+    print_summary(Console(file=buffer, highlight=False, soft_wrap=True), result, Path("/warehouse"))
+    text = buffer.getvalue()
+    assert any(str(deep) in line and topic.topic in line for line in text.splitlines()), text
+    assert "nightly: snapshot 20260101T000000Z-1, run 7 (incremental)" in text
+    assert max(map(len, text.splitlines())) > 80
