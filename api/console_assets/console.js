@@ -331,14 +331,19 @@ function parseConfigs(text) {
   return configs;
 }
 
-async function viewTopic(target, [, name]) {
-  const topic = await get(`/v1/topics/${encodeURIComponent(name)}`);
+// the topic page's partitions table (drawn again after a produce from the form: fresh numbers)
+function partitionsTable(name, topic) {
   const partitions = topic.partitions.map((p) => (p.offline
     ? h("tr", null, num(p.partition), h("td", { colspan: 5 }, h("span", { class: "tag error" }, "offline"), " ", p.error || ""))
     : h("tr", { dataset: { partition: p.partition } },
       h("td", { class: "num" }, h("a", { href: `${topicHref(name)}/partitions/${p.partition}` }, String(p.partition))),
       num(p.log_start_offset), num(p.high_watermark), num(p.high_watermark - p.log_start_offset), num(p.segments),
       h("td", { class: "num" }, fmtBytes(p.size_bytes)))));
+  return table(["#Partition", "#Log start", "#High watermark", "#Messages", "#Segments", "#Size"], partitions, { id: "partitions" });
+}
+
+async function viewTopic(target, [, name]) {
+  const topic = await get(`/v1/topics/${encodeURIComponent(name)}`);
   const configRows = Object.entries(topic.configs).sort().map(([key, value]) => h("tr", null,
     h("td", { class: "mono" }, key), h("td", { class: "mono" }, value),
     h("td", null, key in topic.overrides ? h("span", { class: "tag" }, "set on topic") : h("span", { class: "muted" }, "default"))));
@@ -352,7 +357,7 @@ async function viewTopic(target, [, name]) {
     actions,
     h("div", { class: "grid" },
       h("section", { class: "panel wide-panel" }, h("h2", null, "Partitions"),
-        table(["#Partition", "#Log start", "#High watermark", "#Messages", "#Segments", "#Size"], partitions, { id: "partitions" }),
+        partitionsTable(name, topic),
         can("admin") ? addPartitionsForm(name, topic.partitions.length) : null),
       can("write") ? producePanel(name, topic.partitions.length) : null,
       can("read") ? keyLookupPanel(name) : null,
@@ -445,6 +450,8 @@ function producePanel(name, partitions) {
       const o = answer.offsets[0];
       put(out, h("span", { class: "result ok" }, `Written: partition ${o.partition}, offset ${o.offset}, `, fmtTime(o.timestamp), " · "),
         h("a", { href: `${topicHref(name)}/records?${q({ partition: o.partition, offset: o.offset })}` }, "show it"));
+      const shown = document.getElementById("partitions");
+      if (shown) shown.closest(".scroll").replaceWith(partitionsTable(name, await get(`/v1/topics/${encodeURIComponent(name)}`)));
     } catch (error) { result(out, error.text || String(error), false); }
   });
   return h("section", { class: "panel" }, h("h2", null, "Produce a record"), form, out);
@@ -981,7 +988,7 @@ function sums(text) {
   return { at: performance.now(), totals, byTopic };
 }
 
-function chart(title, rates, isBytes) {
+function chart(title, rates, isBytes, span) {
   const values = rates.length === 1 ? [rates[0], rates[0]] : rates; // one rate: a level line
   const width = 600, height = 140, max = Math.max(1, ...values);
   const points = values.map((v, i) => `${(i / Math.max(1, values.length - 1)) * width},${height - (v / max) * (height - 12)}`).join(" ");
@@ -1002,11 +1009,13 @@ function chart(title, rates, isBytes) {
     el("polygon", { class: "area", points: `0,${height} ${points} ${width},${height}` });
     el("polyline", { points });
   }
-  const label = el("text", { x: 4, y: 10 });
-  label.textContent = `max ${isBytes ? fmtBytes(max) : max.toFixed(1)}`;
   const now = values.length ? values[values.length - 1] : 0;
+  // labels in HTML, not in the SVG (stretched to the panel's width, its text would be too)
+  const ago = (seconds) => (seconds >= 60 ? `−${(seconds / 60).toFixed(seconds % 60 ? 1 : 0)} min` : `−${Math.round(seconds)} s`);
   return h("section", { class: "panel chart", dataset: { series: title } },
-    h("h2", null, title), h("div", { class: "now" }, isBytes ? `${fmtBytes(now)}/s` : now.toFixed(1)), svg);
+    h("h2", null, title), h("div", { class: "now" }, isBytes ? `${fmtBytes(now)}/s` : now.toFixed(1)),
+    h("div", { class: "max muted" }, `max ${isBytes ? `${fmtBytes(max)}/s` : max.toFixed(1)}`), svg,
+    h("div", { class: "axis muted" }, h("span", null, span > 0 ? ago(span) : ""), h("span", null, span > 0 ? ago(span / 2) : ""), h("span", null, "now")));
 }
 
 async function viewCharts(target) {
@@ -1028,11 +1037,15 @@ async function viewCharts(target) {
     if (history.samples.length > 91) history.samples.shift();
     const s = history.samples;
     const rates = (metric) => s.slice(1).map((b, i) => Math.max(0, ((b.totals[metric] || 0) - (s[i].totals[metric] || 0)) / ((b.at - s[i].at) / 1000)));
-    put(grid, ...SERIES.map(([title, metric, isBytes]) => chart(title, rates(metric), isBytes)));
+    const span = s.length > 1 ? (s[s.length - 1].at - s[0].at) / 1000 : 0; // seconds the charts cover
+    put(grid, ...SERIES.map(([title, metric, isBytes]) => chart(title, rates(metric), isBytes, span)));
     if (s.length > 1) {
       const [a, b] = s.slice(-2);
       const seconds = (b.at - a.at) / 1000;
-      const names = [...new Set(Object.keys(b.byTopic).map((k) => k.split("|")[1]))].sort();
+      // /metrics keeps a deleted topic's counters: only the topics there are now are listed
+      let live = null;
+      try { live = new Set((await get("/v1/topics")).topics.map((t) => t.name)); } catch { /* as they are */ }
+      const names = [...new Set(Object.keys(b.byTopic).map((k) => k.split("|")[1]))].filter((t) => !live || live.has(t)).sort();
       const rate = (metric, t) => Math.max(0, ((b.byTopic[`${metric}|${t}`] || 0) - (a.byTopic[`${metric}|${t}`] || 0)) / seconds);
       put(topics, table(["Topic", "#Produced records/s", "#Produced bytes/s", "#Fetched records/s", "#Fetched bytes/s"],
         names.map((t) => h("tr", null, h("td", null, h("a", { href: topicHref(t) }, t)),

@@ -171,6 +171,9 @@ def test_a_topic_from_creation_to_deletion_on_two_shards(start, console_factory)
     written.wait_for()
     partition = int(written.inner_text().split("partition ")[1].split(",")[0])
     [record] = _fetch(client, "orders", partition)
+    # the partitions table shows the new high watermark at once (drawn again after the produce)
+    fresh = page.locator(f"#partitions tbody tr[data-partition='{partition}'] td")
+    wait_until(lambda: fresh.nth(2).inner_text() == "1", what="the new high watermark shown")
     assert (record["key"], json.loads(record["value"])) == ("order-17", {"status": "new", "total": 12.5})
     assert record["headers"] == [{"key": "source", "value": "web"}]
     # a value that is not JSON is refused in the page, nothing is written
@@ -383,7 +386,10 @@ def test_partitions_cleanup_groups_snapshots_and_charts(start, console_factory) 
     wait_until(lambda: client.get("/v1/snapshots").json()["snapshots"] == [], what="the snapshot deleted")
     page.locator("#snapshots td.muted", has_text="none").wait_for()
 
-    # charts: rates from /metrics while records go in
+    # charts: rates from /metrics while records go in; a deleted topic is not listed
+    client.post("/v1/topics", json={"name": "gone"}).raise_for_status()
+    client.post("/v1/topics/gone/records", json={"records": [{"value": "v"}]}).raise_for_status()
+    assert client.delete("/v1/topics/gone").status_code == 204
     console.open("#/charts")
     page.locator("#charts .chart").first.wait_for()
     deadline = time.monotonic() + 20
@@ -396,6 +402,13 @@ def test_partitions_cleanup_groups_snapshots_and_charts(start, console_factory) 
     else:
         raise AssertionError(f"the produce chart stayed at {produced}")
     assert page.locator(".chart[data-series='Produced records/s'] polyline").count() == 1
+    assert "gone" not in page.locator("#topic-rates").inner_text()
+    produced = page.locator(".chart[data-series='Produced records/s']")
+    assert produced.locator(".max").inner_text().startswith("max ")
+    axis = produced.locator(".axis").inner_text()
+    assert axis.endswith("now") and " s" in axis, axis  # a time axis: −N s … now
+    label = produced.locator(".max").bounding_box()
+    assert label is not None and label["height"] >= 12, label  # readable, not squashed
     if SHOTS:  # a few minutes' worth of a chart for the docs: produce and read at a varying rate
         for i in range(12):
             client.post("/v1/topics/prices/records", json={"records": [{"key": "sku-1", "value": "y" * 100}] * (20 + 15 * (i % 5))})
