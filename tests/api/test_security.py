@@ -79,6 +79,9 @@ ROUTES: dict[str, tuple[str, bool, Req]] = {
     )),
     "fetchGroupOffsets": ("consumer", True, ("GET", f"/v1/groups/{GROUP}/offsets?topic={TOPIC}", None)),
     "deleteGroupOffsets": ("consumer", True, ("DELETE", f"/v1/groups/{GROUP}/offsets?topic={TOPIC}", None)),
+    "resetGroupOffsets": ("consumer", True, (
+        "POST", f"/v1/groups/{GROUP}/offsets/reset", {"topic": TOPIC, "to_earliest": True, "dry_run": True},
+    )),
     "listGroups": ("monitor", False, ("GET", "/v1/groups", None)),  # filtered by group prefixes
     "createQueue": ("consumer", True, ("PUT", f"/v1/topics/{TOPIC}/queues/q-1", {})),
     "describeQueue": ("consumer", True, ("GET", f"/v1/topics/{TOPIC}/queues/q-1", None)),
