@@ -4,9 +4,10 @@ What it gets from its supervisor (app/supervisor.py says how the family lives):
 
     EVENTLOG_SHARD           JSON {"index": 0.., "count": N, "run_dir": "/tmp/eventlog-shards-..",
                              "listen_fd": fd, "lock_fds": [fd, ..], "ready_fd": fd,
-                             "supervisor_pid": pid, "rejoin": bool}; lock_fds follow
-                             Settings.effective_log_dirs; rejoin: started again alone, into
-                             a family that has served
+                             "supervisor_pid": pid, "rejoin": bool, "new_dirs": [bool, ..]};
+                             lock_fds and new_dirs follow Settings.effective_log_dirs; rejoin:
+                             started again alone, into a family that has served; new_dirs:
+                             the supervisor made that dir on this start
     EVENTLOG_SHARD_SETTINGS  the supervisor's Settings.to_json()
 
 It dies with its supervisor (PR_SET_PDEATHSIG, set before anything else; a supervisor gone
@@ -71,6 +72,7 @@ def main() -> int:
     settings = settings.for_shard(ShardSpec(
         index, identity["count"], Path(identity["run_dir"]), lock_fds, rejoin=identity.get("rejoin", False),
         call_timeout_s=settings.request_timeout_ms / 1000,
+        new_dirs=tuple(identity.get("new_dirs", ())),
     ))
     configure_logging(settings.log_level, f"shard-{index}")
 

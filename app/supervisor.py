@@ -18,8 +18,9 @@ The supervisor serves nothing itself. It holds what the family shares, for its w
 A shard is `python -m app.shard` (app/shard.py) in a process group of its own, with
 
     EVENTLOG_SHARD           JSON {"index", "count", "run_dir", "listen_fd", "lock_fds",
-                             "ready_fd", "supervisor_pid", "rejoin"}: lock_fds in the order of
-                             Settings.effective_log_dirs, every descriptor inherited
+                             "ready_fd", "supervisor_pid", "rejoin", "new_dirs"}: lock_fds and
+                             new_dirs in the order of Settings.effective_log_dirs, every
+                             descriptor inherited
     EVENTLOG_SHARD_SETTINGS  Settings.to_json() of the supervisor's settings (flags included)
 
 Life of a family:
@@ -553,6 +554,9 @@ class Supervisor:
             "ready_fd": ready_w,
             "supervisor_pid": os.getpid(),
             "rejoin": self._served,
+            # the dirs this supervisor made: a family's first start is no unclean shutdown
+            # (a shard started again after the family served recovers what it left)
+            "new_dirs": [d.created and not self._served for d in self.dirs],
         }
         env = {**os.environ, SHARD_ENV: json.dumps(identity), SHARD_SETTINGS_ENV: self.settings.to_json()}
         # The shard starts with SIGTERM, SIGINT (and SIGHUP) blocked (a signal mask survives

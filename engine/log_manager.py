@@ -135,6 +135,9 @@ class ShardSpec:
     rejoin: bool = False
     # the deadline of every call to another shard (the request timeout)
     call_timeout_s: float = 30.0
+    # per log dir: the supervisor made it on this start (it opens the dirs before any shard,
+    # so a shard never sees a dir as new itself): the start-up line says "new data dir"
+    new_dirs: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -345,6 +348,8 @@ class LogManager:
             for i, d in enumerate(self.dirs):
                 family_fd = self.config.shard.lock_fds[i] if self.config.shard and self.config.shard.lock_fds else None
                 d.open(self.config.node_id, cluster_id, family_lock_fd=family_fd)
+                if self.config.shard and i < len(self.config.shard.new_dirs):
+                    d.created = d.created or self.config.shard.new_dirs[i]
                 cluster_id = d.cluster_id
                 opened.append(d)
         except BaseException:

@@ -75,6 +75,27 @@ def test_a_new_data_dir_is_not_an_unclean_shutdown(server_factory, tmp_path: Pat
     assert third.stop() == 0
 
 
+def test_a_familys_first_start_on_a_new_data_dir_is_not_an_unclean_shutdown(
+    server_factory, tmp_path: Path
+) -> None:
+    """The supervisor makes the dir (meta.properties) before its shards open it: each shard's
+    start-up line must still call it new, not "unclean shutdown: recovered"."""
+    def start_lines(server) -> list[str]:
+        lines = server.log().splitlines()
+        return [line for line in lines if " ready: " in line and "shard " in line]
+
+    server = server_factory(tmp_path / "fresh", EVENTLOG_PROCESSES="2").start()
+    assert server.stop() == 0
+    lines = start_lines(server)
+    assert len(lines) == 2 and all("new data dir" in line for line in lines), server.log()
+    assert "unclean" not in server.log(), server.log()
+    again = server_factory(tmp_path / "fresh", EVENTLOG_PROCESSES="2").start()
+    lines = start_lines(again)
+    assert len(lines) == 2, again.log()
+    assert all("clean shutdown" in line and "unclean" not in line for line in lines), again.log()
+    assert again.stop() == 0
+
+
 def test_405_names_every_method_and_head_works_wherever_get_does(app_server) -> None:
     with app_server.client() as c:
         assert c.post("/v1/topics", json={"name": "t", "partitions": 1}).status_code == 201
