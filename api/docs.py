@@ -11,9 +11,13 @@ the scripts of /static/docs/ and the pages' own inline scripts (by their SHA-256
 requests to this server only, and no framing (frame-ancestors 'none', X-Frame-Options DENY).
 
 With an auth file, the pages and their assets are open (they hold no data) and `/openapi.json`
-is not: each page has a token field, kept in the browser's session storage, and sends it as
+is not: each page has one token field, kept in the browser's session storage, and sends it as
 `Authorization: Bearer <token>` when it fetches the document (and, in Swagger UI, with every
-request tried from the page).
+request tried from the page). The page fetches the document itself before it starts Swagger UI
+or ReDoc: answered without a token (no auth file), the field stays hidden; refused (401/403),
+the field is all the page shows, with what to do, until a token is given (not Swagger UI's red
+"Failed to load API definition"). Swagger UI's own Authorize dialog is hidden: one field sets
+the token, and the request interceptor sends it.
 """
 
 from __future__ import annotations
@@ -48,22 +52,45 @@ ASSETS = {
 
 router = APIRouter(include_in_schema=False, route_class=PolicyRoute)
 
-_TOKEN_BAR = """<div id="eventlog-token" style="font: 14px sans-serif; padding: 8px 16px; background: #f4f4f4;
- border-bottom: 1px solid #ddd">
- <label>Bearer token (when the server has an auth file; kept for this browser tab)
+_TOKEN_BAR = """<form id="eventlog-token" hidden style="font: 14px sans-serif; padding: 8px 16px;
+ background: #f4f4f4; border-bottom: 1px solid #ddd">
+ <p id="eventlog-token-why" style="margin: 0 0 6px"></p>
+ <label>Bearer token (kept for this browser tab)
  <input id="eventlog-token-input" type="password" size="40" autocomplete="off"></label>
- <button id="eventlog-token-apply">Use</button>
-</div>
+ <button id="eventlog-token-apply" type="submit">Use</button>
+</form>
 <script>
 function eventlogToken() { return sessionStorage.getItem("eventlog-token") || ""; }
-document.getElementById("eventlog-token-input").value = eventlogToken();
-document.getElementById("eventlog-token-apply").onclick = function () {
-  sessionStorage.setItem("eventlog-token", document.getElementById("eventlog-token-input").value.trim());
-  location.reload();
-};
 function eventlogHeaders() {
   var token = eventlogToken();
   return token ? {"Authorization": "Bearer " + token} : {};
+}
+document.getElementById("eventlog-token-input").value = eventlogToken();
+document.getElementById("eventlog-token").onsubmit = function (event) {
+  event.preventDefault();
+  sessionStorage.setItem("eventlog-token", document.getElementById("eventlog-token-input").value.trim());
+  location.reload();
+};
+function eventlogAsk(why) {
+  document.getElementById("eventlog-token-why").textContent = why;
+  document.getElementById("eventlog-token").hidden = false;
+  document.getElementById("eventlog-token-input").focus();
+}
+// The document, fetched with the token if one is set; `render` gets it. Without a token and
+// answered: no auth file, no field. Refused: the field, and what to do, instead of the page.
+function eventlogLoad(render) {
+  var token = eventlogToken();
+  if (token) document.getElementById("eventlog-token").hidden = false;
+  fetch("/openapi.json", {headers: eventlogHeaders()}).then(function (r) {
+    if (r.status === 401 || r.status === 403) {
+      eventlogAsk(token
+        ? "The server refused this token (" + r.status + "): give another to load the API document."
+        : "This server has an auth file: give a bearer token to load the API document.");
+      return;
+    }
+    if (!r.ok) throw new Error("/openapi.json answered " + r.status);
+    return r.json().then(render);
+  }).catch(function (e) { eventlogAsk(e.message); });
 }
 </script>"""
 
@@ -71,21 +98,25 @@ function eventlogHeaders() {
 _SWAGGER_UI = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>eventlog - Swagger UI</title>
 <link rel="stylesheet" href="{ASSETS_PREFIX}/swagger-ui.css">
-<link rel="icon" type="image/png" href="{ASSETS_PREFIX}/favicon.png"></head>
+<link rel="icon" type="image/png" href="{ASSETS_PREFIX}/favicon.png">
+<style>.swagger-ui .auth-wrapper, .swagger-ui .authorization__btn,
+ .swagger-ui .scheme-container:not(:has(select)) {{ display: none; }}</style></head>
 <body>{_TOKEN_BAR}
 <div id="swagger-ui"></div>
 <script src="{ASSETS_PREFIX}/swagger-ui-bundle.js"></script>
 <script>
-SwaggerUIBundle({{
-  url: "/openapi.json", dom_id: "#swagger-ui", deepLinking: true, showExtensions: true,
-  oauth2RedirectUrl: location.origin + "/docs/oauth2-redirect",
-  requestInterceptor: function (request) {{
-    var headers = eventlogHeaders();
-    for (var name in headers) {{ if (!request.headers[name]) request.headers[name] = headers[name]; }}
-    return request;
-  }},
-  presets: [SwaggerUIBundle.presets.apis, SwaggerUIBundle.SwaggerUIStandalonePreset],
-  layout: "BaseLayout"
+eventlogLoad(function (spec) {{
+  SwaggerUIBundle({{
+    spec: spec, dom_id: "#swagger-ui", deepLinking: true, showExtensions: true,
+    oauth2RedirectUrl: location.origin + "/docs/oauth2-redirect",
+    requestInterceptor: function (request) {{
+      var headers = eventlogHeaders();
+      for (var name in headers) {{ if (!request.headers[name]) request.headers[name] = headers[name]; }}
+      return request;
+    }},
+    presets: [SwaggerUIBundle.presets.apis, SwaggerUIBundle.SwaggerUIStandalonePreset],
+    layout: "BaseLayout"
+  }});
 }});
 </script></body></html>"""
 
@@ -96,10 +127,7 @@ _REDOC = f"""<!DOCTYPE html>
 <div id="redoc"></div>
 <script src="{ASSETS_PREFIX}/redoc.standalone.js"></script>
 <script>
-fetch("/openapi.json", {{headers: eventlogHeaders()}})
-  .then(function (r) {{ if (!r.ok) throw new Error("/openapi.json answered " + r.status + ": set the token above"); return r.json(); }})
-  .then(function (spec) {{ Redoc.init(spec, {{}}, document.getElementById("redoc")); }})
-  .catch(function (e) {{ document.getElementById("redoc").textContent = e.message; }});
+eventlogLoad(function (spec) {{ Redoc.init(spec, {{}}, document.getElementById("redoc")); }});
 </script></body></html>"""
 
 _OAUTH2_REDIRECT = bytes(get_swagger_ui_oauth2_redirect_html().body).decode()

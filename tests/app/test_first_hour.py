@@ -226,3 +226,21 @@ def test_the_default_shard_count_follows_a_container_cpu_quota(tmp_path: Path) -
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
     assert usable_cpus(v1) == may_run_on
     assert usable_cpus(tmp_path / "none") == may_run_on
+
+
+def test_the_documents_pages_load_nothing_from_elsewhere(app_server) -> None:
+    """/docs and /redoc, and every file they load, name no image, script, style or font of
+    another origin (ReDoc's bundle shows Redocly's logo from their CDN: the server serves it
+    pointed at a data: URL). A link the reader may follow ("API docs by Redocly") is no load."""
+    loads = re.compile(
+        r"""(?:\bsrc\s*[:=]|\bsrcset\s*[:=]|url\(|@import)\s*["'`]?\s*(https?:)?//"""
+    )
+    with app_server.client() as c:
+        for page in ("/docs", "/redoc"):
+            html = c.get(page).text
+            assert not re.findall(r"https?://", html), page
+            for url in re.findall(r'(?:src|href)="([^"]+)"', html):
+                body = c.get(url).content.decode("utf-8", "replace")
+                found = [body[max(m.start() - 40, 0):m.end() + 40] for m in loads.finditer(body)]
+                assert not found, (url, found)
+        assert "cdn.redoc.ly" not in c.get("/static/docs/redoc.standalone.js").text
