@@ -301,7 +301,9 @@ function createTopicPanel() {
   const form = h("form", { class: "inline", id: "create-topic" },
     h("label", null, "Name", h("input", { name: "name", required: true, pattern: "[a-zA-Z0-9._\\-]{1,249}", placeholder: "orders" })),
     h("label", null, "Partitions", h("input", { name: "partitions", type: "number", min: 1, value: "1", class: "narrow" })),
-    h("label", null, "Cleanup policy", h("select", { name: "policy" }, POLICIES.map((p) => h("option", { value: p }, p)))),
+    // blank: the server's default, sent as nothing (only what the user chose is set on the topic)
+    h("label", null, "Cleanup policy", h("select", { name: "policy" }, h("option", { value: "" }, "default (delete)"),
+      POLICIES.map((p) => h("option", { value: p }, p)))),
     h("label", null, "retention.ms (blank: default 7 days, -1: forever)", h("input", { name: "retention", type: "number", min: -1, class: "medium" })),
     h("label", null, "Other configs (name=value per line)", h("textarea", { name: "configs", rows: 1, class: "short wide", placeholder: "segment.bytes=1048576" })),
     h("button", { class: "primary", type: "submit" }, "Create topic"));
@@ -310,7 +312,7 @@ function createTopicPanel() {
     const data = new FormData(form);
     let configs;
     try { configs = parseConfigs(data.get("configs")); } catch (error) { result(out, error.message, false); return; }
-    configs["cleanup.policy"] = data.get("policy");
+    if (data.get("policy")) configs["cleanup.policy"] = data.get("policy");
     if (data.get("retention") !== "") configs["retention.ms"] = data.get("retention");
     try {
       const topic = await api("POST", "/v1/topics", { name: data.get("name").trim(), partitions: Number(data.get("partitions")), configs });
@@ -378,7 +380,9 @@ async function deleteTopic(name) {
 function addPartitionsForm(name, count) {
   const out = h("div");
   const form = h("form", { class: "inline spaced", id: "add-partitions" },
-    h("label", null, "Partitions in all (only grows)", h("input", { name: "count", type: "number", min: count + 1, value: String(count + 1), class: "narrow" })),
+    // pre-filled with the count there is now (raise it: submitting it unchanged is refused)
+    h("label", null, `Partitions in all (now ${count}; only grows)`,
+      h("input", { name: "count", type: "number", min: count + 1, value: String(count), class: "narrow" })),
     h("button", { type: "submit" }, "Add partitions"));
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -1107,14 +1111,22 @@ async function identify() {
   try {
     me = await get("/v1/whoami");
     identity.textContent = me.server.auth ? `${me.name} · ${me.role}` : "no auth · admin";
+    tokenControls(me.server.auth);
     document.getElementById("server-info").textContent = `eventlog ${me.server.version} · ${me.server.shards} shard process${me.server.shards === 1 ? "" : "es"}`;
     showBanner("");
   } catch (error) {
     me = null;
     identity.textContent = "no token";
+    tokenControls(true);
     if (error.status === 401) showBanner(sessionStorage.getItem(TOKEN_KEY) ? "The server refused this token (401). Enter another one above." : "This server needs a token: enter it above (it is kept for this tab only).");
     else showBanner(error.text || String(error));
   }
+}
+
+// The token field and its buttons: shown when the server has an auth file (or whoami failed),
+// hidden when it has none (every request acts as admin: there is no token to give).
+function tokenControls(shown) {
+  for (const e of document.querySelectorAll("#token-form input, #token-form button")) e.hidden = !shown;
 }
 
 document.getElementById("token").value = sessionStorage.getItem(TOKEN_KEY) || "";

@@ -143,6 +143,21 @@ def test_a_topic_from_creation_to_deletion_on_two_shards(start, console_factory)
     page.goto(server.url + "/")  # `/` is the console
     assert page.url == f"{server.url}/console"
     page.locator("#identity").filter(has_text="no auth").wait_for()
+    # no auth file: no token to give, so no token field or its buttons
+    assert page.locator("#token-form input, #token-form button").evaluate_all(
+        "elements => elements.filter(e => e.checkVisibility()).length"
+    ) == 0
+
+    # the form sends only what was chosen: defaults stay defaults, not overrides
+    form = page.locator("#create-topic")
+    form.locator("input[name=name]").fill("plain")
+    assert form.locator("select[name=policy]").input_value() == ""
+    form.locator("button[type=submit]").click()
+    page.locator("h1", has_text="plain").wait_for()
+    assert client.get("/v1/topics/plain").json()["overrides"] == {}
+    page.locator("#configs tr", has_text="cleanup.policy").filter(has_text="default").wait_for()
+    assert page.locator("#configs tr", has_text="set on topic").count() == 0
+    console.open("#/topics")
 
     form = page.locator("#create-topic")
     form.locator("input[name=name]").fill("orders")
@@ -354,6 +369,10 @@ def test_partitions_cleanup_groups_snapshots_and_charts(start, console_factory) 
     form.locator("input[name=value]").fill("soon")
     form.locator("button").click()
     page.locator("#alter-configs + .result.error, div .result.error", has_text="invalid_config").wait_for()
+    # pre-filled with the count there is now, said in its label: the user raises it
+    count = len(client.get("/v1/topics/prices").json()["partitions"])
+    assert page.locator("#add-partitions input[name=count]").input_value() == str(count)
+    assert page.locator("#add-partitions label").inner_text().startswith(f"Partitions in all (now {count};")
     page.locator("#add-partitions input[name=count]").fill("3")
     page.locator("#add-partitions button").click()
     wait_until(lambda: page.locator("#partitions tbody tr").count() == 3, what="3 partitions shown")
@@ -779,11 +798,16 @@ def test_the_console_files_ship_in_the_package() -> None:
 LAYOUT_CHECKS = (Path(__file__).parent / "layout_checks.js").read_text()
 
 
-def test_every_view_fits_widths_from_a_phone_to_a_wide_screen(start, console_factory) -> None:
+def test_every_view_fits_widths_from_a_phone_to_a_wide_screen(
+    tmp_path: Path, start, console_factory
+) -> None:
     """At 360, 390, 1366, 1920 and 2560 px wide, no view has an element wider than its panel
     (tables scroll inside theirs), the page never scrolls sideways, and every column of the
-    partitions table can be seen (at once, or by scrolling its box)."""
-    server, client = start(1)
+    partitions table can be seen (at once, or by scrolling its box). Behind an auth file, so
+    the header holds the token form (without one it is hidden) at its widest."""
+    auth = tmp_path / "auth.json"
+    auth.write_text(json.dumps({"tokens": [{"name": "ops", "token": ADMIN, "role": "admin"}]}))
+    server, client = start(1, token=ADMIN, EVENTLOG_AUTH_FILE=str(auth))
     name = "payments.settlements.eu-west-1.v2"
     configs = {
         "cleanup.policy": "compact,delete", "segment.bytes": "1048576",
@@ -806,6 +830,7 @@ def test_every_view_fits_widths_from_a_phone_to_a_wide_screen(start, console_fac
     console = console_factory(server)
     page = console.page
     page.add_init_script(LAYOUT_CHECKS)
+    page.add_init_script(f"sessionStorage.setItem('eventlog-token', {json.dumps(ADMIN)})")
     views = {
         "#/topics": "#topics tbody tr",
         f"#/topics/{name}": "#partitions tbody tr",
