@@ -372,7 +372,8 @@ def test_partitions_cleanup_groups_snapshots_and_charts(start, console_factory) 
     # pre-filled with the count there is now, said in its label: the user raises it
     count = len(client.get("/v1/topics/prices").json()["partitions"])
     assert page.locator("#add-partitions input[name=count]").input_value() == str(count)
-    assert page.locator("#add-partitions label").inner_text().startswith(f"Partitions in all (now {count};")
+    label = page.locator("#add-partitions label").inner_text()
+    assert label.startswith(f"Partitions in all (now {count};"), label
     page.locator("#add-partitions input[name=count]").fill("3")
     page.locator("#add-partitions button").click()
     wait_until(lambda: page.locator("#partitions tbody tr").count() == 3, what="3 partitions shown")
