@@ -257,7 +257,35 @@ def run_nightly(
     full: bool = False,
     schemas: dict[str, str] | None = None,
 ) -> NightlyResult:
-    """Run the job; `step(description)` is called as each step starts (for a progress display)."""
+    """Run the job; `step(description)` is called as each step starts (for a progress display).
+
+    Its Parquet timestamps are written as INT64 microseconds marked as UTC instants
+    (`spark.sql.parquet.outputTimestampType` TIMESTAMP_MICROS, for this run only): Spark's
+    default, INT96, reads back in pyarrow, pandas or DuckDB as a time with no zone."""
+    conf = "spark.sql.parquet.outputTimestampType"
+    before = spark.conf.get(conf, None)
+    spark.conf.set(conf, "TIMESTAMP_MICROS")
+    try:
+        return _run_nightly(
+            spark, snapshot, out, topics=topics, step=step, full=full, schemas=schemas
+        )
+    finally:
+        if before is None:
+            spark.conf.unset(conf)
+        else:
+            spark.conf.set(conf, before)
+
+
+def _run_nightly(
+    spark,
+    snapshot: str | Path,
+    out: str | Path,
+    *,
+    topics: list[str] | None,
+    step: Callable[[str], None] | None,
+    full: bool,
+    schemas: dict[str, str] | None,
+) -> NightlyResult:
     started = time.perf_counter()
     check_out(out)
     snapshot = resolve_snapshot(snapshot)
@@ -366,7 +394,8 @@ def _write_table(
     value_schema: str | None = None,
 ) -> Path:
     """The topic's table view, upserted with the records in `ranges`, written to (and returned)
-    `<table_dir>.next`; values typed by `value_schema` when given."""
+    `<table_dir>.next`; values typed by `value_schema` when given. Each row has its `key`
+    (the bytes) and `key_string`, after it (with_key_string)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -376,21 +405,36 @@ def _write_table(
     staged = str(table_dir) + NEXT
     if rebuild or not table_dir.exists():
         table = _read(spark, snapshot, name, ranges, compacted="true", **typed).drop("topic")
-        table.write.mode("overwrite").parquet(staged)
+        with_key_string(table).write.mode("overwrite").parquet(staged)
         return Path(staged)
     new = _read(spark, snapshot, name, ranges, segments, **typed).drop("topic").where(F.col("key").isNotNull())
     latest = (
         new.withColumn("_n", F.row_number().over(Window.partitionBy("partition", "key").orderBy(F.col("offset").desc())))
         .where(F.col("_n") == 1).drop("_n")
     )
-    old = spark.read.parquet(str(table_dir))
+    old = spark.read.parquet(str(table_dir)).drop("key_string")  # made again below
     kept = old.join(latest.select("partition", "key"), ["partition", "key"], "left_anti")
     alive = F.col("value").isNotNull()
     if typed:  # a value that did not fit its schema is null but is no tombstone
         alive = alive | F.col(CORRUPT_COLUMN).isNotNull()
     table = kept.unionByName(latest.where(alive))
-    table.write.mode("overwrite").parquet(staged)
+    with_key_string(table).write.mode("overwrite").parquet(staged)
     return Path(staged)
+
+
+def with_key_string(df):
+    """`df` with `key_string` after `key`: the key as text where its bytes are valid UTF-8
+    (what almost every producer sends), else null (the bytes stay in `key`). Kafka keys are
+    bytes, so `key` stays binary: a reader filters or joins on `key_string` without decoding."""
+    from pyspark.sql import functions as F
+
+    text = F.col("key").cast("string")
+    columns = []
+    for name in df.columns:
+        columns.append(F.col(f"`{name}`"))
+        if name == "key":
+            columns.append(F.when(F.is_valid_utf8(text), text).alias("key_string"))
+    return df.select(*columns)
 
 
 def _write_daily(

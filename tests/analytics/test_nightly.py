@@ -10,6 +10,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -82,7 +83,15 @@ def model_daily(acked: list[dict]) -> dict[tuple[str, str], tuple[int, int]]:
 
 
 def check_output(out: Path, acked: list[dict]) -> None:
-    rows = pq.read_table(out / "tables" / "accounts").to_pylist()
+    table = pq.read_table(out / "tables" / "accounts")
+    # the key as bytes (Kafka's) and as text after it; times are UTC instants, not zone-less
+    names = table.schema.names
+    assert names[names.index("key") + 1] == "key_string"
+    assert table.schema.field("key").type == pa.binary()
+    assert table.schema.field("key_string").type == pa.string()
+    assert table.schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
+    rows = table.to_pylist()
+    assert all(r["key_string"] == r["key"].decode() for r in rows)
     got = {(r["partition"], r["key"].decode()): r for r in rows}
     expected = model_tables(acked)
     assert set(got) == set(expected)
@@ -143,6 +152,7 @@ def test_nightly_cli(produced, tmp_path: Path) -> None:
 
 def _table(out: Path, topic: str) -> dict[tuple[int, str], tuple[int, str]]:
     rows = pq.read_table(out / "tables" / topic).to_pylist()
+    assert all(r["key_string"] == r["key"].decode() for r in rows), "key_string kept on upserts"
     table = {(r["partition"], r["key"].decode()): (r["offset"], r["value"].decode()) for r in rows}
     assert len(table) == len(rows), "one row per (partition, key)"
     return table
@@ -326,6 +336,21 @@ def test_typed_tables_from_a_value_schema(spark, tmp_path: Path) -> None:
             assert rows["o-1"]["value"] == {"status": "paid", "total": 12.5, "note": None}
     finally:
         server.stop()
+
+
+def test_key_string_is_the_key_as_text_where_it_is_utf8(spark) -> None:
+    """Kafka keys are bytes: `key` keeps them; `key_string` is their text where they are valid
+    UTF-8, null where not (or where there is no key); the other columns stay, in their order."""
+    from analytics.nightly import with_key_string
+
+    keys = [b"user-1", "caf\u00e9 \u2615".encode(), b"\xff\xfe\x00", b"\xc3", None, b""]
+    rows = [(i, k, b"v") for i, k in enumerate(keys)]
+    df = spark.createDataFrame(rows, "offset LONG, key BINARY, value BINARY")
+    out = with_key_string(df)
+    assert out.columns == ["offset", "key", "key_string", "value"]
+    rows = sorted(out.collect(), key=lambda r: r["offset"])
+    assert [bytes(r["key"]) if r["key"] is not None else None for r in rows] == keys
+    assert [r["key_string"] for r in rows] == ["user-1", "caf\u00e9 \u2615", None, None, None, ""]
 
 
 def test_nightly_cli_refuses_bad_schemas_before_spark(produced, tmp_path: Path) -> None:
