@@ -39,6 +39,7 @@ from .records import (
     DROPPED_HEADER_DOC,
     IDEMPOTENCY_KEY_DOC,
     REPLAYED_HEADER,
+    SSE_DOC,
     SSE_KEEPALIVE_S,
     _auth_problems,
     _read_body,
@@ -225,6 +226,7 @@ def key_answer(done: KeyProduced) -> bytes:
         **_read_problems,
     },
     summary="Follow one key's records as server-sent events, from an offset or from now",
+    description=SSE_DOC,
 )
 async def stream_key_records(
     topic: str,

@@ -528,6 +528,20 @@ def _fetch_body(result: RecordsResult, kf: str, vf: str, dropped: dropped_offset
 
 
 SSE_KEEPALIVE_S = 15.0
+# the description of every event-stream operation in the OpenAPI document: a generated SDK's
+# call of one returns only when the stream ends, so a client reads it as it comes
+SSE_DOC = (
+    "A `text/event-stream` (server-sent events, as the HTML standard defines them): events of "
+    "`event`, `id` and `data` lines (`data`: one JSON object), each ended by a blank line; "
+    "lines starting with `:` are comments (the first names the stream; `: keepalive` after "
+    f"{SSE_KEEPALIVE_S:.0f} s without an event). The stream does not end on its own while the "
+    "client listens: only an `error` event (or, on a key's stream, an `end` event) ends it. A "
+    "generated SDK's call of this operation therefore returns only then; read the stream as it "
+    "comes instead, with the SDK's httpx client (`client.get_httpx_client().stream(\"GET\", "
+    "...)`) or any SSE client, and stop when you have what you need: docs/API.md, \"Reading an "
+    "event stream from code\", has a short reader. `Last-Event-ID` (what `EventSource` sends "
+    "on reconnect) resumes after that offset."
+)
 SSE_CHUNK_RECORDS = 500
 SSE_CHUNK_BYTES = 1024 * 1024
 
@@ -566,6 +580,7 @@ def stream_start(log: Partition, offset: int | None, last_event_id: int | None) 
         416: {"model": Problem, "description": "offset_out_of_range"},
     },
     summary="Tail a partition as server-sent events (curl -N), from an offset or the end",
+    description=SSE_DOC,
 )
 async def stream(
     topic: str,

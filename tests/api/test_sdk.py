@@ -43,7 +43,7 @@ import pytest
 
 from engine.partitioner import partition_for_key
 
-from ..conftest import KEPT_ENV, VENV_BIN
+from ..conftest import KEPT_ENV, REPO, VENV_BIN
 from ..inprocess import ASGITransport, InProcessServer
 from ..kafka_oracle import build_batch
 
@@ -181,6 +181,15 @@ def _events(body: str) -> list[tuple[str, str | None, Any]]:
         if fields:
             events.append((fields.get("event", "message"), fields.get("id"), json.loads(fields["data"])))
     return events
+
+
+def _doc_function(name: str) -> Callable[..., Any]:
+    """The function `name` as docs/API.md shows it (its ```python block), run as written."""
+    text = (REPO / "docs" / "API.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if f"def {name}(" in b)
+    scope: dict[str, Any] = {}
+    exec(compile(block, "docs/API.md", "exec"), scope)  # noqa: S102 -- the doc's own code
+    return scope[name]
 
 
 def _import_unset(package: Path) -> list[str]:
@@ -475,6 +484,20 @@ def _stream_records(s: Scene) -> None:
         s.sdk.wait_for("streamRecords", b"\nid: 1\n")
         produce.sync(topic="tail", client=s.client, body=m.ProduceRequest(records=[m.ProduceRecord(value="3", timestamp=5_002)]))
         s.sdk.wait_for("streamRecords", b"\nid: 2\n")
+        # what docs/API.md tells a reader to do (the stream never ends while the topic lives):
+        # docs/API.md's reader on the SDK's own httpx client, bounded by a count
+        for generated in (stream, s.op("keys", "stream_key_records")):  # the SDK says so too
+            said = " ".join((inspect.getdoc(generated.sync) or "").split())
+            assert "does not end on its own" in said, said
+        sse_events = _doc_function("sse_events")
+        with s.sdk.client() as reader:
+            bounded = list(sse_events(
+                reader.get_httpx_client(), "/v1/topics/tail/partitions/0/records/stream",
+                params={"offset": 1}, limit=2,
+            ))
+        assert [(e, i, d["offset"], d["value"]) for e, i, d in bounded] == [
+            ("record", "1", 1, "2"), ("record", "2", 2, "3"),
+        ]
         assert s.op("topics", "delete_topic").sync_detailed(topic="tail", client=s.client).status_code == HTTPStatus.NO_CONTENT
         response = listening.result(timeout=STREAM_TIMEOUT_S)
     assert response.status_code == HTTPStatus.OK and response.headers["content-type"].startswith("text/event-stream")
