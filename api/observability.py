@@ -162,6 +162,10 @@ class _QueueCollector:
         ("available", "records of the queue that may be leased now or once their delay ends"),
         ("leased", "records leased and not yet settled"),
         ("lag", "records between the queue's first unsettled offset and the partitions' ends"),
+        (
+            "oldest_unacked_age_seconds",
+            "age of the oldest record not yet acknowledged or dead-lettered (0: none)",
+        ),
     )
     COUNTERS = (
         ("acked", "records acknowledged"),
@@ -187,8 +191,10 @@ class _QueueCollector:
         ]
         names = [name for name, _doc in self.GAUGES + self.COUNTERS]
         for topic, queue, totals in figures:
+            age_s = totals.get("oldest_unacked_age_ms", 0) / 1000
+            row: dict[str, float] = {**totals, "oldest_unacked_age_seconds": age_s}
             for family, name in zip(families, names, strict=True):
-                family.add_metric([topic, queue], totals.get(name, 0))
+                family.add_metric([topic, queue], row.get(name, 0))
         return families
 
 

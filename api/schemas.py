@@ -165,8 +165,24 @@ class RecordOffset(BaseModel):
     timestamp: int
 
 
+class ProducedPartition(BaseModel):
+    """One partition a produce wrote to. Each produce answer (a topic's, a partition's, a
+    key's) has `partitions`, a list of these: the one shape a client can read from all three."""
+
+    partition: int
+    base_offset: int = Field(description="the offset of the request's first record in this partition")
+    last_offset: int = Field(description="the offset of the request's last record in this partition")
+
+
+PRODUCED_PARTITIONS_DOC = (
+    "each partition written, by partition number: the same member in every produce answer "
+    "(topic, partition and key produce), so one client function reads them all"
+)
+
+
 class ProduceResponse(BaseModel):
-    offsets: list[RecordOffset]
+    offsets: list[RecordOffset] = Field(description="each record's partition, offset and timestamp, in request order")
+    partitions: list[ProducedPartition] = Field(description=PRODUCED_PARTITIONS_DOC)
 
 
 class PartitionProduceResponse(BaseModel):
@@ -174,6 +190,7 @@ class PartitionProduceResponse(BaseModel):
     base_offset: int
     last_offset: int
     timestamp: int = Field(description="the LogAppendTime if the topic uses it, else the largest record timestamp")
+    partitions: list[ProducedPartition] = Field(description=PRODUCED_PARTITIONS_DOC + " (here: this one)")
 
 
 class FetchedRecord(BaseModel):
@@ -228,6 +245,7 @@ class KeyProduceResponse(BaseModel):
     offsets: list[int] = Field(description="of the records, in request order; the last is the key's new version (ETag)")
     base_offset: int
     last_offset: int
+    partitions: list[ProducedPartition] = Field(description=PRODUCED_PARTITIONS_DOC + " (here: the key's)")
 
 
 class KeyRecordsResponse(BaseModel):
@@ -578,6 +596,10 @@ class QueuePartition(BaseModel):
     )
     lost_to_retention: int = Field(
         description="unsettled records retention deleted (since this server started)"
+    )
+    oldest_unacked_age_ms: int = Field(
+        description="how old (now less its timestamp) the first record not yet acknowledged or "
+        "dead-lettered is; 0 when none"
     )
 
 

@@ -66,6 +66,7 @@ import base64
 import binascii
 import heapq
 import inspect
+import logging
 import re
 import secrets
 import struct
@@ -90,6 +91,8 @@ from .partition_log import prepare_batches, wall_clock_ms
 from .partitioner import partition_for_key
 from .reader import read_records
 from .records import Record, encode_batch
+
+logger = logging.getLogger(__name__)
 
 QUEUE_STATE_CONFIG = LogConfig(cleanup_policy="compact", segment_bytes=100 * 1024 * 1024)
 
@@ -216,10 +219,12 @@ class Entry:
         "ready_at",
         "queued",
         "stored",
+        "timestamp",
     )
 
-    def __init__(self, offset: int, key: int | None) -> None:
+    def __init__(self, offset: int, key: int | None, timestamp: int = 0) -> None:
         self.offset = offset
+        self.timestamp = timestamp  # the record's (oldest_unacked_age_ms)
         self.key = key  # the key's hash when ordering by key (None: not ordered)
         self.state = AVAILABLE
         self.count = 0  # deliveries so far
@@ -276,6 +281,13 @@ class PartitionQueue:
         self.done_in_window = 0
         self.redeliveries = 0
         self.lost_to_retention = 0
+        # dying entries whose dead letter could not be written (the dead-letter topic's shard
+        # down, a full disk): (entry, reason), retried by the next call that settles or expires
+        self.stalled: list[tuple[Entry, str]] = []
+        # (start_offset, the timestamp of the first record at or past it) while the window has
+        # not read that record (start == next), kept by Queues' expiry loop: what
+        # oldest_unacked() says then; None: not read yet
+        self.head: tuple[int, int] | None = None
         self._dirty: set[int] = set()
         self._start_dirty = False
         self._tombstones: list[int] = []
@@ -337,13 +349,13 @@ class PartitionQueue:
         """Whether the log holds records past the window that the window may take."""
         return self.next < high_watermark and len(self.entries) < MAX_WINDOW_RECORDS
 
-    def admit(self, records: Iterable[tuple[int, bytes | None]], next_offset: int) -> None:
-        """Records read from the log at `next` on, (offset, key) each, into the window; the
-        window's end moves to `next_offset` (offsets without records are skipped)."""
-        for offset, key in records:
+    def admit(self, records: Iterable[tuple[Any, ...]], next_offset: int) -> None:
+        """Records read from the log at `next` on, (offset, key[, timestamp]) each, into the
+        window; the window's end moves to `next_offset` (offsets without records are skipped)."""
+        for offset, key, *ts in records:
             if offset < self.next:
                 continue
-            e = Entry(offset, hash(key) if self.by_key and key is not None else None)
+            e = Entry(offset, hash(key) if self.by_key and key is not None else None, *ts)
             replayed = self.recovered.pop(offset, None)
             if replayed is not None:
                 e.count, state = replayed
@@ -393,6 +405,16 @@ class PartitionQueue:
         e.deadline = now + lock_ms
         heapq.heappush(self.deadlines, (e.deadline, e.offset, e.nonce))
 
+    def stall(self, dying: Iterable[tuple[Entry, str]]) -> None:
+        """Dying entries, (entry, reason), whose dead letters were not written: they stay dying
+        (not leased, holding their keys, the window not moving past them) until take_stalled()
+        hands them to a later call."""
+        self.stalled += [(e, r) for e, r in dying if e.state == DYING]
+
+    def take_stalled(self) -> list[tuple[Entry, str]]:
+        stalled, self.stalled = self.stalled, []
+        return [(e, r) for e, r in stalled if e.state == DYING and self.entries.get(e.offset) is e]
+
     def dead_done(self, entries: Iterable[Entry]) -> None:
         """Dying entries returned earlier were dead-lettered (or archived): they are dead now,
         to be persisted, and the window may move past them."""
@@ -401,6 +423,8 @@ class PartitionQueue:
                 e.state = DEAD
                 self.done_in_window += 1
                 self._dirty.add(e.offset)
+                if e.key is not None:
+                    self._unhead(e)
         self._advance()
 
     # -- retention --------------------------------------------------------------------------
@@ -478,6 +502,17 @@ class PartitionQueue:
             "lost_to_retention": self.lost_to_retention,
         }
 
+    def oldest_unacked(self, high_watermark: int) -> int | None:
+        """The timestamp of the first record not yet settled (at start_offset), if any and
+        known: from the window, or, when the window has not read it, head_timestamp."""
+        if self.start >= high_watermark:
+            return None
+        if self.order:  # (its first is unsettled: _advance forgets a settled prefix)
+            return self.entries[self.order[0]].timestamp
+        if self.head is not None and self.head[0] == self.start:
+            return self.head[1]
+        return None
+
     def _done_entries(self) -> Iterable[Entry]:
         if not self.done_in_window:
             return ()
@@ -508,14 +543,15 @@ class PartitionQueue:
 
     def _finish(self, e: Entry, state: int) -> Entry:
         """`e` is acknowledged, or (DEAD) dying: done once dead_done() says its dead letter is
-        durable."""
+        durable. A dying record still holds its key back: were its dead letter never written
+        (a crash first), it would be delivered again, after its key's next record."""
         e.nonce = 0
         if state == DEAD:
             e.state = DYING
-        else:
-            e.state = state
-            self.done_in_window += 1
-            self._dirty.add(e.offset)
+            return e
+        e.state = state
+        self.done_in_window += 1
+        self._dirty.add(e.offset)
         if e.key is not None:
             self._unhead(e)
         return e
@@ -652,11 +688,16 @@ class Queues:
             tuple[bytes, int], tuple[int, int, int, dict[int, tuple[int, int]]]
         ] = {}
         self._create_lock = anyio.Lock()
+        self._wake = anyio.Event()  # set when a lease or a delayed release makes a new deadline
 
     # -- start-up ---------------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Replay __queue_state (if any queue was ever made) into memory, before any request."""
+        """Replay __queue_state (if any queue was ever made) into memory, before any request;
+        then expire leases in the engine's task group (run)."""
+        tg = getattr(self.engine, "_tg", None)
+        if tg is not None:  # (the engine's own tasks: they end with it)
+            tg.start_soon(self.run)
         state = self.engine.topics.get(QUEUE_STATE_TOPIC)
         if state is None:
             return
@@ -692,6 +733,72 @@ class Queues:
         for (qid, p), kept in offsets.items():
             if qid in self._by_id and (qid, p) not in starts:
                 self._replayed[(qid, p)] = (-1, 0, 0, kept)
+
+    # -- eager expiry -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Leases whose lock ran out come back (or, at max_deliveries, are dead-lettered) and
+        released records' delays end when they are due, not when a call next looks: long-polls
+        wake, and the figures (metrics, describe) say so. Also keeps each idle window's head
+        timestamp (oldest_unacked_age_ms). Runs until the engine stops."""
+        while not self.engine.stopping:
+            wake = self._wake = anyio.Event()  # (what a call sets from here on)
+            try:
+                await self.expire()
+            except Exception:
+                logger.exception("queue expiry pass failed")
+            now = self.clock()
+            dues = [
+                d
+                for q in self._queues.values()
+                for pq in q.partitions.values()
+                if (d := pq.next_due()) is not None
+            ]
+            # at least once a second: stalled dead letters, head timestamps
+            timeout_s = min([1.0] + [max(0.0, (d - now) / 1000) for d in dues])
+            with anyio.move_on_after(max(0.001, timeout_s)):
+                await wake.wait()
+
+    async def expire(self) -> None:
+        """One pass over every window (see run)."""
+        for q in list(self._queues.values()):
+            if self._queues.get((q.topic, q.name)) is not q:
+                continue  # deleted meanwhile
+            state = self.engine.topics.get(q.topic)
+            if state is None:
+                continue
+            back = False
+            for p, pq in list(q.partitions.items()):
+                log = state.partitions[p] if p < len(state.partitions) else None
+                if log is None or not _online(log):
+                    continue
+                if self.engine.stopping:
+                    return
+                async with q.lock(p):  # (a lease of the partition comes after: it sees this)
+                    now = self.clock()
+                    due_before = pq.next_due()
+                    dying = [(e, REASON_MAX_DELIVERIES) for e in pq.due(now)]
+                    dying += pq.take_stalled()
+                    back = back or (due_before is not None and due_before <= now)
+                    if dying:
+                        read = await _read_offsets(log, [e.offset for e, _r in dying])
+                        await self._dead_letters(q, p, dying, read)
+                        await self._persist(q, p, pq)
+                    await self._read_head(pq, log)
+            if back:
+                q.touched()  # long-polls: records came back, or a key's next may be leased
+
+    async def _read_head(self, pq: PartitionQueue, log: Any) -> None:
+        """pq.head: the first record's timestamp at start_offset when the window has not read
+        it (a window read at all has it: oldest_unacked)."""
+        if pq.order or pq.start >= log.high_watermark:
+            return
+        if pq.head is not None and pq.head[0] == pq.start:
+            return
+        start = pq.start
+        result = await log.read_records(start, 1, 64 * 1024)
+        if result.records and pq.start == start:
+            pq.head = (start, result.records[0].timestamp)
 
     # -- queues -----------------------------------------------------------------------------
 
@@ -803,8 +910,13 @@ class Queues:
             if not _online(log):
                 continue
             pq = self._window(q, p, log)
-            pq.due(now)  # (what expired is counted as available; dead-lettering waits for a call)
-            parts.append({"partition": p, **pq.stats(log.high_watermark)})
+            # what expired is available; what is dying is dead-lettered by the next call
+            pq.stall((e, REASON_MAX_DELIVERIES) for e in pq.due(now))
+            oldest = pq.oldest_unacked(log.high_watermark)
+            age = max(0, now - oldest) if oldest is not None else 0
+            parts.append(
+                {"partition": p, **pq.stats(log.high_watermark), "oldest_unacked_age_ms": age}
+            )
         return QueueInfo(topic, name, q.settings, q.created_ms, tuple(parts))
 
     def figures(self) -> list[tuple[str, str, dict[str, int]]]:
@@ -819,7 +931,9 @@ class Queues:
             totals: dict[str, int] = {}
             for part in info.partitions:
                 for field_name, value in part.items():
-                    if field_name not in ("partition", "start_offset", "end_offset"):
+                    if field_name == "oldest_unacked_age_ms":  # (the queue's: the oldest)
+                        totals[field_name] = max(totals.get(field_name, 0), value)
+                    elif field_name not in ("partition", "start_offset", "end_offset"):
                         totals[field_name] = totals.get(field_name, 0) + value
             out.append((topic, name, totals))
         return out
@@ -885,10 +999,21 @@ class Queues:
         for p, log in logs[q.turn :] + logs[: q.turn]:
             if len(out) >= n:
                 break
-            async with q.lock(p):
-                got = await self._lease_partition(q, p, log, n - len(out), lock_ms)
-            await self._persist(q, p, q.partitions[p])  # the delivery counts, before the answer
+            try:
+                async with q.lock(p):
+                    got = await self._lease_partition(q, p, log, n - len(out), lock_ms)
+                # the delivery counts, before the answer
+                await self._persist(q, p, q.partitions[p])
+            except Exception:
+                if not out:
+                    raise
+                # records leased from earlier partitions are answered (their counts are
+                # durable): failing the call would count deliveries no worker saw
+                logger.warning("queue %s/%s: lease of partition %d failed", q.topic, q.name, p,
+                               exc_info=True)
+                break
             out += got
+        self._wake.set()  # (new deadlines: the expiry loop looks again)
         return out
 
     async def _lease_partition(
@@ -896,23 +1021,24 @@ class Queues:
     ) -> list[LeasedRecord]:
         pq = self._window(q, p, log)
         now = self.clock()
-        dying = pq.due(now)
+        dying = [(e, REASON_MAX_DELIVERIES) for e in pq.due(now)] + pq.take_stalled()
         leased, more = pq.take(n, now, lock_ms, _nonce)
-        dying += more
+        dying += [(e, REASON_MAX_DELIVERIES) for e in more]
         read: dict[int, Record] = {}
         while len(leased) < n and pq.wants_read(log.high_watermark):
             result = await log.read_records(pq.next, n - len(leased), READ_BYTES)
             for r in result.records:
                 read[r.offset] = r
-            pq.admit(((r.offset, r.key) for r in result.records), result.next_offset)
+            pq.admit(((r.offset, r.key, r.timestamp) for r in result.records), result.next_offset)
+            now = self.clock()  # (a lock counts from the take: calls settled during the read)
             got, more = pq.take(n - len(leased), now, lock_ms, _nonce)
             leased += got
-            dying += more
+            dying += [(e, REASON_MAX_DELIVERIES) for e in more]
             if not result.records and result.next_offset <= pq.next:
                 break
-        wanted = [e.offset for e in leased + dying if e.offset not in read]
-        read.update(await _read_offsets(log, wanted))
-        await self._dead_letter(q, p, dying, read, REASON_MAX_DELIVERIES)
+        wanted = [e.offset for e in leased] + [e.offset for e, _r in dying]
+        read.update(await _read_offsets(log, [o for o in wanted if o not in read]))
+        await self._dead_letters(q, p, dying, read)  # (one that fails is retried later)
         out = []
         for e in leased:
             r = read.get(e.offset)
@@ -978,6 +1104,7 @@ class Queues:
         now = self.clock()
         results: list[tuple[str, str]] = []
         dying: dict[int, list[tuple[Entry, str]]] = {}
+        mine: set[int] = set()  # ids of the entries this call's own actions made dying
         touched: set[int] = set()
         for text in leases:
             lease = LeaseId.decode(text)
@@ -993,8 +1120,9 @@ class Queues:
                 results.append((text, EXPIRED_S))
                 continue
             pq = self._window(q, lease.partition, log)
-            for e in pq.due(now):
-                dying.setdefault(lease.partition, []).append((e, REASON_MAX_DELIVERIES))
+            due = [(e, REASON_MAX_DELIVERIES) for e in pq.due(now)] + pq.take_stalled()
+            if due:
+                dying.setdefault(lease.partition, []).extend(due)
             e = pq.current(lease, now)
             if e is None:
                 results.append((text, EXPIRED_S))
@@ -1005,22 +1133,73 @@ class Queues:
             elif action == "renew":
                 pq.renew(e, now, lock)
             elif action == "reject":
+                mine.add(id(e))
                 dying.setdefault(lease.partition, []).append((pq.reject(e), REASON_REJECTED))
             else:
                 dead = pq.release(e, now, delay_ms)
                 if dead is not None:
+                    mine.add(id(dead))
                     dying.setdefault(lease.partition, []).append((dead, REASON_MAX_DELIVERIES))
             results.append((text, ACTIONS[action]))
-        for p, entries in dying.items():
-            log = state.partitions[p]
-            read = await _read_offsets(log, [e.offset for e, _ in entries])
-            for reason in (REASON_MAX_DELIVERIES, REASON_REJECTED):
-                await self._dead_letter(q, p, [e for e, r in entries if r == reason], read, reason)
+        failed = await self._dead_letter_partitions(q, state, dying, mine)
+        # what the call changed is persisted also when a dead letter failed (an acknowledgement
+        # beside it is durable); the call fails after that, where its own reject (or release at
+        # max_deliveries) is what was not done: the record stays dying, dead-lettered later
         for p in sorted(touched | set(dying)):
             await self._persist(q, p, q.partitions[p])
         if action != "renew" and touched:
             q.touched()  # released records, and the next record of a key, may be leased now
+        if action == "release":
+            self._wake.set()  # (a delay to end)
+        if failed:
+            raise failed[0]
         return results
+
+    async def _dead_letter_partitions(
+        self, q: Queue, state: Any, dying: dict[int, list[tuple[Entry, str]]], mine: set[int]
+    ) -> list[BaseException]:
+        """_dead_letters of each partition's dying records, read first (a read that fails
+        stalls them as a failed append does)."""
+        failed: list[BaseException] = []
+        for p, entries in dying.items():
+            try:
+                read = await _read_offsets(state.partitions[p], [e.offset for e, _ in entries])
+            except Exception as exc:
+                q.partitions[p].stall(entries)
+                if any(id(e) in mine for e, _r in entries):
+                    failed.append(exc)
+                continue
+            failed += await self._dead_letters(q, p, entries, read, mine)
+        return failed
+
+    async def _dead_letters(
+        self,
+        q: Queue,
+        p: int,
+        dying: list[tuple[Entry, str]],
+        read: dict[int, Record],
+        mine: set[int] = frozenset(),  # type: ignore[assignment]
+    ) -> list[BaseException]:
+        """_dead_letter for each reason. A dead letter that cannot be written (the dead-letter
+        topic's partition down, a full disk) leaves its records dying, retried by a later call
+        (PartitionQueue.stall); the errors of records in `mine` (ids) are returned, the others
+        logged."""
+        pq = q.partitions[p]
+        errors: list[BaseException] = []
+        for reason in (REASON_MAX_DELIVERIES, REASON_REJECTED):
+            entries = [e for e, r in dying if r == reason]
+            if not entries:
+                continue
+            try:
+                await self._dead_letter(q, p, entries, read, reason)
+            except Exception as exc:
+                pq.stall((e, reason) for e in entries)
+                if any(id(e) in mine for e in entries):
+                    errors.append(exc)
+                else:
+                    logger.warning("queue %s/%s: dead letters of partition %d wait: %s",
+                                   q.topic, q.name, p, exc)
+        return errors
 
     async def _dead_letter(
         self, q: Queue, p: int, dying: list[Entry], read: dict[int, Record], reason: str

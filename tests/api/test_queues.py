@@ -173,3 +173,5 @@ def test_metrics_show_each_queue(app_server) -> None:
     assert value("eventlog_queue_leased") == 1
     assert value("eventlog_queue_available") == 2
     assert value("eventlog_queue_lag") == 3
+    # the oldest unsettled record was produced in this test, just now
+    assert 0 <= value("eventlog_queue_oldest_unacked_age_seconds") < 60

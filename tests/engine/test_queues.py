@@ -87,11 +87,12 @@ class WindowMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.pq is not None)
     def lease(self, n: int, lock: int) -> None:
         assert self.pq is not None
-        dying = self.pq.due(self.now)
+        # dead letters durable first: a dying record holds its key back until then
+        # (test_a_dying_record_holds_its_key)
+        self.pq.dead_done(self.pq.due(self.now))
         self._model_due()
         leased, more = self.pq.take(n, self.now, lock, lambda: next(self.nonces))
         assert not more  # counts reach max_deliveries only through expiry or release here
-        self.pq.dead_done(dying)
         expected = [
             o
             for o, m in sorted(self.model.items())
@@ -199,6 +200,25 @@ def test_the_window_holds_only_unsettled_records() -> None:
     assert pq.start == 999 and list(pq.entries) == [999]
     changes = pq.take_changes()
     assert changes.start == (999, 999, 0)
+
+
+def test_a_dying_record_holds_its_key() -> None:
+    """A record rejected (or expired at max_deliveries) holds its key's next record back until
+    its dead letter is durable (dead_done): were it never written, the record would be
+    delivered again, and after its key's next one."""
+    pq = PartitionQueue(0, 5, True, 0)
+    pq.admit([(0, b"k"), (1, b"k"), (2, b"j")], 3)
+    [first, other], _ = pq.take(5, 0, 10, lambda: 1)
+    assert (first.offset, other.offset) == (0, 2)
+    dying = pq.reject(first)
+    assert pq.take(5, 0, 10, lambda: 2) == ([], [])
+    pq.stall([(dying, "rejected")])  # its dead letter failed: still held
+    assert pq.take(5, 0, 10, lambda: 2) == ([], [])
+    [(again, reason)] = pq.take_stalled()
+    assert (again, reason) == (dying, "rejected")
+    pq.dead_done([again])
+    [second], _ = pq.take(5, 0, 10, lambda: 3)
+    assert second.offset == 1
 
 
 # -- a queue in an engine ------------------------------------------------------------------------
@@ -372,3 +392,59 @@ async def test_deleting_the_topic_deletes_its_queues(tmp_path: Path) -> None:
         assert engine.queues.names("jobs") == []
     async with open_engine(cfg(tmp_path)) as engine:
         assert engine.queues.names("jobs") == []
+
+
+async def test_leases_run_out_and_dead_letter_without_a_call(tmp_path: Path) -> None:
+    """Eager expiry (Queues.run): a lease whose lock ran out is available again, and one at
+    max_deliveries is dead-lettered, with no lease or settle call to notice."""
+    clock = FakeClock()
+    async with open_engine(cfg(tmp_path), clock) as engine:
+        await engine.create_topic("jobs", 1)
+        await engine.create_topic("dead", 1)
+        await produce(engine, "jobs", [(b"a", b"1"), (b"b", b"2")])
+        settings = QueueSettings(lock_ms=100, max_deliveries=1, dead_letter_topic="dead")
+        await engine.queues.create("jobs", "w", settings)
+        await engine.queues.create("jobs", "v", QueueSettings(lock_ms=100))
+        assert len(await engine.queues.lease("jobs", "w", 1)) == 1
+        assert len(await engine.queues.lease("jobs", "v", 2)) == 2
+        v = engine.queues._queues[("jobs", "v")].partitions[0]
+        assert v.leased == 2
+        clock.now += 100
+        with anyio.fail_after(5):
+            while v.leased or engine.partition("dead", 0).high_watermark == 0:
+                await anyio.sleep(0.02)
+        assert v.ready == [0, 1]  # available again, by nothing but time
+        dead = await engine.partition("dead", 0).read_records(0, 10, 1 << 20)
+        assert [(r.key, dict(r.headers)[DLQ_HEADERS[4]]) for r in dead.records] == [
+            (b"a", b"max_deliveries")
+        ]
+        p = engine.queues.describe("jobs", "w").partitions[0]
+        assert (p["start_offset"], p["dead_lettered"], p["leased"]) == (1, 1, 0)
+
+
+async def test_the_oldest_unacknowledged_record_s_age(tmp_path: Path) -> None:
+    """oldest_unacked_age_ms: now less the timestamp of the first record not yet settled, read
+    or not yet read into the window; 0 once all are settled."""
+    clock = FakeClock(now=10_000)
+    async with open_engine(cfg(tmp_path), clock) as engine:
+        await engine.create_topic("jobs", 1)
+        log = engine.partition("jobs", 0)
+        for ts in (1000, 4000):
+            await log.append(prepare_batches(encode_batch(0, [(None, b"x", ts, ())]), log.config))
+        await engine.queues.create("jobs", "w", QueueSettings())
+
+        def age() -> int:
+            return engine.queues.describe("jobs", "w").partitions[0]["oldest_unacked_age_ms"]
+
+        with anyio.fail_after(5):  # not read into the window yet: the expiry loop reads it
+            while age() != 9000:
+                await anyio.sleep(0.02)
+        got = await engine.queues.lease("jobs", "w", 1)
+        assert age() == 9000  # leased, not settled
+        await engine.queues.settle("jobs", "w", "ack", [got[0].lease])
+        assert age() == 6000
+        [(_topic, _name, totals)] = engine.queues.figures()
+        assert totals["oldest_unacked_age_ms"] == 6000
+        got = await engine.queues.lease("jobs", "w", 1)
+        await engine.queues.settle("jobs", "w", "ack", [got[0].lease])
+        assert age() == 0
