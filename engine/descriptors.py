@@ -16,16 +16,20 @@ worker process, transient opens, the process's own ~20): a quarter of the limit,
 at most 16,384 (256 -> 192 for the engine, 1024 -> 768, 65,536 -> 49,152).
 
 What a partition truly needs. An idle partition holds nothing, and one in use holds up to three
-(an active segment's .log, .index and .timeindex) that the budget takes back once it is idle. The
-one descriptor the budget cannot take back is the active .log's between a write and its fsync
-(the fsync must go through the descriptor the write did, or a write-back error could go unseen):
-for a commit in flight under the default flush.messages=1, but for as long as writes stay
-unflushed under flush.messages > 1, on every partition written meanwhile. So a process serves up
-to budget - 3 partitions (max_partitions: one descriptor each, and one append's three still
-free), whatever their configs; more would let unflushed partitions use up the descriptors other
-appends and connections need (503 too_many_open_files). Topic changes past that are refused up
-front (log_manager.py); internal topics never are. In a shard family each process has its own
-limit and pins only the partitions it owns. Partitions past budget / 3 take turns.
+(an active segment's .log, .index and .timeindex) that the budget takes back once it is idle,
+unflushed writes or not (issue 28): an active .log with writes not yet fsynced gives its
+descriptor back too, and its flush opens the file again and fdatasyncs that descriptor, which
+covers every dirty page of the file and reports a write-back error nobody has seen yet
+(segment.py says why that is exact on Linux, and the kernel's one caveat). Until issue 28 that
+descriptor stayed pinned until the fsync, so a process served one partition per descriptor of
+its budget (14,997 under a limit of 20,000, so 50,000 partitions needed four processes). Now
+only what is in flight pins descriptors (a write, an fsync, a read: bounded by the worker
+threads, not by the partitions), so the open-files limit no longer caps the partitions: a
+process serves any number once its budget holds one append's three (max_partitions_for), and
+partitions past budget / 3 written at once take turns through the least recently used owners.
+EVENTLOG_MAX_PARTITIONS is the cap (memory: about 18 KiB a partition). Under a limit whose
+budget cannot hold one append (the reserve takes it all: a limit below 67) user topics are
+refused up front (log_manager.py); internal topics never are.
 
 Thread-safe: owners are touched from the event loop, writer threads and reader threads.
 """
@@ -43,7 +47,8 @@ from typing import Protocol
 logger = logging.getLogger("eventlog.engine")
 
 DESCRIPTORS_PER_PARTITION = 3  # an active segment's .log, .index and .timeindex
-PINNED_PER_PARTITION = 1  # the active .log, between a write and its fsync
+# max_partitions_for when the budget holds an append: descriptors no longer limit the partitions
+ANY_NUMBER = 1 << 62
 MIN_RESERVE = 64
 MAX_RESERVE = 16_384
 # A hard limit of "unlimited" is not a number setrlimit takes for RLIMIT_NOFILE on Linux
@@ -88,16 +93,19 @@ def budget_for(limit: int) -> int:
 
 def max_partitions_for(limit: int) -> int:
     """Partitions one process serves under an open-files limit of `limit`, whatever their
-    configs: one descriptor each that unflushed writes may keep, one append's three still free."""
-    return max(budget_for(limit) - DESCRIPTORS_PER_PARTITION, 0) // PINNED_PER_PARTITION
+    configs: any number (ANY_NUMBER) once the budget holds one append's three descriptors (idle
+    partitions hold none, unflushed or not), none below that."""
+    return ANY_NUMBER if limit - reserve_for(limit) >= DESCRIPTORS_PER_PARTITION else 0
 
 
 def limit_for(partitions: int) -> int:
-    """The lowest open-files limit under which one process serves `partitions`."""
-    low, high = 1, partitions + DESCRIPTORS_PER_PARTITION + MAX_RESERVE + 1
+    """The lowest open-files limit under which one process keeps `partitions` active at once
+    (three descriptors each, none taking turns): what to raise a limit to. It serves them
+    under any limit from 67 on."""
+    low, high = 1, DESCRIPTORS_PER_PARTITION * partitions + MAX_RESERVE + 1
     while low < high:
         mid = (low + high) // 2
-        if max_partitions_for(mid) >= partitions:
+        if mid - reserve_for(mid) >= DESCRIPTORS_PER_PARTITION * partitions:
             high = mid
         else:
             low = mid + 1
@@ -129,6 +137,14 @@ class DescriptorBudget:
     def active_partitions(self) -> int:
         """Partitions whose active segments stay open at once; past it they take turns."""
         return self.budget // DESCRIPTORS_PER_PARTITION
+
+    def describe(self) -> str:
+        """The start-up line's account of the limit: what it serves and keeps open at once."""
+        if self.max_partitions == 0:
+            return (f"open-files limit {self.limit} (no user partitions: the reserve for "
+                    f"connections takes it all; raise it to at least {limit_for(1)})")
+        return (f"open-files limit {self.limit} (any number of partitions, "
+                f"{self.active_partitions} active at once, the others taking turns)")
 
     def touch(self, owner: Owner) -> None:
         """`owner` holds (or is about to open) handles and was just used."""

@@ -441,16 +441,17 @@ class TooManyOpenFilesError(TransientStorageError):
 
 class OpenFilesLimitError(EngineError):
     """Raised when a topic change would give a server process more partitions than its
-    open-files limit serves: one descriptor each that unflushed writes keep open, within the
-    limit less a reserve for connections (descriptors.max_partitions_for). `partitions`: what
-    the process would own; `needed`: the lowest limit that serves them."""
+    open-files limit serves: any number once the limit less a reserve for connections holds one
+    append's descriptors, none below that (descriptors.max_partitions_for; idle partitions hold
+    none, issue 28). `partitions`: what the process would own; `needed`: the lowest limit that
+    keeps them all open at once."""
 
     def __init__(self, partitions: int, max_partitions: int, limit: int, needed: int | None = None) -> None:
         raise_to = f" to at least {needed}" if needed is not None else ""
         super().__init__(
             f"{partitions} partitions on one server process would pass what its open-files limit of {limit} "
-            f"serves ({max_partitions} partitions: one descriptor each that unflushed writes keep open, after a "
-            "reserve for connections; idle partitions' other descriptors are taken back as needed); "
+            f"serves ({max_partitions} partitions: the reserve for connections leaves no descriptor for an "
+            "append; idle partitions hold none, unflushed or not); "
             f"raise the limit{raise_to} (ulimit -n, LimitNOFILE) and restart"
         )
         self.partitions = partitions

@@ -263,10 +263,9 @@ class ShardFamily:
         tg.start_soon(self.manager._checkpoint_loop)
         self.manager.ready = True
         logger.info(
-            "shard %d of %d ready: %d topic(s), %d partition(s) owned here, %d offline, %s; "
-            "open-files limit %d (%d partitions a process, %d active at once)", me, self.manager.shard_count,
-            len(self.manager.image.topics), len(self.manager.all_partitions()), len(self.manager._offline), self.manager._last_shutdown(clean),
-            BUDGET.limit, BUDGET.max_partitions, BUDGET.active_partitions,
+            "shard %d of %d ready: %d topic(s), %d partition(s) owned here, %d offline, %s; %s", me,
+            self.manager.shard_count, len(self.manager.image.topics), len(self.manager.all_partitions()),
+            len(self.manager._offline), self.manager._last_shutdown(clean), BUDGET.describe(),
         )
         self.manager._log_open_files_limit()
 

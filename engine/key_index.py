@@ -73,7 +73,6 @@ file takes KeyIndex._lock.
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import queue
 import struct
@@ -91,6 +90,7 @@ from crc32c import crc32c
 
 from . import filenames
 from .format import CONTROL_BIT
+from .mapping import map_read_only
 from .records import split_records
 
 if TYPE_CHECKING:
@@ -347,23 +347,24 @@ class ClosedKeys:
     @classmethod
     def read(cls, path: Path, base_offset: int, next_offset: int, log_size: int) -> ClosedKeys | None:
         """The file's entries if it is whole and belongs to this segment; None otherwise. The
-        arrays are views of the file mapped read-only: the page cache holds them, not the heap."""
+        arrays are views of the file mapped read-only: the page cache holds them, not the heap.
+        The mapping holds no descriptor (mapping.py: Python's mmap kept a duplicate open for as
+        long as the map lived, one per partition whose key index was loaded, outside the
+        descriptor budget: issue 28 met EMFILE with them)."""
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < HEADER.size:
-                    return None
-                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except FileNotFoundError:
+            size = os.stat(path).st_size
+            if size < HEADER.size:
+                return None
+            data = map_read_only(path, size)
+        except (FileNotFoundError, ValueError):  # gone, or replaced by a shorter one since
             return None
         magic, version, _flags, base, nxt, logged, count, crc, _ = HEADER.unpack_from(data)
         if (magic, version, base, nxt, logged) != (MAGIC, VERSION, base_offset, next_offset, log_size):
             return None
         if size != HEADER.size + ENTRY_BYTES * count:
             return None
-        with memoryview(data) as whole:
-            if crc32c(whole[HEADER.size:]) != crc:
-                return None
+        if crc32c(memoryview(data)[HEADER.size:]) != crc:
+            return None
         hashes = np.frombuffer(data, dtype="<u8", count=count, offset=HEADER.size)
         deltas = np.frombuffer(data, dtype="<u4", count=count, offset=HEADER.size + 8 * count)
         positions = np.frombuffer(data, dtype="<u4", count=count, offset=HEADER.size + 12 * count)

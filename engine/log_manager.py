@@ -26,10 +26,10 @@ Deleting a topic appends its event first, then removes the directories; start-up
 removal a crash interrupted.
 
 Descriptors (descriptors.py): open_engine() raises the soft open-files limit to the hard one;
-partitions open their files lazily and idle ones give them back, so a server starts with any
-number of them; topic changes that would give a process more partitions than its limit serves
-(one descriptor each that unflushed writes keep, descriptors.max_partitions_for) are refused
-(OpenFilesLimitError); internal topics never are.
+partitions open their files lazily and idle ones give them back (unflushed ones too, issue 28),
+so a process serves any number of them; only under a limit that leaves no descriptor for one
+append (descriptors.max_partitions_for) are user topics refused (OpenFilesLimitError); internal
+topics never are.
 """
 
 from __future__ import annotations
@@ -285,10 +285,8 @@ class LogManager:
         self.ready = True
         partitions = len(self.all_partitions())
         logger.info(
-            "engine ready: %d topic(s), %d partition(s), %d offline, %s; open-files limit %d "
-            "(%d partitions, %d active at once)",
-            len(self.image.topics), partitions, len(self._offline), self._last_shutdown(clean),
-            BUDGET.limit, BUDGET.max_partitions, BUDGET.active_partitions,
+            "engine ready: %d topic(s), %d partition(s), %d offline, %s; %s",
+            len(self.image.topics), partitions, len(self._offline), self._last_shutdown(clean), BUDGET.describe(),
         )
         self._log_open_files_limit()
 
@@ -854,9 +852,10 @@ class LogManager:
         refused (the server creates them at start, whatever its limit).
 
         The open-files rule is per process, on the partitions it owns (each shard of a family
-        has its own limit and writes only its own): one descriptor each that unflushed writes
-        keep, within the budget (descriptors.max_partitions_for). Partitions past what the
-        budget keeps open at once are served all the same, taking turns."""
+        has its own limit): a budget that holds one append's descriptors serves any number
+        (descriptors.max_partitions_for: idle partitions hold none, unflushed or not).
+        Partitions past what the budget keeps open at once are served all the same, taking
+        turns."""
         if internal:
             return
         in_use = sum(len(s.partitions) for name, s in self.topics.items() if name not in INTERNAL_TOPICS)
@@ -891,19 +890,20 @@ class LogManager:
         wanted = -(-self.config.max_partitions // max(self.shard_count, 1)) + len(INTERNAL_TOPICS)
         if most > BUDGET.max_partitions:
             logger.warning(
-                "%d partitions on this process, more than its open-files limit of %d serves (%d): they start and serve, "
-                "but appends may answer 503 too_many_open_files while many have unflushed writes, and no "
-                "partitions can be added; raise the limit to at least %d (ulimit -n, systemd LimitNOFILE=, "
+                "%d partitions on this process, and its open-files limit of %d leaves no descriptor for an append "
+                "after the reserve for connections: they start, but appends may answer 503 too_many_open_files, and "
+                "no partitions can be added; raise the limit to at least %d (ulimit -n, systemd LimitNOFILE=, "
                 "docker --ulimit nofile=) and restart",
-                most, BUDGET.limit, BUDGET.max_partitions, limit_for(max(most, wanted)),
+                most, BUDGET.limit, limit_for(max(most, 1)),
             )
-        elif BUDGET.max_partitions < wanted and self.shard_index == 0:
+        elif BUDGET.active_partitions < wanted and self.shard_index == 0:
             logger.warning(
-                "open-files limit %d is low: it serves %d partitions%s (EVENTLOG_MAX_PARTITIONS allows %d), "
-                "%d of them active at once (the others take turns), after %d descriptors kept for connections; "
-                "raise it to at least %d (ulimit -n, systemd LimitNOFILE=, docker --ulimit nofile=) and restart",
-                BUDGET.limit, BUDGET.max_partitions, " per process" if self.shard_count > 1 else "", self.config.max_partitions,
-                BUDGET.active_partitions, BUDGET.reserve, limit_for(wanted),
+                "open-files limit %d is low: %d partitions active at once%s (EVENTLOG_MAX_PARTITIONS allows %d), "
+                "the others take turns (their files closed and opened again), after %d descriptors kept for "
+                "connections; raise it to at least %d (ulimit -n, systemd LimitNOFILE=, docker --ulimit nofile=) "
+                "to keep them all open",
+                BUDGET.limit, BUDGET.active_partitions, " per process" if self.shard_count > 1 else "",
+                self.config.max_partitions, BUDGET.reserve, limit_for(wanted),
             )
 
     def _check_collision(self, name: str) -> None:

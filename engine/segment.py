@@ -18,6 +18,18 @@ keeps the handles until closed, or until the engine's descriptor budget takes th
 the least recently used segments (release_descriptors(), descriptors.py): a read or a write in
 flight keeps its handle, and the next use opens a new one.
 
+An active segment with unflushed writes gives its .log's descriptor back too, so an idle
+partition holds no descriptor whatever its flush settings (issue 28: 25,000 partitions under an
+open-files limit of 20,000). Its next flush() opens the .log again and fdatasyncs that
+descriptor, which is exact on Linux: fdatasync writes back every dirty page of the file, however
+it was written, and a write-back error that no descriptor has reported yet is reported to one
+opened after it (errseq "always report a writeback error once", Linux 4.17 and the stable
+kernels it went back to; the engine's other descriptors of a .log never fsync, so nothing else
+reports it first). What remains is the kernel's own caveat: an error can be lost if the inode
+is evicted from memory while no descriptor holds it (memory pressure between the release and the
+flush, after its pages failed write-back). `_dirty` (written since the last fdatasync) says a
+flush is owed; `_unsynced` is only the descriptor to use while it is still held.
+
 Index placement (Kafka >= 3.7, per batch): before counting a batch, if more than
 index.interval.bytes were appended since the last entry, add (batch last offset, batch start
 position) to the offset index and (largest timestamp so far, its batch's last offset) to the
@@ -105,10 +117,10 @@ class LogSegment:
         self._file: FileHandle | None = None
         self._fd_writable = False  # _file was opened for writing
         self._appendable = False  # the active segment: appends allowed
-        # the handle the last unsynced write went through: flush() fsyncs that very descriptor
-        # (a write-back error is reported to descriptors open when it happened, not to one
-        # opened after it, so a handle the budget took back must not be swapped for a new one)
+        # the handle the last unsynced write went through, while the budget leaves it to us:
+        # flush() fsyncs that very descriptor, else one opened anew (module docstring)
         self._unsynced: FileHandle | None = None
+        self._dirty = False  # written (or truncated) since the last fdatasync, by any descriptor
         self._fd_lock = threading.Lock()
         self._index_lock = threading.Lock()
         self._max_timestamp: int | None = None  # None = not loaded yet
@@ -255,12 +267,16 @@ class LogSegment:
     def release_descriptors(self) -> bool:
         """Let go of this segment's descriptors (the descriptor budget is spent); in-flight
         reads and writes keep theirs, the next use reopens. False if the segment is busy
-        opening one right now, or is leaving the log (its handles are pinned for readers)."""
+        opening one right now, or is leaving the log (its handles are pinned for readers).
+
+        Unflushed writes do not pin the .log's descriptor: `_dirty` remembers that a flush is
+        owed, and flush() opens the file again (module docstring: why that is exact)."""
         if self.suffix == filenames.DELETED_SUFFIX or not self._fd_lock.acquire(blocking=False):
             return False
         try:
             self._file = None
             self._fd_writable = False
+            self._unsynced = None  # a flush in flight holds its own reference
         finally:
             self._fd_lock.release()
         self._offset_index.release_handle()
@@ -371,6 +387,7 @@ class LogSegment:
         try:
             handle = self._writable_handle()  # held while its descriptor is in use
             self._unsynced = handle
+            self._dirty = True
             pwrite_all(handle.fd, self._staged, position)
         except OSError as exc:
             raise storage_error(exc, self.log_path, "append failed") from exc
@@ -399,10 +416,12 @@ class LogSegment:
             self.open_for_append()
         with io_errors(self.log_path, "cannot undo a failed append"):
             handle = self._unsynced or self._writable_handle()
+            self._dirty = True
             os.ftruncate(handle.fd, size)
         try:
             fdatasync(handle.fd)
             self._unsynced = None
+            self._dirty = False
         except OSError as exc:
             if exc.errno not in DISK_FULL_ERRNOS:
                 # never transient (not storage_error): an undo that fails must fail the partition
@@ -427,12 +446,14 @@ class LogSegment:
 
     def flush(self) -> None:
         """fdatasync the .log (indexes are rebuilt by recovery, so they are synced on close),
-        through the descriptor the unsynced writes went through."""
+        through the descriptor the unsynced writes went through while it is held, else through
+        one opened now (the budget took it back: exact on Linux, see the module docstring)."""
         if self._appendable:
             try:
                 handle = self._unsynced or self._writable_handle()  # held while in use
                 fdatasync(handle.fd)
                 self._unsynced = None
+                self._dirty = False
             except OSError as exc:
                 raise storage_error(exc, self.log_path, "fsync failed") from exc
 
@@ -444,6 +465,7 @@ class LogSegment:
         """What flush() leaves, for a .log a syncfs of its filesystem made durable (its writes
         were made before that syncfs began, and it reported no error)."""
         self._unsynced = None
+        self._dirty = False
 
     def close_for_append(self) -> None:
         """Roll or clean shutdown: final time index entry, fsync, trim indexes, read-only."""
@@ -452,7 +474,7 @@ class LogSegment:
         self.write_staged()
         if self.max_timestamp != NO_TIMESTAMP:
             self._time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp, skip_full_check=True)
-        if self._unsynced is not None:  # else nothing was written since the last fdatasync
+        if self._dirty:  # else nothing was written since the last fdatasync
             self.flush()
         self._offset_index.close_for_append()
         self._time_index.close_for_append()

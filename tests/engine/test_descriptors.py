@@ -12,8 +12,10 @@ import anyio
 import pytest
 
 from engine import reader
+from engine import segment as segment_module
 from engine.config import LogConfig
 from engine.descriptors import (
+    ANY_NUMBER,
     BUDGET,
     MIN_RESERVE,
     budget_for,
@@ -51,14 +53,56 @@ def test_the_budget_keeps_a_reserve() -> None:
     assert budget_for(60) == 3  # never below one partition in use
 
 
-def test_a_process_serves_a_partition_per_descriptor_of_its_budget() -> None:
-    """One descriptor each that unflushed writes keep, and one append's three left free; the
-    other descriptors of idle partitions are taken back (issue 23: it was three each)."""
-    assert max_partitions_for(256) == 189 and max_partitions_for(1024) == 765
-    assert max_partitions_for(67) == 0 and max_partitions_for(68) == 1
-    for partitions in (1, 189, 190, 4098, 100_000):
+def test_a_process_serves_any_number_of_partitions_once_its_budget_holds_an_append() -> None:
+    """Idle partitions hold no descriptor, unflushed or not (issue 28: it was one each that
+    unflushed writes kept, issue 23 three), so the limit no longer caps the partitions; below
+    one append's three after the reserve, user topics are refused. What to raise a limit to is
+    what keeps the partitions all active at once (three each)."""
+    assert max_partitions_for(66) == 0 and max_partitions_for(67) == ANY_NUMBER
+    assert max_partitions_for(256) == max_partitions_for(20_000) == ANY_NUMBER
+    for partitions in (1, 64, 65, 4098, 100_000):
         limit = limit_for(partitions)
-        assert max_partitions_for(limit) >= partitions > max_partitions_for(limit - 1)
+        assert budget_for(limit) // 3 >= partitions > (limit - 1 - reserve_for(limit - 1)) // 3
+    assert limit_for(1) == 67 and limit_for(64) == 256
+
+
+async def test_idle_partitions_with_unflushed_writes_hold_no_descriptor(
+    tmp_path: Path, small_budget: int, monkeypatch
+) -> None:
+    """Issue 28: 30 partitions under flush.messages far above what they get, all written: once
+    the budget is spent, the least recently written ones give their .log back although their
+    writes are not fsynced yet (it stayed open until the fsync, so a process served one
+    partition per descriptor). Their flush opens the .log again; nothing is lost, and what the
+    engine holds stays within the budget (one commit in flight may hold its own)."""
+    config = LogConfig(index_interval_bytes=100, flush_messages=1_000_000)
+    async with AsyncExitStack() as stack:
+        logs = [
+            await stack.enter_async_context(running_log(tmp_path / f"t-{p}", config))
+            for p in range(30)
+        ]
+        for round_ in range(2):
+            for log in logs:
+                await put(log, f"r{round_}", 2)
+                assert BUDGET.open <= small_budget + 3
+        dirty = [log for log in logs if log.view.segments[-1]._dirty]
+        released = [log for log in dirty if log.view.segments[-1]._unsynced is None]
+        # unflushed, their descriptor given back
+        assert len(dirty) == 30 and len(released) >= 30 - small_budget
+        synced: list[str] = []  # what each fdatasync went to: the .log, by a descriptor opened anew
+        real = segment_module.fdatasync
+
+        def fdatasync(fd: int) -> None:
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            real(fd)
+
+        monkeypatch.setattr(segment_module, "fdatasync", fdatasync)
+        for log in released:
+            await log.flush()
+            assert not log.view.segments[-1]._dirty
+        assert synced == [str(log.view.segments[-1].log_path) for log in released]
+        assert BUDGET.open <= small_budget
+        for log in logs:
+            assert [v[:3] for v in values(log)] == [b"r0-"] * 2 + [b"r1-"] * 2
 
 
 async def test_reads_across_many_segments_stay_within_the_budget(tmp_path: Path, small_budget: int) -> None:

@@ -5,6 +5,7 @@ compaction); files damaged or missing are rebuilt; colliding hashes never mix ke
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import anyio
@@ -67,9 +68,13 @@ def test_closed_keys_file_round_trip_and_checks(tmp_path: Path) -> None:
     assert closed.offsets_of(4).tolist() == []
     path = tmp_path / "x.keyindex"
     closed.write(path, next_offset=106, log_size=999)
+    before = set(os.listdir("/proc/self/fd"))
     back = ClosedKeys.read(path, 100, 106, 999)
     assert back is not None
     assert all(np.array_equal(getattr(back, a), getattr(closed, a)) for a in ("hashes", "deltas", "positions"))
+    # mapped, and no descriptor held for it (issue 28: Python's mmap kept one per loaded file,
+    # outside the descriptor budget, so partitions' key indexes used up the open-files limit)
+    assert set(os.listdir("/proc/self/fd")) <= before
     # another segment's file (a compaction swap at the same base), or a damaged one, is not used
     assert ClosedKeys.read(path, 100, 106, 998) is None
     assert ClosedKeys.read(path, 100, 105, 999) is None
