@@ -16,12 +16,13 @@ records over 100 partitions from librdkafka producers, against Redis AOF always 
 one-record path) and kafka_consume (librdkafka reading 1 GB against cat of the segment files),
 with kafka_clients holding their librdkafka load; keys_compaction (per-key reads around a
 compaction pass) and scale (start, stop and the first append after a restart against
-partitions and stored data, as log-log slopes). bench/capacity/ is the capacity run for
-big machines (its own scripts; see bench/README.md).
+partitions and stored data, as log-log slopes); queues (workers leasing 100 records and
+acknowledging them, against Redis Streams XREADGROUP + XACK and NATS JetStream).
+bench/capacity/ is the capacity run for big machines (its own scripts; see bench/README.md).
 """
 
 BENCHMARKS = (
     "append", "read", "lookup", "restart", "http_produce", "http_raw", "http_fetch", "compaction", "snapshot", "spark",
     "http_shards", "http_small", "http_fanout", "http_keys", "groups",
-    "kafka_small", "kafka_consume", "keys_compaction", "scale",
+    "kafka_small", "kafka_consume", "keys_compaction", "scale", "queues",
 )

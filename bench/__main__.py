@@ -61,6 +61,7 @@ SPACE_GB = {
     "kafka_consume": (2.5, 0.8),
     "keys_compaction": (2, 0.5),
     "scale": (8.5, 1),  # its largest active segment: 4 GB (EVENTLOG_BENCH_SCALE_DATA_GB=16: 16)
+    "queues": (1, 0.5),
 }
 
 

@@ -21,8 +21,9 @@ is read again.
 Leases are opaque strings (base64url of queue id, partition, offset, delivery count and a random
 nonce): a lease whose record was since leased again, settled, or whose lock ran out is known as
 `expired`, never mistaken for the current one; one that does not decode, or names another
-queue, is `unknown`. Expiry is lazy: every call to the queue first returns the leases past their
-deadline to `available` (delivery count kept; the next lease adds one). A record whose delivery
+queue, is `unknown`. Expiry is eager: Queues.run returns leases past their deadline to
+`available` (delivery count kept; the next lease adds one) when they are due, dead-letters those
+at max_deliveries and wakes long-polls; every call also does so first. A record whose delivery
 count reached max_deliveries and whose lease expires or is released, or that is rejected, goes
 to the dead-letter topic (the original key, value and headers, plus DLQ_HEADERS naming the
 source topic, partition, offset, delivery count and reason), or without one is archived
