@@ -77,6 +77,7 @@ import os
 import queue
 import struct
 import threading
+import time
 import weakref
 from array import array
 from collections.abc import Sequence
@@ -173,10 +174,11 @@ class ActiveKeys:
         prefix = self.prefix
         return self.entries + (len(prefix) if prefix is not None else 0)
 
-    def load_prefix(self, segment: LogSegment) -> None:
+    def load_prefix(self, segment: LogSegment, *, background: bool = False) -> None:
         """Load the entries of the segment's first prefix_end bytes, once: from its
         `.keyindex` when that matches the segment as it was then, else by scanning them.
-        Blocking; whoever comes second waits for the first (the background thread or a reader)."""
+        Blocking; whoever comes second waits for the first (the background thread or a reader).
+        `background`: the loader thread's scan gives the GIL up after every batch (_scan_into)."""
         if self.prefix_ready.is_set():
             return
         with self._prefix_lock:
@@ -187,7 +189,7 @@ class ActiveKeys:
             source = "file"
             if keys is None:
                 scanned = ActiveKeys(self.base_offset)
-                _scan_into(scanned, segment, self.prefix_end)
+                _scan_into(scanned, segment, self.prefix_end, yield_gil=background)
                 keys = scanned.freeze()
                 source = "scan"
             self.prefix = keys
@@ -425,7 +427,7 @@ class _Loader:
             if active.cancelled or active.prefix_ready.is_set():
                 continue
             try:
-                active.load_prefix(segment)
+                active.load_prefix(segment, background=True)
             except Exception as exc:  # (a segment closed under it, say): whoever needs it loads it
                 where = f"{segment.directory.name}/{segment.name}"
                 logger.debug("%s: key index not loaded in the background: %r", where, exc)
@@ -608,10 +610,19 @@ class KeyIndex:
 
 
 
-def _scan_into(active: ActiveKeys, segment: LogSegment, end_position: int) -> None:
-    """Add the entries of the segment's bytes from what `active` covers to `end_position`."""
+def _scan_into(
+    active: ActiveKeys, segment: LogSegment, end_position: int, *, yield_gil: bool = False
+) -> None:
+    """Add the entries of the segment's bytes from what `active` covers to `end_position`.
+
+    `yield_gil`: sleep(0) after each batch, so that a background scan hands the GIL to a
+    waiting thread within one batch's work instead of the interpreter's 5 ms switch interval:
+    an append after a crash needs the GIL a few times (event loop, writer thread), and waited up
+    to 5 ms each time for a scan of a large active segment (13 ms first appends at 256 MB)."""
     for offsets, keys, position in segment_keys(segment, end_position, active.scanned_to):
         active.add_keys(offsets, keys, position)
+        if yield_gil:
+            time.sleep(0)
     active.scanned_to = max(active.scanned_to, end_position)
 
 

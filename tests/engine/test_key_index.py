@@ -480,3 +480,28 @@ async def test_entries_loaded_from_an_older_view_are_brought_up_to_date(tmp_path
     async with running_log(tmp_path, LogConfig(segment_bytes=10_000), clock=clock) as log:
         await check_keys(log)
         assert log.key_index.rebuilt_files == 0
+
+
+async def test_a_background_scan_gives_the_gil_up_after_every_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28: a scan of the active segment in the loader thread held the GIL for the
+    interpreter's whole switch interval (5 ms) each time, and the first append after a crash
+    waited for it a few times over (13 ms at 256 MB). It sleeps (0) after each batch, so a
+    waiting thread gets the GIL within one batch's work; a reader's scan in the foreground
+    does not."""
+    clock = FakeClock()
+    async with running_log(tmp_path / "t-0", LogConfig(), clock=clock) as log:
+        for i in range(7):
+            await append_for(log, KEYS[i % 6], [b"a", b"b"], clock)
+        segment = log.view.segments[-1]
+        end = segment.size
+    yields: list[float] = []
+    monkeypatch.setattr(key_index.time, "sleep", yields.append)
+    key_index_file(tmp_path / "t-0", 0).unlink(missing_ok=True)  # what a crash leaves
+    background = ActiveKeys(0, end, 14)
+    background.load_prefix(segment, background=True)
+    assert background.prefix_source == "scan" and yields == [0] * 7  # one per batch
+    foreground = ActiveKeys(0, end, 14)
+    foreground.load_prefix(segment)
+    assert foreground.prefix_source == "scan" and yields == [0] * 7

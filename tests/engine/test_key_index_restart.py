@@ -60,13 +60,14 @@ class Gate:
         self.calls: list[tuple[str, int, int]] = []  # (thread, from, to)
         real = key_index._scan_into
 
-        def scan(active, segment, end_position):
+        def scan(active, segment, end_position, **kw):
             name = threading.current_thread().name
             self.calls.append((name, active.scanned_to, end_position))
             if name == "eventlog-keyindex-load":
+                assert kw == {"yield_gil": True}  # the loader's scan hands the GIL on per batch
                 self.entered.set()
                 assert self.open.wait(20), "the gate was never opened"
-            return real(active, segment, end_position)
+            return real(active, segment, end_position, **kw)
 
         monkeypatch.setattr(key_index, "_scan_into", scan)
 
