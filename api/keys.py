@@ -48,6 +48,7 @@ from .records import (
     dropped_events,
     dropped_headers,
     dropped_json,
+    partition_span,
     produce_service,
 )
 from .schemas import Format, KeyProduceResponse, KeyRecordsResponse, Problem
@@ -209,7 +210,10 @@ def key_answer(done: KeyProduced) -> bytes:
     """A per-key append's answer (KeyProduceResponse), from engine.produce.KeyProduced (the hot
     lane, api/lane.py, answers it too)."""
     return orjson.dumps({"partition": done.partition, "offsets": done.offsets, "base_offset": done.offsets[0],
-                         "last_offset": done.offsets[-1]})
+                         "last_offset": done.offsets[-1],
+                         "partitions": [
+                             partition_span(done.partition, done.offsets[0], done.offsets[-1])
+                         ]})
 
 
 @router.get(

@@ -118,15 +118,35 @@ def _record_bytes(record: Record) -> int:
 
 
 def _offsets_body(offsets: list[dict[str, int]]) -> list[bytes]:
-    return dumps_parts(offsets, list, b'{"offsets":', {})
+    return dumps_parts(offsets, list, b'{"offsets":', {"partitions": produced_partitions(offsets)})
 
 
-def _partition_answer(offsets: list[dict[str, int]]) -> dict[str, int]:
+def produced_partitions(offsets: list[dict[str, int]]) -> list[dict[str, int]]:
+    """The `partitions` member of every produce answer (schemas.ProducedPartition): per
+    partition written, the offsets of the request's first and last record there. A request's
+    records in one partition get increasing offsets in request order (one batch a partition)."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for o in offsets:
+        partition = o["partition"]
+        if partition not in first:
+            first[partition] = o["offset"]
+        last[partition] = o["offset"]
+    return [partition_span(p, first[p], last[p]) for p in sorted(first)]
+
+
+def partition_span(partition: int, base_offset: int, last_offset: int) -> dict[str, int]:
+    return {"partition": partition, "base_offset": base_offset, "last_offset": last_offset}
+
+
+def _partition_answer(offsets: list[dict[str, int]]) -> dict[str, Any]:
+    partition, base, last = offsets[0]["partition"], offsets[0]["offset"], offsets[-1]["offset"]
     return {
-        "partition": offsets[0]["partition"],
-        "base_offset": offsets[0]["offset"],
-        "last_offset": offsets[-1]["offset"],
+        "partition": partition,
+        "base_offset": base,
+        "last_offset": last,
         "timestamp": max(o["timestamp"] for o in offsets),
+        "partitions": [partition_span(partition, base, last)],
     }
 
 
@@ -319,7 +339,7 @@ async def _produce_to_partition(
 async def produce_to_partition_body(
     service: ProduceService, topic: str, partition: int, content_type: str, body: bytearray, principal: str,
     idempotency_key: str | None, if_match: str | None, max_inflated_bytes: int,
-) -> tuple[dict[str, int], bool]:
+) -> tuple[dict[str, Any], bool]:
     """The produce-to-partition answer ({partition, base_offset, last_offset, timestamp}) and
     whether it was a replay, for a body of `content_type` (JSON or raw batches: 415 otherwise)."""
     content_type = content_type.split(";")[0].strip().lower()
@@ -333,7 +353,8 @@ async def produce_to_partition_body(
         except OffsetMismatchError as exc:
             raise refused(exc, condition) from None
         payload = {"partition": partition, "base_offset": raw.base_offset,
-                   "last_offset": raw.last_offset, "timestamp": raw.timestamp}
+                   "last_offset": raw.last_offset, "timestamp": raw.timestamp,
+                   "partitions": [partition_span(partition, raw.base_offset, raw.last_offset)]}
         return payload, raw.replayed
     if content_type in ("application/json", ""):
         try:

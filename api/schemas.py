@@ -170,8 +170,8 @@ class ProducedPartition(BaseModel):
     key's) has `partitions`, a list of these: the one shape a client can read from all three."""
 
     partition: int
-    base_offset: int = Field(description="the offset of the request's first record in this partition")
-    last_offset: int = Field(description="the offset of the request's last record in this partition")
+    base_offset: int = Field(description="the offset of the request's first record here")
+    last_offset: int = Field(description="the offset of the request's last record here")
 
 
 PRODUCED_PARTITIONS_DOC = (
@@ -181,7 +181,9 @@ PRODUCED_PARTITIONS_DOC = (
 
 
 class ProduceResponse(BaseModel):
-    offsets: list[RecordOffset] = Field(description="each record's partition, offset and timestamp, in request order")
+    offsets: list[RecordOffset] = Field(
+        description="each record's partition, offset and timestamp, in request order"
+    )
     partitions: list[ProducedPartition] = Field(description=PRODUCED_PARTITIONS_DOC)
 
 
@@ -190,7 +192,9 @@ class PartitionProduceResponse(BaseModel):
     base_offset: int
     last_offset: int
     timestamp: int = Field(description="the LogAppendTime if the topic uses it, else the largest record timestamp")
-    partitions: list[ProducedPartition] = Field(description=PRODUCED_PARTITIONS_DOC + " (here: this one)")
+    partitions: list[ProducedPartition] = Field(
+        description=PRODUCED_PARTITIONS_DOC + " (here: this one)"
+    )
 
 
 class FetchedRecord(BaseModel):
@@ -245,7 +249,9 @@ class KeyProduceResponse(BaseModel):
     offsets: list[int] = Field(description="of the records, in request order; the last is the key's new version (ETag)")
     base_offset: int
     last_offset: int
-    partitions: list[ProducedPartition] = Field(description=PRODUCED_PARTITIONS_DOC + " (here: the key's)")
+    partitions: list[ProducedPartition] = Field(
+        description=PRODUCED_PARTITIONS_DOC + " (here: the key's)"
+    )
 
 
 class KeyRecordsResponse(BaseModel):

@@ -107,7 +107,10 @@ def test_idempotency_key_on_the_partition_endpoint_json_and_raw(client: httpx.Cl
     c = client.post(path, content=raw, headers={"content-type": RAW, "Idempotency-Key": "raw-1"})
     d = client.post(path, content=raw, headers={"content-type": RAW, "Idempotency-Key": "raw-1"})
     assert c.status_code == d.status_code == 200
-    assert c.json() == d.json() == {"partition": 0, "base_offset": 2, "last_offset": 3, "timestamp": T0 + 1}
+    assert c.json() == d.json() == {
+        "partition": 0, "base_offset": 2, "last_offset": 3, "timestamp": T0 + 1,
+        "partitions": [{"partition": 0, "base_offset": 2, "last_offset": 3}],
+    }
     # a retried conditional append is a replay, not a mismatch
     e = produce(client, path, ["c"], headers={"Idempotency-Key": "j2", "If-Match": '"4"'})
     f = produce(client, path, ["c"], headers={"Idempotency-Key": "j2", "If-Match": '"4"'})

@@ -42,7 +42,8 @@ def test_a_body_with_every_documented_field_is_accepted_and_one_more_is_refused(
         assert set(body) == produce.BODY_KEYS
         ok = c.post("/v1/topics/t/records", json=body)
         assert ok.status_code == 200, ok.text
-        assert ok.json() == {"offsets": [{"partition": 0, "offset": 0, "timestamp": 5}]}
+        assert ok.json() == {"offsets": [{"partition": 0, "offset": 0, "timestamp": 5}],
+                             "partitions": [{"partition": 0, "base_offset": 0, "last_offset": 0}]}
         for where, extended, unknown in [
             ("body", {**body, "expected_offset": 1, "extra": 1}, "unknown field(s): extra"),
             ("record", {"records": [{**record, "extra": 1}]}, "records[0]: unknown field(s): extra"),

@@ -377,6 +377,14 @@ def _produce_records(s: Scene) -> None:
     assert isinstance(s.produced, m.ProduceResponse), s.produced
     assert [o.partition for o in s.produced.offsets] == [partition_for_key(f"user-{i}".encode(), 3) for i in range(12)]
     assert [o.timestamp for o in s.produced.offsets] == [1_000 + i for i in range(12)]
+    # the member every produce answer has: per partition written, its first and last offset
+    by_partition: dict[int, list[int]] = {}
+    for o in s.produced.offsets:
+        by_partition.setdefault(o.partition, []).append(o.offset)
+    assert [(p.partition, p.base_offset, p.last_offset) for p in s.produced.partitions] == [
+        (p, offsets[0], offsets[-1]) for p, offsets in sorted(by_partition.items())
+    ]
+    assert all(isinstance(p, m.ProducedPartition) for p in s.produced.partitions)
     # other formats: base64 keys, JSON values and header values
     produced = s.op("records", "produce_records").sync(
         topic="events", client=s.client,
@@ -456,11 +464,13 @@ def _produce_to_partition(s: Scene) -> None:
     )
     assert isinstance(one, m.PartitionProduceResponse), one
     assert (one.partition, one.base_offset, one.last_offset, one.timestamp) == (0, 10, 11, 3_001)
+    assert [(p.partition, p.base_offset, p.last_offset) for p in one.partitions] == [(0, 10, 11)]
     # a raw Kafka v2 batch, sent as application/octet-stream
     batch = build_batch([(b"k", b"raw", 4_000, [("h", b"v")]), (None, b"raw2", 4_001, [])])
     raw = to_partition.sync(topic="events", partition=0, client=s.client, body=s.sdk.types.File(payload=io.BytesIO(batch)))
     assert isinstance(raw, m.PartitionProduceResponse), raw
     assert (raw.base_offset, raw.last_offset, raw.timestamp) == (12, 13, 4_001)
+    assert [(p.partition, p.base_offset, p.last_offset) for p in raw.partitions] == [(0, 12, 13)]
     page = s.op("records", "fetch_records").sync(topic="events", partition=0, client=s.client, offset=10)
     assert [(r.offset, r.key, r.value, [(h.key, h.value) for h in r.headers]) for r in page.records] == [
         (10, None, "x", []), (11, None, None, []), (12, "k", "raw", [("h", "v")]), (13, None, "raw2", []),
@@ -620,6 +630,7 @@ def _append_key_records(s: Scene) -> None:
         body=m.KeyProduceRequest(records=[m.KeyRecord(value={"type": "paid"}, timestamp=6_001)], value_format=m.Format.JSON),
     )
     assert (paid.base_offset, paid.last_offset) == (1, 1)
+    assert [(p.partition, p.base_offset, p.last_offset) for p in paid.partitions] == [(0, 1, 1)]
 
 
 @_uses("readKeyRecords", "keys", "read_key_records")
