@@ -68,7 +68,7 @@ def test_quota_per_principal_with_token_overrides() -> None:
         ("POST", "/v1/topics/t/partitions/0/records", PRODUCE),
         ("GET", "/v1/topics/t/partitions/0/records", FETCH),
         ("GET", "/v1/topics/t/partitions/0/records/stream", FETCH),
-        ("GET", "/v1/topics/t/records", None),
+        ("GET", "/v1/topics/t/records", FETCH),  # the merged records browser (api/browse.py)
         ("POST", "/v1/topics/t/partitions/0/delete-records", None),
         ("GET", "/v1/topics/t/partitions/0/offsets", None),
         ("POST", "/v1/topics", None),
