@@ -374,16 +374,19 @@ class ClosedKeys:
 
 
 def segment_keys(
-    segment: LogSegment, end_position: int, start_position: int = 0
+    segment: LogSegment, end_position: int, start_position: int = 0, *, yield_gil: bool = False
 ) -> Iterator[tuple[list[int], list[bytes], int]]:
     """(offsets, keys, batch position) of the keyed records of each batch in the segment's bytes
-    [start_position, end_position) (batch boundaries), in offset order (control batches skipped)."""
+    [start_position, end_position) (batch boundaries), in offset order (control batches skipped).
+    `yield_gil`: sleep(0) after each batch, keyless ones included (_scan_into says why)."""
     from .scan import scan_headers
 
     handle = segment.open_handle()
     chunk = b""
     chunk_start = 0
     for header in scan_headers(handle.fd, start_position, end_position):
+        if yield_gil:
+            time.sleep(0)
         if header.attributes & CONTROL_BIT:
             continue
         start, end = header.position, header.position + header.size
@@ -619,10 +622,9 @@ def _scan_into(
     waiting thread within one batch's work instead of the interpreter's 5 ms switch interval:
     an append after a crash needs the GIL a few times (event loop, writer thread), and waited up
     to 5 ms each time for a scan of a large active segment (13 ms first appends at 256 MB)."""
-    for offsets, keys, position in segment_keys(segment, end_position, active.scanned_to):
+    scanned = segment_keys(segment, end_position, active.scanned_to, yield_gil=yield_gil)
+    for offsets, keys, position in scanned:
         active.add_keys(offsets, keys, position)
-        if yield_gil:
-            time.sleep(0)
     active.scanned_to = max(active.scanned_to, end_position)
 
 

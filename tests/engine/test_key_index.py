@@ -494,6 +494,7 @@ async def test_a_background_scan_gives_the_gil_up_after_every_batch(
     async with running_log(tmp_path / "t-0", LogConfig(), clock=clock) as log:
         for i in range(7):
             await append_for(log, KEYS[i % 6], [b"a", b"b"], clock)
+        await append_for(log, None, [b"keyless"], clock)  # yields too: nothing else would
         segment = log.view.segments[-1]
         end = segment.size
     yields: list[float] = []
@@ -501,7 +502,7 @@ async def test_a_background_scan_gives_the_gil_up_after_every_batch(
     key_index_file(tmp_path / "t-0", 0).unlink(missing_ok=True)  # what a crash leaves
     background = ActiveKeys(0, end, 14)
     background.load_prefix(segment, background=True)
-    assert background.prefix_source == "scan" and yields == [0] * 7  # one per batch
+    assert background.prefix_source == "scan" and yields == [0] * 8  # one per batch
     foreground = ActiveKeys(0, end, 14)
     foreground.load_prefix(segment)
-    assert foreground.prefix_source == "scan" and yields == [0] * 7
+    assert foreground.prefix_source == "scan" and yields == [0] * 8
