@@ -12,9 +12,10 @@ A queue is a named consumer of one topic. Per partition it keeps a window (Parti
                        leased     (lease nonce, deadline, delivery count)
                        acked / dead-lettered   done; dropped when start_offset passes them
 
-Only the window is in memory: acknowledged prefixes move start_offset and are forgotten, and
-a read from the log takes no more records than a lease wants (up to MAX_WINDOW_RECORDS when
-ordering by key holds records back). Leasing reads records through the partition's own read
+Only the window is in memory, in arrays (about 31 bytes a record, 39 ordering by key, plus 16 a
+lease: PartitionQueue), not an object per record: acknowledged prefixes move start_offset and
+are forgotten, and a read from the log takes no more records than a lease wants (up to
+MAX_WINDOW_RECORDS when ordering by key holds records back). Leasing reads records through the partition's own read
 path (Partition.read_records: a written or a followed partition alike); a record leased again
 is read again.
 
@@ -71,10 +72,11 @@ import logging
 import re
 import secrets
 import struct
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from array import array
+from bisect import bisect_left
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import orjson
@@ -207,33 +209,15 @@ class LeaseId:
 # -- one partition's window: a pure state machine (no I/O, the time passed in) -------------------
 
 
-class Entry:
-    """One record of a window."""
+class Entry(NamedTuple):
+    """A record of a window as it was when asked (a copy: the window keeps its records in
+    arrays, see PartitionQueue). Calls that take an entry use its offset."""
 
-    __slots__ = (
-        "offset",
-        "key",
-        "state",
-        "count",
-        "nonce",
-        "deadline",
-        "ready_at",
-        "queued",
-        "stored",
-        "timestamp",
-    )
-
-    def __init__(self, offset: int, key: int | None, timestamp: int = 0) -> None:
-        self.offset = offset
-        self.timestamp = timestamp  # the record's (oldest_unacked_age_ms)
-        self.key = key  # the key's hash when ordering by key (None: not ordered)
-        self.state = AVAILABLE
-        self.count = 0  # deliveries so far
-        self.nonce = 0  # the current lease's
-        self.deadline = 0  # the current lease's, ms
-        self.ready_at = 0  # a released record's delay: leasable from then (ms; 0: now)
-        self.queued = False  # in the ready heap
-        self.stored = False  # __queue_state holds a record for this offset
+    offset: int
+    state: int
+    count: int  # deliveries so far
+    nonce: int  # the current lease's (0: none)
+    deadline: int  # the current lease's, ms
 
 
 @dataclass(slots=True)
@@ -248,9 +232,86 @@ class Changes:
         return bool(self.offsets or self.start or self.tombstones)
 
 
+# a record's flags beside its state (the low 3 bits of its state byte)
+_STATE = 0x07
+_STORED = 0x08  # __queue_state holds a record for this offset
+_QUEUED = 0x10  # in the ready heap
+_KEYED = 0x20  # ordered by its key (ordering: key and the record has one)
+# per record: offset 8, state 1, delivery count 2, deadline / ready-at 8, nonce 4, timestamp 8;
+# ordering by key adds the key's hash 4 and the link to its key's next record 4
+_COMPACT_AT = 4096  # forgotten records at the arrays' front before they are cut off
+
+
+class _Deadlines:
+    """Lease deadlines of one lock length, in the order they were given: with one lock length
+    (and a clock that does not go back) also the order they fall due, so a FIFO of two arrays
+    does what a heap of tuples did at a fraction of the memory (16 bytes a lease). An item
+    whose lease was settled or renewed since is stale: its record no longer has that deadline."""
+
+    __slots__ = ("deadlines", "offsets", "head")
+
+    def __init__(self) -> None:
+        self.deadlines = array("q")
+        self.offsets = array("q")
+        self.head = 0
+
+    def push(self, deadline: int, offset: int) -> None:
+        self.deadlines.append(deadline)
+        self.offsets.append(offset)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - self.head
+
+    def first(self) -> int:
+        return self.deadlines[self.head]
+
+    def pop(self) -> tuple[int, int]:
+        i = self.head
+        self.head = i + 1
+        item = self.deadlines[i], self.offsets[i]
+        if self.head >= _COMPACT_AT and self.head * 2 >= len(self.offsets):
+            del self.deadlines[: self.head]
+            del self.offsets[: self.head]
+            self.head = 0
+        return item
+
+
+class _Entries:
+    """The window's records by offset, as Entry copies (what tests and figures look at)."""
+
+    __slots__ = ("pq",)
+
+    def __init__(self, pq: PartitionQueue) -> None:
+        self.pq = pq
+
+    def get(self, offset: int) -> Entry | None:
+        i = self.pq._index(offset)
+        return None if i < 0 else self.pq._entry(i)
+
+    def __len__(self) -> int:
+        return len(self.pq.offsets) - self.pq.lo
+
+    def __iter__(self) -> Iterator[int]:
+        pq = self.pq
+        return iter(pq.offsets[pq.lo :])
+
+    def values(self) -> Iterator[Entry]:
+        pq = self.pq
+        return (pq._entry(i) for i in range(pq.lo, len(pq.offsets)))
+
+
 class PartitionQueue:
     """One queue's window over one partition (see the module's doc). Every method is
-    synchronous; the caller reads records and persists what take_changes() returns."""
+    synchronous; the caller reads records and persists what take_changes() returns.
+
+    Memory: the window's records live in parallel arrays (the array module), a record at index
+    i in each, the window being indices [lo, len): about 31 bytes a record (39 ordering by key)
+    plus 16 a lease in its deadline FIFO, instead of an object, a dict slot, a deque slot and heap
+    tuples per record (~300 bytes): 1 M records in flight fit in 64 MB
+    (tests/engine/test_queues.py measures it). Records never leased are found by a cursor
+    walking the arrays; only records that come back (expired, released, a key's next) go
+    through the `ready` heap. Ordering by key links each record to its key's next record in the
+    window; `heads` holds, per key with records in the window, its first and last offset."""
 
     def __init__(
         self,
@@ -269,22 +330,32 @@ class PartitionQueue:
         self.next = start
         self.acked_below = acked_below
         self.dead_below = dead_below
-        self.entries: dict[int, Entry] = {}
-        self.order: deque[int] = deque()  # the window's offsets, ascending
-        self.ready: list[int] = []  # heap: available offsets that may be leased now
+        self.offsets = array("q")  # ascending (a compacted log's gaps are simply absent)
+        self.states = bytearray()  # state | flags
+        self.counts = array("H")  # delivery counts (max_deliveries <= 1000)
+        self.when = array("q")  # leased: the deadline; available: ready-at (0: now), ms
+        self.nonces = array("I")
+        self.timestamps = array("q")  # the records' (oldest_unacked_age_ms)
+        self.hashes = array("I")  # ordering by key: the key's hash
+        self.links = array("I")  # ordering by key: index distance to the key's next (0: none)
+        self.lo = 0  # the window's first index (before: forgotten, cut off from time to time)
+        self.cursor = 0  # indices from here on: not yet looked at by take()
+        self.ready: list[int] = []  # heap: offsets before the cursor that may be leased again
         self.delayed: list[tuple[int, int]] = []  # heap: (ready_at, offset)
-        self.deadlines: list[tuple[int, int, int]] = []  # heap: (deadline, offset, nonce)
-        self.heads: dict[int, deque[int]] = {}  # key hash -> its unfinished offsets, ascending
+        self.deadlines: dict[int, _Deadlines] = {}  # lock length -> its leases' deadlines
+        self.heads: dict[int, list[int]] = {}  # key hash -> [first, last] unfinished offset
+        self.entries = _Entries(self)
         # offset -> (delivery count, state) replayed from __queue_state, for offsets not read
         # into the window yet (at or past `next`)
         self.recovered: dict[int, tuple[int, int]] = dict(recovered or {})
         self.leased = 0
-        self.done_in_window = 0
+        self.acked_in_window = 0
+        self.dead_in_window = 0
         self.redeliveries = 0
         self.lost_to_retention = 0
-        # dying entries whose dead letter could not be written (the dead-letter topic's shard
-        # down, a full disk): (entry, reason), retried by the next call that settles or expires
-        self.stalled: list[tuple[Entry, str]] = []
+        # dying offsets whose dead letter could not be written (the dead-letter topic's shard
+        # down, a full disk): (offset, reason), retried by the next call that settles or expires
+        self.stalled: list[tuple[int, str]] = []
         # (start_offset, the timestamp of the first record at or past it) while the window has
         # not read that record (start == next), kept by Queues' expiry loop: what
         # oldest_unacked() says then; None: not read yet
@@ -299,51 +370,71 @@ class PartitionQueue:
         """Leases past their deadline become available again (or, at max_deliveries, dead:
         returned, to be dead-lettered); released records whose delay passed become leasable."""
         dying: list[Entry] = []
-        while self.deadlines and self.deadlines[0][0] <= now:
-            deadline, offset, nonce = heapq.heappop(self.deadlines)
-            e = self.entries.get(offset)
-            if e is None or e.state != LEASED or e.nonce != nonce or e.deadline != deadline:
-                continue  # settled, or renewed (its new deadline has its own heap item)
-            self.leased -= 1
-            if e.count >= self.max_deliveries:
-                dying.append(self._finish(e, DEAD))
-            else:
-                self._available(e, now, 0)
+        states, when = self.states, self.when
+        for lock_ms, fifo in list(self.deadlines.items()):
+            while fifo and fifo.first() <= now:
+                deadline, offset = fifo.pop()
+                i = self._index(offset)
+                if i < 0 or states[i] & _STATE != LEASED or when[i] != deadline:
+                    continue  # settled, or renewed (its new deadline has its own item)
+                self.leased -= 1
+                if self.counts[i] >= self.max_deliveries:
+                    dying.append(self._finish(i, DEAD))
+                else:
+                    self._available(i, now, 0)
+            if not fifo:
+                del self.deadlines[lock_ms]
         while self.delayed and self.delayed[0][0] <= now:
             ready_at, offset = heapq.heappop(self.delayed)
-            e = self.entries.get(offset)
-            if e is not None and e.state == AVAILABLE and e.ready_at == ready_at:
-                e.ready_at = 0
-                self._queue(e)
+            i = self._index(offset)
+            if i >= 0 and states[i] & _STATE == AVAILABLE and when[i] == ready_at:
+                when[i] = 0
+                self._queue(i)
         return dying
 
     def take(
         self, n: int, now: int, lock_ms: int, nonce: Callable[[], int]
     ) -> tuple[list[Entry], list[Entry]]:
         """Lease up to `n` leasable records of the window, lowest offsets first: (leased, and
-        records found at max_deliveries, now dead, to be dead-lettered)."""
+        records found at max_deliveries, now dead, to be dead-lettered). Records that came back
+        (the ready heap) lie before the cursor, so they go first."""
         leased: list[Entry] = []
         dying: list[Entry] = []
-        while self.ready and len(leased) < n:
-            e = self.entries.get(heapq.heappop(self.ready))
-            if e is None:
+        states = self.states
+        fifo = self.deadlines.get(lock_ms)
+        if fifo is None:
+            fifo = self.deadlines[lock_ms] = _Deadlines()
+        end = len(self.offsets)
+        while len(leased) < n:
+            if self.ready:
+                i = self._index(heapq.heappop(self.ready))
+                if i < 0:
+                    continue
+                states[i] &= ~_QUEUED
+            elif self.cursor < end:
+                i = self.cursor
+                self.cursor = i + 1
+            else:
+                break
+            if states[i] & _STATE != AVAILABLE or self.when[i] or not self._eligible(i):
+                continue  # (one that becomes leasable later goes through the ready heap)
+            count = self.counts[i]
+            if count >= self.max_deliveries:  # (a replayed count: its last lease expired unseen)
+                dying.append(self._finish(i, DEAD))
                 continue
-            e.queued = False
-            if e.state != AVAILABLE or e.ready_at > now or not self._eligible(e):
-                continue
-            if e.count >= self.max_deliveries:  # (a replayed count: its last lease expired unseen)
-                dying.append(self._finish(e, DEAD))
-                continue
-            e.count += 1
-            if e.count > 1:
+            self.counts[i] = count = count + 1
+            if count > 1:
                 self.redeliveries += 1
-            e.state = LEASED
-            e.nonce = nonce()
-            e.deadline = now + lock_ms
-            heapq.heappush(self.deadlines, (e.deadline, e.offset, e.nonce))
+            states[i] = (states[i] & ~_STATE) | LEASED
+            offset = self.offsets[i]
+            self.nonces[i] = lease_nonce = nonce()
+            self.when[i] = deadline = now + lock_ms
+            fifo.push(deadline, offset)
             self.leased += 1
-            self._dirty.add(e.offset)
-            leased.append(e)
+            self._dirty.add(offset)
+            leased.append(Entry(offset, LEASED, count, lease_nonce, deadline))
+        if not fifo:
+            del self.deadlines[lock_ms]
         return leased, dying
 
     def wants_read(self, high_watermark: int) -> bool:
@@ -356,20 +447,31 @@ class PartitionQueue:
         for offset, key, *ts in records:
             if offset < self.next:
                 continue
-            e = Entry(offset, hash(key) if self.by_key and key is not None else None, *ts)
-            replayed = self.recovered.pop(offset, None)
+            count, state = 0, AVAILABLE
+            replayed = self.recovered.pop(offset, None) if self.recovered else None
             if replayed is not None:
-                e.count, state = replayed
-                e.stored = True
-                if state in (ACKED, DEAD):
-                    e.state = state
-                    self.done_in_window += 1
-            self.entries[offset] = e
-            self.order.append(offset)
-            if e.state == AVAILABLE:
-                if e.key is not None:
-                    self.heads.setdefault(e.key, deque()).append(offset)
-                self._queue(e)
+                count, state = replayed
+                if state == ACKED:
+                    self.acked_in_window += 1
+                elif state == DEAD:
+                    self.dead_in_window += 1
+                else:
+                    state = AVAILABLE
+                state |= _STORED
+            i = len(self.offsets)
+            self.offsets.append(offset)
+            self.counts.append(count)
+            self.when.append(0)
+            self.nonces.append(0)
+            self.timestamps.append(ts[0] if ts else 0)
+            if self.by_key:
+                self.hashes.append(hash(key) & 0xFFFFFFFF if key is not None else 0)
+                self.links.append(0)
+                if key is not None and state & _STATE == AVAILABLE:
+                    state |= _KEYED
+                    self._link(i, self.hashes[i], offset)
+            self.states.append(state)
+            self.next = offset + 1
         self.next = max(self.next, next_offset)
         if self.recovered:
             for offset in [o for o in self.recovered if o < self.next]:
@@ -380,52 +482,73 @@ class PartitionQueue:
 
     def current(self, lease: LeaseId, now: int) -> Entry | None:
         """The entry `lease` still holds, or None (expired, settled, leased again)."""
-        e = self.entries.get(lease.offset)
-        if e is None or e.state != LEASED or e.nonce != lease.nonce or e.count != lease.count:
+        i = self._index(lease.offset)
+        if (
+            i < 0
+            or self.states[i] & _STATE != LEASED
+            or self.nonces[i] != lease.nonce
+            or self.counts[i] != lease.count
+            or self.when[i] <= now
+        ):
             return None
-        return e if e.deadline > now else None
+        return self._entry(i)
 
     def ack(self, e: Entry) -> None:
         self.leased -= 1
-        self._finish(e, ACKED)
+        self._finish(self._index(e.offset), ACKED)
         self._advance()
 
     def release(self, e: Entry, now: int, delay_ms: int) -> Entry | None:
         """Back to available (after `delay_ms`); at max_deliveries dead instead (returned)."""
         self.leased -= 1
-        if e.count >= self.max_deliveries:
-            return self._finish(e, DEAD)
-        self._available(e, now, delay_ms)
+        i = self._index(e.offset)
+        if self.counts[i] >= self.max_deliveries:
+            return self._finish(i, DEAD)
+        self._available(i, now, delay_ms)
         return None
 
     def reject(self, e: Entry) -> Entry:
         self.leased -= 1
-        return self._finish(e, DEAD)
+        return self._finish(self._index(e.offset), DEAD)
 
     def renew(self, e: Entry, now: int, lock_ms: int) -> None:
-        e.deadline = now + lock_ms
-        heapq.heappush(self.deadlines, (e.deadline, e.offset, e.nonce))
+        i = self._index(e.offset)
+        self.when[i] = deadline = now + lock_ms
+        fifo = self.deadlines.get(lock_ms)
+        if fifo is None:
+            fifo = self.deadlines[lock_ms] = _Deadlines()
+        fifo.push(deadline, e.offset)
 
     def stall(self, dying: Iterable[tuple[Entry, str]]) -> None:
         """Dying entries, (entry, reason), whose dead letters were not written: they stay dying
         (not leased, holding their keys, the window not moving past them) until take_stalled()
         hands them to a later call."""
-        self.stalled += [(e, r) for e, r in dying if e.state == DYING]
+        for e, reason in dying:
+            i = self._index(e.offset)
+            if i >= 0 and self.states[i] & _STATE == DYING:
+                self.stalled.append((e.offset, reason))
 
     def take_stalled(self) -> list[tuple[Entry, str]]:
         stalled, self.stalled = self.stalled, []
-        return [(e, r) for e, r in stalled if e.state == DYING and self.entries.get(e.offset) is e]
+        out = []
+        for offset, reason in stalled:
+            i = self._index(offset)
+            if i >= 0 and self.states[i] & _STATE == DYING:
+                out.append((self._entry(i), reason))
+        return out
 
     def dead_done(self, entries: Iterable[Entry]) -> None:
         """Dying entries returned earlier were dead-lettered (or archived): they are dead now,
         to be persisted, and the window may move past them."""
+        states = self.states
         for e in entries:
-            if e.state == DYING and self.entries.get(e.offset) is e:
-                e.state = DEAD
-                self.done_in_window += 1
+            i = self._index(e.offset)
+            if i >= 0 and states[i] & _STATE == DYING:
+                states[i] = (states[i] & ~_STATE) | DEAD
+                self.dead_in_window += 1
                 self._dirty.add(e.offset)
-                if e.key is not None:
-                    self._unhead(e)
+                if states[i] & _KEYED:
+                    self._unhead(i)
         self._advance()
 
     # -- retention --------------------------------------------------------------------------
@@ -435,39 +558,41 @@ class PartitionQueue:
         records are lost to retention, counted, and the window starts at the log's start."""
         if log_start <= self.start:
             return
-        while self.order and self.order[0] < log_start:
-            e = self.entries.pop(self.order.popleft())
-            if e.state in (ACKED, DEAD):
-                self.done_in_window -= 1
-                if e.state == ACKED:
-                    self.acked_below += 1
-                else:
-                    self.dead_below += 1
+        states, end = self.states, len(self.offsets)
+        while self.lo < end and self.offsets[self.lo] < log_start:
+            i = self.lo
+            state = states[i] & _STATE
+            if state == ACKED:
+                self.acked_in_window -= 1
+                self.acked_below += 1
+            elif state == DEAD:
+                self.dead_in_window -= 1
+                self.dead_below += 1
             else:
                 self.lost_to_retention += 1
-                if e.state == LEASED:
+                if state == LEASED:
                     self.leased -= 1
-                if e.key is not None:
-                    self._unhead(e)
-            if e.stored:
-                self._tombstones.append(e.offset)
-            self._dirty.discard(e.offset)
+                if states[i] & _KEYED:
+                    self._unhead(i)
+            self._forget(i)
         if self.next < log_start:
             self.lost_to_retention += log_start - self.next  # (offsets: the records never read)
             self.next = log_start
-        self.start = self.order[0] if self.order else self.next
+        self.start = self.offsets[self.lo] if self.lo < end else self.next
         self._start_dirty = True
+        self._compact()
 
     # -- what the caller persists -------------------------------------------------------------
 
     def take_changes(self) -> Changes:
         changes = Changes()
+        states = self.states
         for offset in sorted(self._dirty):
-            e = self.entries.get(offset)
-            if e is not None:
-                e.stored = True
-                state = e.state if e.state in (ACKED, DEAD) else 0
-                changes.offsets.append((offset, e.count, state))
+            i = self._index(offset)
+            if i >= 0:
+                states[i] |= _STORED
+                state = states[i] & _STATE
+                changes.offsets.append((offset, self.counts[i], state if state in (2, 3) else 0))
         self._dirty.clear()
         if self._start_dirty:
             changes.start = (self.start, self.acked_below, self.dead_below)
@@ -475,29 +600,40 @@ class PartitionQueue:
         changes.tombstones, self._tombstones = self._tombstones, []
         return changes
 
+    def stored_offsets(self) -> list[int]:
+        """Offsets __queue_state holds a record for (what deleting the queue tombstones)."""
+        states = self.states
+        in_window = [
+            self.offsets[i] for i in range(self.lo, len(self.offsets)) if states[i] & _STORED
+        ]
+        return in_window + list(self.recovered)
+
     # -- figures ---------------------------------------------------------------------------------
 
     def next_due(self) -> int | None:
         """The earliest time (ms) a lease expires or a delay ends, if any."""
-        times = [h[0][0] for h in (self.deadlines, self.delayed) if h]
+        times = [fifo.first() for fifo in self.deadlines.values() if fifo]
+        if self.delayed:
+            times.append(self.delayed[0][0])
         return min(times) if times else None
 
     def stats(self, high_watermark: int) -> dict[str, int]:
         """The window's figures (offsets stand for records: a compacted gap counts as one).
         Settled records replayed but not read into the window yet count as settled."""
-        states = [e.state for e in self._done_entries()] + [
-            s for _n, s in self.recovered.values() if s in (ACKED, DEAD)
-        ]
-        lag = max(0, high_watermark - self.start - len(states))
-        acked = self.acked_below + states.count(ACKED)
-        dead = self.dead_below + states.count(DEAD)
+        acked, dead = self.acked_in_window, self.dead_in_window
+        for _n, s in self.recovered.values():
+            if s == ACKED:
+                acked += 1
+            elif s == DEAD:
+                dead += 1
+        lag = max(0, high_watermark - self.start - acked - dead)
         return {
             "start_offset": self.start,
             "end_offset": high_watermark,
             "available": max(0, lag - self.leased),
             "leased": self.leased,
-            "acked": acked,
-            "dead_lettered": dead,
+            "acked": self.acked_below + acked,
+            "dead_lettered": self.dead_below + dead,
             "lag": lag,
             "redeliveries": self.redeliveries,
             "lost_to_retention": self.lost_to_retention,
@@ -508,97 +644,157 @@ class PartitionQueue:
         known: from the window, or, when the window has not read it, head_timestamp."""
         if self.start >= high_watermark:
             return None
-        if self.order:  # (its first is unsettled: _advance forgets a settled prefix)
-            return self.entries[self.order[0]].timestamp
+        if self.lo < len(self.offsets):  # (its first is unsettled: _advance forgets the rest)
+            return self.timestamps[self.lo]
         if self.head is not None and self.head[0] == self.start:
             return self.head[1]
         return None
 
-    def _done_entries(self) -> Iterable[Entry]:
-        if not self.done_in_window:
-            return ()
-        return (e for e in self.entries.values() if e.state in (ACKED, DEAD))
-
     # -- internals --------------------------------------------------------------------------
 
-    def _eligible(self, e: Entry) -> bool:
-        if e.key is None:
+    def _index(self, offset: int) -> int:
+        """The index of `offset`'s record in the window, or -1."""
+        offsets, lo, end = self.offsets, self.lo, len(self.offsets)
+        if lo >= end:
+            return -1
+        i = lo + offset - offsets[lo]  # (no gaps: where it is)
+        if lo <= i < end and offsets[i] == offset:
+            return i
+        i = bisect_left(offsets, offset, lo, end)
+        return i if i < end and offsets[i] == offset else -1
+
+    def _entry(self, i: int) -> Entry:
+        state = self.states[i] & _STATE
+        return Entry(
+            self.offsets[i],
+            state,
+            self.counts[i],
+            self.nonces[i] if state == LEASED else 0,
+            self.when[i] if state == LEASED else 0,
+        )
+
+    def _eligible(self, i: int) -> bool:
+        if not self.states[i] & _KEYED:
             return True
-        waiting = self.heads.get(e.key)
-        return waiting is not None and waiting[0] == e.offset
+        head = self.heads.get(self.hashes[i])
+        return head is not None and head[0] == self.offsets[i]
 
-    def _queue(self, e: Entry) -> None:
-        if not e.queued and e.ready_at == 0 and self._eligible(e):
-            e.queued = True
-            heapq.heappush(self.ready, e.offset)
+    def _queue(self, i: int) -> None:
+        """Record `i` may be leasable now: into the ready heap unless the cursor has yet to
+        reach it."""
+        if i < self.cursor and not self.states[i] & _QUEUED and not self.when[i]:
+            if self._eligible(i):
+                self.states[i] |= _QUEUED
+                heapq.heappush(self.ready, self.offsets[i])
 
-    def _available(self, e: Entry, now: int, delay_ms: int) -> None:
-        e.state = AVAILABLE
-        e.nonce = 0
+    def _available(self, i: int, now: int, delay_ms: int) -> None:
+        self.states[i] = (self.states[i] & ~_STATE) | AVAILABLE
+        self.nonces[i] = 0
         if delay_ms > 0:
-            e.ready_at = now + delay_ms
-            heapq.heappush(self.delayed, (e.ready_at, e.offset))
+            self.when[i] = ready_at = now + delay_ms
+            heapq.heappush(self.delayed, (ready_at, self.offsets[i]))
         else:
-            e.ready_at = 0
-            self._queue(e)
+            self.when[i] = 0
+            self._queue(i)
 
-    def _finish(self, e: Entry, state: int) -> Entry:
-        """`e` is acknowledged, or (DEAD) dying: done once dead_done() says its dead letter is
-        durable. A dying record still holds its key back: were its dead letter never written
-        (a crash first), it would be delivered again, after its key's next record."""
-        e.nonce = 0
+    def _finish(self, i: int, state: int) -> Entry:
+        """Record `i` is acknowledged, or (DEAD) dying: done once dead_done() says its dead
+        letter is durable. A dying record still holds its key back: were its dead letter never
+        written (a crash first), it would be delivered again, after its key's next record."""
+        self.nonces[i] = 0
+        self.when[i] = 0
+        flags = self.states[i] & ~_STATE
         if state == DEAD:
-            e.state = DYING
-            return e
-        e.state = state
-        self.done_in_window += 1
-        self._dirty.add(e.offset)
-        if e.key is not None:
-            self._unhead(e)
-        return e
+            self.states[i] = flags | DYING
+            return self._entry(i)
+        self.states[i] = flags | state
+        self.acked_in_window += 1
+        self._dirty.add(self.offsets[i])
+        if flags & _KEYED:
+            self._unhead(i)
+        return self._entry(i)
 
-    def _unhead(self, e: Entry) -> None:
-        """`e` no longer holds its key back: the key's next record may be leased."""
-        assert e.key is not None
-        waiting = self.heads.get(e.key)
-        if waiting is None:
+    def _link(self, i: int, key: int, offset: int) -> None:
+        """Record `i` (at `offset`) joins its key's chain, last."""
+        head = self.heads.get(key)
+        if head is None:
+            self.heads[key] = [offset, offset]
             return
-        if waiting and waiting[0] == e.offset:
-            waiting.popleft()
-        else:
-            try:
-                waiting.remove(e.offset)
-            except ValueError:
-                pass
-        if not waiting:
-            del self.heads[e.key]
+        last = self._index(head[1])
+        self.links[last] = i - last
+        head[1] = offset
+
+    def _unhead(self, i: int) -> None:
+        """Record `i` no longer holds its key back: the key's next record may be leased."""
+        key = self.hashes[i]
+        self.states[i] &= ~_KEYED
+        head = self.heads.get(key)
+        if head is None:
             return
-        head = self.entries.get(waiting[0])
-        if head is not None and head.state == AVAILABLE:
-            self._queue(head)
+        link, self.links[i] = self.links[i], 0
+        if head[0] != self.offsets[i]:
+            # (not its key's first: never so today, kept right all the same) unlink it
+            j = self._index(head[0])
+            while j >= 0 and self.links[j] and j + self.links[j] != i:
+                j += self.links[j]
+            if j >= 0 and self.links[j]:
+                self.links[j] = self.links[j] + link if link else 0
+                if not link:
+                    head[1] = self.offsets[j]
+            return
+        if not link:
+            del self.heads[key]
+            return
+        nxt = i + link
+        head[0] = self.offsets[nxt]
+        if self.states[nxt] & _STATE == AVAILABLE:
+            self._queue(nxt)
+
+    def _forget(self, i: int) -> None:
+        """Record `i`, the window's first, leaves it."""
+        if self.states[i] & _STORED:
+            self._tombstones.append(self.offsets[i])
+        self._dirty.discard(self.offsets[i])
+        self.lo = i + 1
+        if self.cursor < self.lo:
+            self.cursor = self.lo
+
+    def _compact(self) -> None:
+        """Cut the forgotten records off the arrays' front, once they are many."""
+        lo = self.lo
+        if lo < _COMPACT_AT or lo * 2 < len(self.offsets):
+            return
+        for column in (self.offsets, self.states, self.counts, self.when, self.nonces,
+                       self.timestamps):
+            del column[:lo]
+        if self.by_key:
+            del self.hashes[:lo]
+            del self.links[:lo]
+        self.cursor -= lo
+        self.lo = 0
 
     def _advance(self) -> None:
         """Move start_offset past the finished prefix of the window, forgetting it."""
         moved = False
-        while self.order:
-            e = self.entries[self.order[0]]
-            if e.state not in (ACKED, DEAD):
-                break
-            self.order.popleft()
-            del self.entries[e.offset]
-            self.done_in_window -= 1
-            if e.state == ACKED:
+        states, end = self.states, len(self.offsets)
+        while self.lo < end:
+            i = self.lo
+            state = states[i] & _STATE
+            if state == ACKED:
+                self.acked_in_window -= 1
                 self.acked_below += 1
-            else:
+            elif state == DEAD:
+                self.dead_in_window -= 1
                 self.dead_below += 1
-            if e.stored:
-                self._tombstones.append(e.offset)
-            self._dirty.discard(e.offset)
+            else:
+                break
+            self._forget(i)
             moved = True
-        start = self.order[0] if self.order else self.next
+        start = self.offsets[self.lo] if self.lo < end else self.next
         if start != self.start or moved:
             self.start = start
             self._start_dirty = True
+        self._compact()
 
 
 # -- a queue, and the queues of a server --------------------------------------------------------
@@ -792,7 +988,7 @@ class Queues:
     async def _read_head(self, pq: PartitionQueue, log: Any) -> None:
         """pq.head: the first record's timestamp at start_offset when the window has not read
         it (a window read at all has it: oldest_unacked)."""
-        if pq.order or pq.start >= log.high_watermark:
+        if len(pq.entries) or pq.start >= log.high_watermark:
             return
         if pq.head is not None and pq.head[0] == pq.start:
             return
@@ -880,9 +1076,7 @@ class Queues:
             items.append((_key("q", q.topic, q.name), None))
             for p, pq in q.partitions.items():
                 items.append((_key("s", q.qid.hex(), p), None))
-                for offset in [e.offset for e in pq.entries.values() if e.stored] + list(
-                    pq.recovered
-                ):
+                for offset in pq.stored_offsets():
                     items.append((_key("o", q.qid.hex(), p, offset), None))
             for (qid, p), (_s, _a, _d, kept) in list(self._replayed.items()):
                 if qid == q.qid:
@@ -1105,7 +1299,7 @@ class Queues:
         now = self.clock()
         results: list[tuple[str, str]] = []
         dying: dict[int, list[tuple[Entry, str]]] = {}
-        mine: set[int] = set()  # ids of the entries this call's own actions made dying
+        mine: set[tuple[int, int]] = set()  # (partition, offset): this call's own actions' dying
         touched: set[int] = set()
         for text in leases:
             lease = LeaseId.decode(text)
@@ -1134,12 +1328,12 @@ class Queues:
             elif action == "renew":
                 pq.renew(e, now, lock)
             elif action == "reject":
-                mine.add(id(e))
+                mine.add((lease.partition, e.offset))
                 dying.setdefault(lease.partition, []).append((pq.reject(e), REASON_REJECTED))
             else:
                 dead = pq.release(e, now, delay_ms)
                 if dead is not None:
-                    mine.add(id(dead))
+                    mine.add((lease.partition, dead.offset))
                     dying.setdefault(lease.partition, []).append((dead, REASON_MAX_DELIVERIES))
             results.append((text, ACTIONS[action]))
         failed = await self._dead_letter_partitions(q, state, dying, mine)
@@ -1157,7 +1351,8 @@ class Queues:
         return results
 
     async def _dead_letter_partitions(
-        self, q: Queue, state: Any, dying: dict[int, list[tuple[Entry, str]]], mine: set[int]
+        self, q: Queue, state: Any, dying: dict[int, list[tuple[Entry, str]]],
+        mine: set[tuple[int, int]],
     ) -> list[BaseException]:
         """_dead_letters of each partition's dying records, read first (a read that fails
         stalls them as a failed append does)."""
@@ -1167,7 +1362,7 @@ class Queues:
                 read = await _read_offsets(state.partitions[p], [e.offset for e, _ in entries])
             except Exception as exc:
                 q.partitions[p].stall(entries)
-                if any(id(e) in mine for e, _r in entries):
+                if any((p, e.offset) in mine for e, _r in entries):
                     failed.append(exc)
                 continue
             failed += await self._dead_letters(q, p, entries, read, mine)
@@ -1179,12 +1374,12 @@ class Queues:
         p: int,
         dying: list[tuple[Entry, str]],
         read: dict[int, Record],
-        mine: set[int] = frozenset(),  # type: ignore[assignment]
+        mine: set[tuple[int, int]] = frozenset(),  # type: ignore[assignment]
     ) -> list[BaseException]:
         """_dead_letter for each reason. A dead letter that cannot be written (the dead-letter
         topic's partition down, a full disk) leaves its records dying, retried by a later call
-        (PartitionQueue.stall); the errors of records in `mine` (ids) are returned, the others
-        logged."""
+        (PartitionQueue.stall); the errors of records in `mine` ((partition, offset)) are
+        returned, the others logged."""
         pq = q.partitions[p]
         errors: list[BaseException] = []
         for reason in (REASON_MAX_DELIVERIES, REASON_REJECTED):
@@ -1195,7 +1390,7 @@ class Queues:
                 await self._dead_letter(q, p, entries, read, reason)
             except Exception as exc:
                 pq.stall((e, reason) for e in entries)
-                if any(id(e) in mine for e in entries):
+                if any((p, e.offset) in mine for e in entries):
                     errors.append(exc)
                 else:
                     logger.warning("queue %s/%s: dead letters of partition %d wait: %s",
@@ -1314,7 +1509,7 @@ def _online(log: Any) -> bool:
 
 
 def _nonce() -> int:
-    return secrets.randbits(64)
+    return secrets.randbits(32) or 1  # (0: no lease; (offset, count) tell leases apart too)
 
 
 async def _start_offset(log: Any, start: str | int) -> int:
