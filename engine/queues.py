@@ -15,9 +15,9 @@ A queue is a named consumer of one topic. Per partition it keeps a window (Parti
 Only the window is in memory, in arrays (about 31 bytes a record, 39 ordering by key, plus 16 a
 lease: PartitionQueue), not an object per record: acknowledged prefixes move start_offset and
 are forgotten, and a read from the log takes no more records than a lease wants (up to
-MAX_WINDOW_RECORDS when ordering by key holds records back). Leasing reads records through the partition's own read
-path (Partition.read_records: a written or a followed partition alike); a record leased again
-is read again.
+MAX_WINDOW_RECORDS when ordering by key holds records back). Leasing reads records through the
+partition's own read path (Partition.read_records: a written or a followed partition alike); a
+record leased again is read again.
 
 Leases are opaque strings (base64url of queue id, partition, offset, delivery count and a random
 nonce): a lease whose record was since leased again, settled, or whose lock ran out is known as
