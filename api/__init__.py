@@ -35,7 +35,7 @@ from .schemas import KeyProduceRequest, ProduceRequest
 _QUOTA_OPERATIONS = frozenset({
     "produceRecords", "produceToPartition", "fetchRecords", "streamRecords", "appendKeyRecords", "readKeyRecords",
     "streamKeyRecords", "leaseQueueRecords",
-    "browseRecords",
+    "browseRecords", "fetchRecordBatches",
 })
 # models referenced only from openapi_extra (bodies parsed by hand) must still be published
 _EXTRA_SCHEMAS = (ProduceRequest, KeyProduceRequest)

@@ -46,6 +46,7 @@ _PRODUCE_PATH = re.compile(r"^/v1/topics/[^/]+/(?:partitions/[^/]+/|keys/.*/)?re
 # (and a topic's records, every partition merged: api/browse.py)
 _FETCH_PATH = re.compile(
     r"^/v1/topics/[^/]+/(?:(?:partitions/[^/]+|keys/.*)/)?records(?:/stream)?$"
+    r"|^/v1/topics/[^/]+/partitions/[^/]+/records/batches$"  # raw batches (fetchRecordBatches)
 )
 # a queue's lease (api/queues.py): its records count as fetched
 _LEASE_PATH = re.compile(r"^/v1/topics/[^/]+/queues/[^/]+/lease$")

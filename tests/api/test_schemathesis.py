@@ -42,7 +42,7 @@ OPERATIONS = [
     "getHealth", "getReadiness", "getMetrics", "getPrincipal",
     "createTopic", "listTopics", "describeTopic", "alterTopicConfigs", "addPartitions",
     "produceRecords", "produceToPartition", "fetchRecords", "appendKeyRecords", "readKeyRecords",
-    "browseRecords",
+    "browseRecords", "fetchRecordBatches",
     "listOffsets", "deleteRecords", "listSegments", "describeMaintenance",
     "commitGroupOffsets", "fetchGroupOffsets", "deleteGroupOffsets", "resetGroupOffsets",
     "listGroups",

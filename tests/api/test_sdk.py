@@ -41,7 +41,9 @@ from typing import Any
 import httpx
 import pytest
 
+from engine.format import iter_batches
 from engine.partitioner import partition_for_key
+from engine.records import decode_records
 
 from ..conftest import KEPT_ENV, REPO, VENV_BIN
 from ..inprocess import ASGITransport, InProcessServer
@@ -475,6 +477,33 @@ def _produce_to_partition(s: Scene) -> None:
     assert [(r.offset, r.key, r.value, [(h.key, h.value) for h in r.headers]) for r in page.records] == [
         (10, None, "x", []), (11, None, None, []), (12, "k", "raw", [("h", "v")]), (13, None, "raw2", []),
     ]
+
+
+@_uses("fetchRecordBatches", "records", "fetch_record_batches")
+def _fetch_record_batches(s: Scene) -> None:
+    """The stored batches as bytes (what fetchRecords answers with Accept: the vendor type):
+    the raw batch produced above comes back as it was, for a Kafka decoder."""
+    fetch = s.op("records", "fetch_record_batches")
+    answer = fetch.sync_detailed(
+        topic="events", partition=0, client=s.client, offset=12, max_bytes=1
+    )
+    assert answer.status_code == HTTPStatus.OK, answer.content
+    assert isinstance(answer.parsed, s.sdk.types.File), answer.parsed
+    data = answer.parsed.payload.read()
+    headers = list(iter_batches(data))
+    records = [
+        (r.offset, r.key, r.value, r.headers) for h in headers for r in decode_records(data, h)
+    ]
+    assert records == [(12, b"k", b"raw", (("h", b"v"),)), (13, None, b"raw2", ())], records
+    assert (answer.headers["x-next-offset"], answer.headers["x-high-watermark"]) == ("14", "14")
+    with s.sdk.client() as client:  # the same bytes as the Accept route
+        accept = {"accept": "application/vnd.kafka.record-batch.v2"}
+        assert client.get_httpx_client().get(
+            "/v1/topics/events/partitions/0/records", params={"offset": 12, "max_bytes": 1},
+            headers=accept,
+        ).content == data
+    at_end = fetch.sync_detailed(topic="events", partition=0, client=s.client, offset=14)
+    assert at_end.parsed.payload.read() == b"" and at_end.headers["x-next-offset"] == "14"
 
 
 @_uses("streamRecords", "records", "stream_records")

@@ -66,6 +66,9 @@ ROUTES: dict[str, tuple[str, bool, Req]] = {
     "produceToPartition": ("producer", True, ("POST", f"/v1/topics/{TOPIC}/partitions/0/records", {"records": [{"value": "v"}]})),
     "fetchRecords": ("consumer", True, ("GET", f"/v1/topics/{TOPIC}/partitions/0/records", None)),
     "browseRecords": ("consumer", True, ("GET", f"/v1/topics/{TOPIC}/records", None)),
+    "fetchRecordBatches": (
+        "consumer", True, ("GET", f"/v1/topics/{TOPIC}/partitions/0/records/batches", None),
+    ),
     "appendKeyRecords": ("producer", True, ("POST", f"/v1/topics/{TOPIC}/keys/k-1/records", {"records": [{"value": "v"}]})),
     "readKeyRecords": ("consumer", True, ("GET", f"/v1/topics/{TOPIC}/keys/k-1/records", None)),
     "streamKeyRecords": ("consumer", True, ("GET", f"/v1/topics/{TOPIC}/keys/k-1/records/stream", None)),
@@ -80,7 +83,8 @@ ROUTES: dict[str, tuple[str, bool, Req]] = {
     "fetchGroupOffsets": ("consumer", True, ("GET", f"/v1/groups/{GROUP}/offsets?topic={TOPIC}", None)),
     "deleteGroupOffsets": ("consumer", True, ("DELETE", f"/v1/groups/{GROUP}/offsets?topic={TOPIC}", None)),
     "resetGroupOffsets": ("consumer", True, (
-        "POST", f"/v1/groups/{GROUP}/offsets/reset", {"topic": TOPIC, "to_earliest": True, "dry_run": True},
+        "POST", f"/v1/groups/{GROUP}/offsets/reset",
+        {"topic": TOPIC, "to_earliest": True, "dry_run": True},
     )),
     "listGroups": ("monitor", False, ("GET", "/v1/groups", None)),  # filtered by group prefixes
     "createQueue": ("consumer", True, ("PUT", f"/v1/topics/{TOPIC}/queues/q-1", {})),
