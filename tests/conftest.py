@@ -151,23 +151,37 @@ PORT_RANGE = 3000
 _next_port = [0]
 
 
-def free_port() -> int:
+def free_port(count: int = 1) -> int:
+    """A port free on 127.0.0.1, the first of `count` in a row (a family's Kafka listeners
+    take base + shard index)."""
     if not XDIST_WORKER.startswith("gw"):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
     low = 12000 + int(XDIST_WORKER[2:]) % 6 * PORT_RANGE
     for _ in range(PORT_RANGE):
-        # round robin from where the last one left off: a port a server just closed lingers
-        port = low + _next_port[0] % PORT_RANGE
-        _next_port[0] += 1
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {low}..{low + PORT_RANGE - 1}")
+        # round robin from where the last one left off (a port a server just closed lingers),
+        # past the whole run handed out, so the next call never gives one of it
+        base = low + _next_port[0] % (PORT_RANGE - count)
+        _next_port[0] += count
+        if _all_free(range(base, base + count)):
+            return base
+    raise RuntimeError(f"no {count} free ports in a row in {low}..{low + PORT_RANGE - 1}")
+
+
+def _all_free(ports: range) -> bool:
+    held = []
+    try:
+        for port in ports:
+            s = socket.socket()
+            held.append(s)
+            s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in held:
+            s.close()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -305,7 +319,8 @@ def server_factory(tmp_path: Path) -> Iterator:
     started: list[ServerProcess] = []
 
     def make(data_dir: Path | None = None, **env: str) -> ServerProcess:
-        server = ServerProcess(data_dir or tmp_path / "data", env=env)
+        # the log beside the test's files, never on a small filesystem a test fills and measures
+        server = ServerProcess(data_dir or tmp_path / "data", env=env, log_dir=tmp_path)
         started.append(server)
         return server
 

@@ -15,7 +15,6 @@ test in seconds instead of stalling the run.
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import TEST_PROCESSES, ServerProcess, free_port
+from tests.conftest import TEST_PROCESSES, XDIST_WORKER, ServerProcess, _all_free, free_port
 
 SHARD_COUNTS = [TEST_PROCESSES] if TEST_PROCESSES else [1, 2]
 
@@ -33,22 +32,12 @@ SHARD_COUNTS = [TEST_PROCESSES] if TEST_PROCESSES else [1, 2]
 def free_ports(count: int, attempts: int = 50) -> int:
     """A base port with base .. base + count - 1 all free on 127.0.0.1 (a family's shard i
     listens on base + i)."""
+    if XDIST_WORKER:
+        return free_port(count)  # from this worker's own range, the run handed out whole
     for _ in range(attempts):
         base = free_port()
-        if base + count > 65535:
-            continue
-        held = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                held.append(s)
-                s.bind(("127.0.0.1", port))
+        if base + count <= 65535 and _all_free(range(base, base + count)):
             return base
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
     raise RuntimeError(f"no {count} consecutive free ports found")
 
 
