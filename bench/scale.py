@@ -15,9 +15,15 @@ What is measured, in-process on the engine (open_engine, as `eventlog serve` ope
   is loaded in the background, so the first append must not grow with S. Goal: <= 10 ms at
   every size, slope about 0.
 
-Slopes are least-squares fits of log(cost) on log(size). What this benchmark does not grow
-(measured by their own benchmarks): keys and the per-key read p99 around a compaction pass
-(bench keys_compaction), groups (bench groups: one group's offsets at 10 to 100,000 groups).
+* keys and groups, folded in from their own benchmarks (run from here, their reports kept
+  whole under "keys" and "groups"): the per-key read p99 right after a compaction pass against
+  before (bench keys_compaction: 200 k keys --quick, 1 M full; goal <= 2 x), and one group's
+  offsets at 10 to 100,000 groups (bench groups: --quick stops at 10,000; goal <= 2 ms).
+  EVENTLOG_BENCH_SCALE_FOLD=false leaves them out.
+
+Slopes are least-squares fits of log(cost) on log(size). Not grown here yet: keys past one
+count per run (1 M -> 10 M takes keys_compaction runs of their own), and partitions in a shard
+family (50,000 in a family of 2: docs/PERFORMANCE.md says what was measured).
 """
 
 from __future__ import annotations
@@ -110,7 +116,15 @@ def run(ctx: Context) -> dict[str, Any]:
             worst <= GOAL_FIRST_APPEND_MS,
         ),
     ]
-    return {"params": p, "partitions": partitions, "first_append": data,
+    folded: dict[str, Any] = {}
+    if os.environ.get("EVENTLOG_BENCH_SCALE_FOLD", "true") != "false":
+        from . import groups, keys_compaction
+
+        for name, module in (("keys", keys_compaction), ("groups", groups)):
+            ctx.log(f"scale: {name} (bench {module.NAME}) ...")
+            folded[name] = module.run(ctx)
+            rows += folded[name]["summary"]
+    return {"params": p, "partitions": partitions, "first_append": data, **folded,
             "slopes": {
                 "start": start_slope, "stop": stop_slope, "first_append_after_crash": first_slope
             },
@@ -198,7 +212,11 @@ async def _time_first_append(config: EngineConfig, keyed: bool) -> float:
 def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    groups = report.get("groups")
+    fig, axes = plt.subplots(1, 3 if groups else 2, figsize=(16 if groups else 11, 4.5))
+    left, right = axes[0], axes[1]
+    if groups:
+        _plot_groups(axes[2], groups)
     parts = report["partitions"]
     ns = [int(n) for n in parts]
     slopes = report["slopes"]
@@ -224,7 +242,30 @@ def plot(report: dict[str, Any], path: Path) -> None:
     right.set_xlabel("active segment, MB")
     right.set_ylabel("first append after restart, ms (log)")
     right.legend(fontsize=7)
+    keys = report.get("keys")
+    if keys:
+        ready = keys["results"]["ready"]
+        fig.text(0.01, 0.01, f"keys ({keys['params']['keys']:,}): per-key read p99 after a pass "
+                 f"{ready['after']['p99_ms']} ms, before {ready['before']['p99_ms']} ms "
+                 f"({ready['ratio']:.2f} x, goal <= 2 x)", fontsize=8)
     fig.suptitle(TITLE, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_groups(ax: Any, groups: dict[str, Any]) -> None:
+    """One group's offsets (HTTP p50 and the engine's) against the groups stored."""
+    cells = groups["results"]
+    ns = sorted(int(n) for n in cells)
+    http = [cells[str(n)]["http_fetch"]["p50_us"] / 1000 for n in ns]
+    engine = [cells[str(n)]["engine_fetch"]["p50_us"] / 1000 for n in ns]
+    fitted = slope(list(zip(ns, http, strict=True))) or 0.0
+    ax.plot(ns, http, marker="o", label=f"HTTP p50 (slope {fitted:.2f})")
+    ax.plot(ns, engine, marker="x", label="engine fetch p50")
+    ax.axhline(2.0, color="red", linestyle=":", label="goal 2 ms")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("consumer groups")
+    ax.set_ylabel("one group's offsets, ms (log)")
+    ax.legend(fontsize=7)
