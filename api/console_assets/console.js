@@ -61,22 +61,74 @@ function fmtBytes(n) {
   return `${i ? n.toFixed(1) : n} ${units[i]}`;
 }
 
-// every time in the console is UTC (as the API's timestamps and Kafka's tools), said with
-// "UTC"; the time pickers are read as UTC too. timeCell adds the browser's local time on hover.
-function fmtTime(ms) {
+// One zone for every time the console shows and every picker it reads: the browser's own
+// ("Local", the default, as an operator reads a clock) or UTC (as the API's timestamps and
+// Kafka's tools), chosen with the header's Local / UTC switch and kept in localStorage. A time
+// shown always names its zone ("EST", "GMT+1", "UTC"), and its title gives it in the other one
+// (UTC on hover of a local time), so a time copied from the API is found whichever is chosen.
+const ZONE_KEY = "eventlog-time-zone";
+let zone = localStorage.getItem(ZONE_KEY) === "utc" ? "utc" : "local";
+const BROWSER_ZONE = Intl.DateTimeFormat().resolvedOptions().timeZone || "local";
+const pad = (n, width = 2) => String(n).padStart(width, "0");
+
+// the zone's abbreviation at that instant as the browser names it (EST/EDT, GMT+1, ...)
+function zoneAbbr(ms) {
+  const part = new Intl.DateTimeFormat("en-US", { timeZoneName: "short" }).formatToParts(new Date(ms)).find((x) => x.type === "timeZoneName");
+  return part ? part.value : BROWSER_ZONE;
+}
+
+function timeIn(ms, which) {
   if (ms === null || ms === undefined || ms < 0) return "–";
-  return new Date(ms).toISOString().replace("T", " ").replace("Z", " UTC");
+  const d = new Date(ms);
+  if (which === "utc") return d.toISOString().replace("T", " ").replace("Z", " UTC");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)} ${zoneAbbr(ms)}`;
 }
 
-function localTime(ms) {
-  if (ms === null || ms === undefined || ms < 0) return null;
-  return new Date(ms).toLocaleString("sv-SE", { timeZoneName: "short" }) + " (your time zone)";
+const fmtTime = (ms) => timeIn(ms, zone);
+// the same instant in the other zone, for a title (hover)
+const otherTime = (ms) => (ms === null || ms === undefined || ms < 0 ? null : timeIn(ms, zone === "utc" ? "local" : "utc"));
+const zoneName = () => (zone === "utc" ? "UTC" : BROWSER_ZONE);
+const timeCell = (ms) => h("td", { class: "mono time", title: otherTime(ms) }, fmtTime(ms));
+const timeSpan = (ms) => h("span", { class: "time", title: otherTime(ms) }, fmtTime(ms));
+
+// a datetime-local picker's value ("2026-01-01T00:30" or with seconds), read in the zone shown
+// (without a "Z" the Date parser reads it in the browser's zone)
+function picked(value, which = zone) {
+  const full = value.length === 16 ? `${value}:00` : value;
+  return new Date(which === "utc" ? `${full}Z` : full).getTime();
 }
 
-const timeCell = (ms) => h("td", { class: "mono time", title: localTime(ms) }, fmtTime(ms));
+// an instant as a datetime-local picker's value in `which` zone (seconds kept: the pickers step 1 s)
+function pickerValue(ms, which = zone) {
+  const d = new Date(ms);
+  if (which === "utc") return d.toISOString().slice(0, 19);
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}
 
-// a datetime-local picker's value ("2026-01-01T00:30" or with seconds), read as UTC
-const pickedUtc = (value) => new Date(`${value.length === 16 ? `${value}:00` : value}Z`).getTime();
+// the switch: the view is drawn again in the other zone; a time picked into the address (a jump
+// to a time) is rewritten into the new zone, so the page stays on the same instant
+function setZone(which) {
+  if (which === zone) return;
+  const [path, query] = location.hash.split("?");
+  const params = new URLSearchParams(query || "");
+  for (const key of ["time", "from_time"]) {
+    const value = params.get(key);
+    if (value && !Number.isNaN(picked(value))) params.set(key, pickerValue(picked(value), which));
+  }
+  zone = which;
+  localStorage.setItem(ZONE_KEY, which);
+  showZone();
+  const hash = query === undefined ? path : `${path}?${params}`;
+  go(hash || "#/topics");
+}
+
+function showZone() {
+  for (const button of document.querySelectorAll("#zone-switch button")) {
+    button.setAttribute("aria-pressed", String(button.dataset.zone === zone));
+    button.classList.toggle("active", button.dataset.zone === zone);
+  }
+  document.getElementById("zone-switch").title = `times shown in ${zone === "utc" ? "UTC" : `your browser's zone (${BROWSER_ZONE})`}; the other one on hover`;
+}
 
 function fmtMs(ms) {
   if (ms === null || ms === undefined || ms === "") return "–";
@@ -452,7 +504,7 @@ function producePanel(name, partitions) {
     try {
       const answer = await api("POST", `/v1/topics/${encodeURIComponent(name)}/records`, { records: [record], key_format: "string", value_format: "base64" });
       const o = answer.offsets[0];
-      put(out, h("span", { class: "result ok" }, `Written: partition ${o.partition}, offset ${o.offset}, `, fmtTime(o.timestamp), " · "),
+      put(out, h("span", { class: "result ok" }, `Written: partition ${o.partition}, offset ${o.offset}, `, timeSpan(o.timestamp), " · "),
         h("a", { href: `${topicHref(name)}/records?${q({ partition: o.partition, offset: o.offset })}` }, "show it"));
       const shown = document.getElementById("partitions");
       if (shown) shown.closest(".scroll").replaceWith(partitionsTable(name, await get(`/v1/topics/${encodeURIComponent(name)}`)));
@@ -491,7 +543,7 @@ async function viewPartition(target, [, name, partition]) {
     h("dt", null, "Dirty ratio"), h("dd", null, maintenance.dirty_ratio === null ? "–" : maintenance.dirty_ratio.toFixed(3)));
   const segmentRows = segments ? segments.segments.map((s) => h("tr", null,
     num(s.base_offset), num(s.last_offset), num(Math.max(0, s.last_offset - s.base_offset + 1)), h("td", { class: "num" }, fmtBytes(s.size_bytes)),
-    h("td", { class: "mono" }, fmtTime(s.first_timestamp)), h("td", { class: "mono" }, fmtTime(s.max_timestamp)),
+    timeCell(s.first_timestamp), timeCell(s.max_timestamp),
     num(s.index_entries), num(s.time_index_entries),
     h("td", null, s.active ? h("span", { class: "tag active" }, "active") : h("span", { class: "tag" }, "closed")))) : [];
   const out = h("div", { id: "maintenance-result" });
@@ -545,7 +597,7 @@ function passBlock(title, pass, absent) {
       ? `offsets ${fmtInt(r.first_dirty_offset)}–${fmtInt(r.end_offset - 1)} cleaned: ${fmtInt(r.records_kept)} kept, ${fmtInt(r.records_removed)} removed, ${fmtBytes(r.bytes_reclaimed)} reclaimed`
       : "nothing to clean";
   }
-  return h("p", null, h("b", null, `${title}: `), fmtTime(pass.at_ms), " ",
+  return h("p", null, h("b", null, `${title}: `), timeSpan(pass.at_ms), " ",
     h("span", { class: `tag ${pass.outcome === "ok" ? "active" : "error"}` }, pass.outcome), " ", what);
 }
 
@@ -565,7 +617,7 @@ async function viewRecords(target, [, name], params) {
     mode !== "key" ? h("label", null, "Partition", h("select", { name: "partition" },
       topic.partitions.map((p) => h("option", { value: String(p.partition), selected: p.partition === partition }, String(p.partition))))) : null,
     mode === "offset" ? h("label", null, "From offset", h("input", { name: "offset", type: "number", min: 0, value: params.get("offset") || "", placeholder: "log start", class: "narrow" })) : null,
-    mode === "time" ? h("label", null, "From (UTC)", h("input", { name: "time", type: "datetime-local", step: 1, value: params.get("time") || "" })) : null,
+    mode === "time" ? h("label", null, `From (${zoneName()})`, h("input", { name: "time", type: "datetime-local", step: 1, value: params.get("time") || "" })) : null,
     mode === "key" ? h("label", null, "Key", h("input", { name: "key", value: params.get("key") || "", required: true, placeholder: "order-17" })) : null,
     h("label", null, "Page", h("select", { name: "size" }, [20, 50, 100, 500].map((n) => h("option", { value: String(n), selected: n === size }, String(n))))),
     h("label", null, "Show values as", h("select", { name: "as" }, ["auto", "text", "json", "hex"].map((v) => h("option", { value: v, selected: v === as }, v)))),
@@ -623,7 +675,7 @@ async function viewBrowse(target, topic, params) {
     h("label", null, "Value contains", h("input", { name: "value_contains", value: p("value_contains"), placeholder: "text", class: "medium" })),
     h("label", null, "Header", h("input", { name: "header", value: p("header"), placeholder: "name or name=value", class: "medium" })),
     h("label", null, "From offset (each partition)", h("input", { name: "from_offset", type: "number", min: 0, value: p("from_offset"), class: "narrow" })),
-    h("label", null, "From time (UTC)", h("input", { name: "from_time", type: "datetime-local", step: 1, value: p("from_time") })),
+    h("label", null, `From time (${zoneName()})`, h("input", { name: "from_time", type: "datetime-local", step: 1, value: p("from_time") })),
     h("label", null, "Page", h("select", { name: "size" }, [20, 50, 100, 500].map((n) => h("option", { value: String(n), selected: n === size }, String(n))))),
     h("label", null, "Show values as", h("select", { name: "as" }, ["auto", "text", "json", "hex"].map((v) => h("option", { value: v, selected: v === as }, v)))),
     h("button", { class: "primary", type: "submit" }, "Show"));
@@ -640,7 +692,7 @@ async function viewBrowse(target, topic, params) {
   // the key as typed, sent in base64 as the page asks for keys (key_format=base64)
   const filters = { order: p("order", "newest"), partition: p("partition"), key: p("key") ? base64Of(p("key")) : "", value_contains: p("value_contains"), header: p("header") };
   const start = p("cursor") ? { cursor: p("cursor") }
-    : { from_offset: p("from_offset"), from_time: p("from_time") ? pickedUtc(p("from_time")) : "" };
+    : { from_offset: p("from_offset"), from_time: p("from_time") ? picked(p("from_time")) : "" };
   let page;
   try {
     page = await get(`/v1/topics/${encodeURIComponent(name)}/records?${q({ ...filters, ...start, limit: size, key_format: "base64", value_format: "base64" })}`);
@@ -669,7 +721,7 @@ async function viewBrowse(target, topic, params) {
       line.after(h("tr", { class: "detail" }, h("td", { colspan: 6 },
         h("dl", { class: "facts" },
           h("dt", null, "Partition · offset"), h("dd", null, `${r.partition} · ${r.offset}`),
-          h("dt", null, "Timestamp"), h("dd", { title: localTime(r.timestamp) }, `${fmtTime(r.timestamp)} (${r.timestamp} ms)`),
+          h("dt", null, "Timestamp"), h("dd", { title: otherTime(r.timestamp) }, `${fmtTime(r.timestamp)} (${r.timestamp} ms)`),
           h("dt", null, "Key"), h("dd", { class: "key" }, renderBytes(r.key, as === "hex" ? "hex" : "auto")),
           h("dt", null, "Value"), h("dd", { class: "value" }, renderBytes(r.value, as)),
           h("dt", null, "Headers"), h("dd", { class: "headers mono" }, renderHeaders(r.headers, as))))));
@@ -681,7 +733,7 @@ async function viewBrowse(target, topic, params) {
   if (!page.records.length) rows.append(h("tr", null, h("td", { colspan: 6, class: "muted", id: "no-records" }, "no records on this page")));
   put(body, pager, h("div", { class: "scroll" }, h("table", { id: "records", class: "lines" },
     h("colgroup", null, h("col", { class: "c-partition" }), h("col", { class: "c-offset" }), h("col", { class: "c-time" }), h("col", { class: "c-key" }), h("col"), h("col", { class: "c-headers" })),
-    h("thead", null, h("tr", null, h("th", { class: "num" }, "Partition"), h("th", { class: "num" }, "Offset"), h("th", null, "Timestamp (UTC)"),
+    h("thead", null, h("tr", null, h("th", { class: "num" }, "Partition"), h("th", { class: "num" }, "Offset"), h("th", { title: `in ${zoneName()}` }, `Timestamp (${zone === "utc" ? "UTC" : "local"})`),
       h("th", null, "Key"), h("th", null, "Value"), h("th", { class: "num" }, "Headers"))), rows)));
 }
 
@@ -692,7 +744,7 @@ async function showOffsetPage(name, partition, mode, params, size, as, body, her
   if (mode === "time") {
     const time = params.get("time");
     if (!time) { put(body, h("p", { class: "muted" }, "Pick a date and time: the page starts at the first record at or after it.")); return; }
-    const ms = pickedUtc(time);
+    const ms = picked(time);
     const found = await get(`${base}/offsets?${q({ timestamp: ms })}`);
     if (found.offset === null) {
       put(body, h("p", { class: "muted", id: "no-records" }, `No record at or after ${fmtTime(ms)} in partition ${partition}.`));
@@ -850,7 +902,7 @@ async function viewGroups(target, _match, params) {
   const rows = details.map(({ group, offsets }) => h("tr", { dataset: { group } },
     h("td", null, h("a", { href: `#/groups/${encodeURIComponent(group)}` }, group)),
     h("td", null, [...new Set(offsets.map((o) => o.topic))].join(", ")), num(offsets.length),
-    h("td", { class: "mono" }, fmtTime(offsets.length ? Math.max(...offsets.map((o) => o.commit_timestamp)) : null)),
+    timeCell(offsets.length ? Math.max(...offsets.map((o) => o.commit_timestamp)) : null),
     num(offsets.reduce((s, o) => s + (o.lag || 0), 0))));
   put(target, h("h1", null, "Consumer groups"),
     h("section", { class: "panel" },
@@ -867,7 +919,7 @@ async function viewGroup(target, [, group]) {
   const lagged = await withLag(offsets);
   const rows = lagged.map((o) => h("tr", null,
     h("td", null, h("a", { href: topicHref(o.topic) }, o.topic)), num(o.partition), num(o.offset), num(o.high_watermark), num(o.lag),
-    h("td", { class: "mono" }, fmtTime(o.commit_timestamp)), h("td", { class: "mono" }, o.metadata || "")));
+    timeCell(o.commit_timestamp), h("td", { class: "mono" }, o.metadata || "")));
   const remove = async () => {
     if (!(await confirmTyped(`Delete every committed offset of group ${group}?`, group))) return;
     try { await api("DELETE", `/v1/groups/${encodeURIComponent(group)}/offsets`); go("#/groups"); } catch (error) { showBanner(error.text || String(error)); }
@@ -897,6 +949,7 @@ function resetOffsetsPanel(group, topics) {
     value.step = "1";
     value.min = kind === "to_offset" ? "0" : "";
     value.placeholder = kind === "shift_by" ? "-10" : "";
+    value.title = kind === "to_datetime" ? `read in ${zoneName()}, the zone the console shows` : "";
   });
   const form = h("form", { class: "inline spaced", id: "reset-offsets" },
     h("label", null, "Topic", h("input", { name: "topic", list: "group-topics", placeholder: "every topic of the group", value: topics.length === 1 ? topics[0] : "" })),
@@ -916,7 +969,7 @@ function resetOffsetsPanel(group, topics) {
     if (parts) body.partitions = parts.split(",").map((p) => Number(p.trim()));
     const kind = strategy.value;
     if (kind === "to_earliest" || kind === "to_latest") body[kind] = true;
-    else if (kind === "to_datetime") body.to_datetime = value.value ? new Date(value.value).toISOString() : "";
+    else if (kind === "to_datetime") body.to_datetime = value.value ? new Date(picked(value.value)).toISOString() : "";
     else body[kind] = Number(value.value);
     try {
       const answer = await api("POST", `/v1/groups/${encodeURIComponent(group)}/offsets/reset`, body);
@@ -940,7 +993,7 @@ async function viewSnapshots(target) {
   }
   const { snapshots } = await get("/v1/snapshots");
   const rows = snapshots.map((s) => h("tr", { dataset: { snapshot: s.id } },
-    h("td", { class: "mono" }, s.id), h("td", null, s.created_at), h("td", null, s.topics.join(", ")),
+    h("td", { class: "mono" }, s.id), timeCell(Date.parse(s.created_at)), h("td", null, s.topics.join(", ")),
     num(s.partitions.length), num(s.partitions.reduce((n, p) => n + p.high_watermark - p.log_start_offset, 0)),
     h("td", { class: "num" }, fmtBytes(s.partitions.reduce((n, p) => n + p.size_bytes, 0))), h("td", { class: "mono" }, s.path),
     h("td", null, h("button", { class: "danger", type: "button", onclick: () => removeSnapshot(s.id) }, "Delete"))));
@@ -1143,6 +1196,8 @@ document.getElementById("token-clear").addEventListener("click", async () => {
   await identify();
   route();
 });
+for (const button of document.querySelectorAll("#zone-switch button")) button.addEventListener("click", () => setZone(button.dataset.zone));
+showZone();
 window.addEventListener("hashchange", route);
 await identify();
 route();

@@ -857,8 +857,9 @@ def test_every_view_fits_widths_from_a_phone_to_a_wide_screen(
                 assert page.evaluate("hiddenColumns('configs')") == [], width
                 if width in (390, 1366):
                     console.shot(f"topic-{width}px")
-        # the header's token form and its buttons stay in the window
-        for button in ("#token-form button[type=submit]", "#token-clear"):
+        # the header's token form, its buttons and the Local / UTC switch stay in the window
+        header = ("#token-form button[type=submit]", "#token-clear", "#zone-switch [data-zone=utc]")
+        for button in header:
             box = page.locator(button).bounding_box()
             assert box is not None and 0 <= box["x"] <= width - box["width"], (width, button, box)
 
@@ -878,11 +879,102 @@ def _browsed(client: httpx.Client, topic: str, **params) -> list[tuple[int, int]
     return [(r["partition"], r["offset"]) for r in answer.json()["records"]]
 
 
+def _jump(c, picked: str, records: int) -> tuple[str, str | None]:
+    """Types `picked` into the browser's from-time picker and jumps (oldest first): the first
+    line's time as shown and its title (the other zone, on hover)."""
+    c.page.locator("#browse-form input[name=from_time]").fill(picked)
+    c.page.locator("#browse-form button[type=submit]").click()
+    c.page.wait_for_function("n => document.querySelectorAll('#records tr.line').length == n",
+                             arg=records)
+    first = c.page.locator("#records tr.line td.time").first
+    return first.inner_text(), first.get_attribute("title")
+
+
+def _picker(page) -> str:
+    """The from-time picker's value, with its seconds (Chromium leaves ":00" out)."""
+    value = page.locator("#browse-form input[name=from_time]").input_value()
+    return f"{value}:00" if len(value) == 16 else value
+
+
+def _pressed(page) -> str:
+    """The position of the header's Local / UTC switch (its pressed button)."""
+    return page.locator("#zone-switch button[aria-pressed=true]").get_attribute("data-zone")
+
+
+def _switch(c, zone: str) -> None:
+    """Flips the header's Local / UTC switch and waits for the view drawn again."""
+    before = c.page.locator("#records").element_handle()
+    c.page.locator(f"#zone-switch button[data-zone={zone}]").click()
+    c.page.wait_for_function("table => !table.isConnected", arg=before)
+    c.page.locator("#records tr.line").first.wait_for()
+    assert _pressed(c.page) == zone
+
+
+def _times_agree_with_the_picker(c, client: httpx.Client) -> None:
+    """In both positions of the header's Local / UTC switch: the table's times are in the zone
+    shown (named), the other zone on hover, and the picker is read in that zone: a time picked
+    starts the page at the record the API gives for that instant, and a time copied from the
+    table starts it at that record. The switch keeps the jump on its instant and is remembered."""
+    page = c.page
+    zone = page.evaluate("Intl.DateTimeFormat().resolvedOptions().timeZone")
+    local = "EST" if zone == "America/New_York" else "UTC"  # 2026-01-01 is in winter
+    c.open("#/topics/events/records?mode=browse&order=oldest")
+    page.locator("#records tr.line").first.wait_for()
+    assert _pressed(page) == "local"
+    header = page.locator("#records th", has_text="Timestamp (local)")
+    assert header.get_attribute("title") == f"in {zone}"
+    # Local (the default): T0 + 10 min is 19:10 on Dec 31 in New York
+    picked = "2025-12-31T19:10:00" if local == "EST" else "2026-01-01T00:10:00"
+    shown, title = _jump(c, picked, 21)
+    assert shown == f"{picked.replace('T', ' ')}.000 {local}", shown
+    assert title == "2026-01-01 00:10:00.000 UTC", title
+    assert _lines(page) == _browsed(client, "events", order="oldest", from_time=T0 + 600_000)
+    # a time copied from the table (the 8th line's, T0 + 17 min) starts the page at its record
+    row = page.locator("#records tr.line").nth(7)
+    wanted = (int(row.get_attribute("data-partition")), int(row.get_attribute("data-offset")))
+    copied = row.locator("td.time").inner_text()[:19].replace(" ", "T")
+    utc = row.locator("td.time").get_attribute("title")
+    instant = datetime.strptime(utc, "%Y-%m-%d %H:%M:%S.%f UTC")
+    at = int(instant.replace(tzinfo=timezone.utc).timestamp() * 1000)
+    _jump(c, copied, len(_browsed(client, "events", order="oldest", from_time=at)))
+    assert _lines(page)[0] == wanted == _browsed(client, "events", order="oldest", from_time=at)[0]
+
+    # UTC: the same page, every time in UTC, the picker rewritten to the same instant
+    _jump(c, picked, 21)
+    _switch(c, "utc")
+    assert _picker(page) == "2026-01-01T00:10:00"
+    assert page.locator("#records th", has_text="Timestamp (UTC)").count() == 1
+    first = page.locator("#records tr.line td.time").first
+    assert first.inner_text() == "2026-01-01 00:10:00.000 UTC"
+    assert first.get_attribute("title") == f"{picked.replace('T', ' ')}.000 {local}"
+    assert _lines(page) == _browsed(client, "events", order="oldest", from_time=T0 + 600_000)
+    shown, _ = _jump(c, "2026-01-01T00:20:00", 11)  # now read as UTC
+    assert shown == "2026-01-01 00:20:00.000 UTC", shown
+    assert _lines(page) == _browsed(client, "events", order="oldest", from_time=T0 + 1_200_000)
+    row = page.locator("#records tr.line").nth(3)
+    wanted = (int(row.get_attribute("data-partition")), int(row.get_attribute("data-offset")))
+    _jump(c, row.locator("td.time").inner_text()[:19].replace(" ", "T"), 8)
+    assert _lines(page)[0] == wanted
+    # remembered (localStorage) on the next visit; newest first from a time, read as UTC
+    c.open("#/topics/events/records?mode=browse")
+    page.locator("#records tr.line").first.wait_for()
+    assert _pressed(page) == "utc"
+    page.locator("#browse-form input[name=from_time]").fill("2026-01-01T00:10:00")
+    page.locator("#browse-form button[type=submit]").click()
+    page.wait_for_function("() => document.querySelectorAll('#records tr.line').length == 11")
+    assert _lines(page) == _browsed(client, "events", from_time=T0 + 600_000)
+    _switch(c, "local")
+    assert page.locator("#records tr.line td.time").first.inner_text().endswith(f" {local}")
+    assert _picker(page) == picked
+    assert _lines(page) == _browsed(client, "events", from_time=T0 + 600_000)
+
+
 def test_the_records_browser_merges_partitions_filters_pages_and_jumps(start, console_factory):
     """The records view's first tab: every partition merged (GET /v1/topics/{t}/records, on a
     family of 2), newest or oldest first, one line a record that opens; filters on key, value
-    text, header and partition; pages; a jump to an offset or a time (a UTC picker, also in a
-    browser whose zone is not UTC)."""
+    text, header and partition; pages; a jump to an offset or a time (the picker read in the
+    zone the table shows: the browser's, or UTC with the switch; also in a browser whose zone is
+    not UTC)."""
     server, client = start(2)
     client.post("/v1/topics", json={"name": "events", "partitions": 3}).raise_for_status()
     records = [
@@ -960,21 +1052,7 @@ def test_the_records_browser_merges_partitions_filters_pages_and_jumps(start, co
     form.locator("button[type=submit]").click()
     page.wait_for_function("() => document.querySelectorAll('#records tr.line').length === 7")
     assert _lines(page) == _browsed(client, "events", order="oldest", from_offset=8)
-    zoned = console_factory(server, zone="America/New_York")  # UTC-5: the picker is still UTC
+    zoned = console_factory(server, zone="America/New_York")  # UTC-5
     for c in (console, zoned):
-        c.open("#/topics/events/records?mode=browse&order=oldest")
-        c.page.locator("#records tr.line").first.wait_for()
-        c.page.locator("#browse-form input[name=from_time]").fill("2026-01-01T00:10:00")
-        c.page.locator("#browse-form button[type=submit]").click()
-        c.page.wait_for_function("() => document.querySelectorAll('#records tr.line').length == 21")
-        first = c.page.locator("#records tr.line").first
-        assert "2026-01-01 00:10:00.000 UTC" in first.inner_text()
-        assert first.locator("td.time").get_attribute("title") is not None
-        assert _lines(c.page) == _browsed(client, "events", order="oldest", from_time=T0 + 600_000)
-    local = zoned.page.locator("#records tr.line td.time").first.get_attribute("title")
-    assert local.startswith("2025-12-31 19:10:00"), local  # the local time, on hover
-    zoned.page.locator("#browse-form select[name=order]").select_option("newest")
-    zoned.page.locator("#browse-form button[type=submit]").click()
-    zoned.page.wait_for_function("() => document.querySelectorAll('#records tr.line').length == 11")
-    assert _lines(zoned.page) == _browsed(client, "events", from_time=T0 + 600_000)
-    console.shot("records-browser-filtered")
+        _times_agree_with_the_picker(c, client)
+    zoned.shot("records-browser-filtered")
