@@ -17,12 +17,13 @@ one-record path) and kafka_consume (librdkafka reading 1 GB against cat of the s
 with kafka_clients holding their librdkafka load; keys_compaction (per-key reads around a
 compaction pass) and scale (start, stop and the first append after a restart against
 partitions and stored data, as log-log slopes); queues (workers leasing 100 records and
-acknowledging them, against Redis Streams XREADGROUP + XACK and NATS JetStream).
+acknowledging them, against Redis Streams XREADGROUP + XACK and NATS JetStream); first_hour
+(`make run` on a fresh clone until /readyz answers, and the size of the venv it made).
 bench/capacity/ is the capacity run for big machines (its own scripts; see bench/README.md).
 """
 
 BENCHMARKS = (
     "append", "read", "lookup", "restart", "http_produce", "http_raw", "http_fetch", "compaction", "snapshot", "spark",
     "http_shards", "http_small", "http_fanout", "http_keys", "groups",
-    "kafka_small", "kafka_consume", "keys_compaction", "scale", "queues",
+    "kafka_small", "kafka_consume", "keys_compaction", "scale", "queues", "first_hour",
 )

@@ -62,6 +62,7 @@ SPACE_GB = {
     "keys_compaction": (2, 0.5),
     "scale": (8.5, 1),  # its largest active segment: 4 GB (EVENTLOG_BENCH_SCALE_DATA_GB=16: 16)
     "queues": (1, 0.5),
+    "first_hour": (1.5, 0.5),  # a clone, its venv (<= 400 MB) and pip's cache (per run, deleted)
 }
 
 

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import time
+import tomllib
 from pathlib import Path
 
 import httpx
@@ -41,6 +42,68 @@ def test_make_run_honours_the_environment(tmp_path: Path) -> None:
         os.killpg(proc.pid, signal.SIGTERM)  # make and the server: make ends by the signal too
         out = proc.communicate(timeout=60)[0].decode()
     assert "engine closed (clean)" in out, out
+
+
+def _name(requirement: str) -> str:
+    """A requirement's distribution name, normalised as PEP 503 does."""
+    from packaging.requirements import Requirement
+
+    return re.sub(r"[-_.]+", "-", Requirement(requirement).name).lower()
+
+
+def _service_closure(requirements: list[str]) -> set[str]:
+    """Every distribution `pip install -e .` brings in: [project].dependencies and what they
+    require in turn (their own extras as asked, e.g. uvicorn[standard]; markers evaluated
+    here), read from the installed packages' metadata."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = [(Requirement(r), frozenset(Requirement(r).extras)) for r in requirements]
+    while todo:
+        requirement, extras = todo.pop()
+        name = _name(str(requirement))
+        if name in seen and not extras:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.requires(requirement.name) or []
+        except metadata.PackageNotFoundError:
+            continue  # not installed here (a platform marker): nothing further to follow
+        for line in requires:
+            child = Requirement(line)
+            markers = [{"extra": e} for e in extras] or [{"extra": ""}]
+            if child.marker is None or any(child.marker.evaluate(m) for m in markers):
+                todo.append((child, frozenset(child.extras)))
+    return seen
+
+
+def test_make_run_installs_only_what_the_service_needs() -> None:
+    """Issue 27: `make run` on a fresh clone installs [project].dependencies only (the extras go
+    to `make test` and `make bench`; bench/first_hour.py measures the time and the size). Its
+    target depends on install-service alone, which installs `-e .` without an extra; and no
+    package of the dev, bench or Spark extras is in the service's dependencies, nor anything
+    they pull in."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    optional = project["optional-dependencies"]
+    extras = {_name(r) for group in ("dev", "bench", "spark") for r in optional[group]}
+    probe = {"pytest", "hypothesis", "playwright", "pyspark", "schemathesis", "matplotlib",
+             "openapi-python-client", "confluent-kafka", "kafka-python"}
+    assert probe <= extras  # the extras are read whole, not a list that went stale
+    direct = {_name(r) for r in project["dependencies"]}
+    assert not direct & extras, sorted(direct & extras)
+    closure = _service_closure(project["dependencies"])
+    assert direct <= closure and not closure & extras, sorted(closure & extras)
+
+    makefile = (REPO / "Makefile").read_text()
+    rules = dict(re.findall(r"^([A-Za-z$()_.-]+):(?!=)[ \t]*([^\n]*)$", makefile, re.MULTILINE))
+    assert rules["run"].split() == ["install-service"], rules["run"]
+    assert rules["install-service"].split() == ["$(SERVICE_STAMP)"]
+    recipe = makefile.split("$(SERVICE_STAMP): pyproject.toml", 1)[1].split("\n\n", 1)[0]
+    installs = re.findall(r"pip install ([^&;\n]*)", recipe)
+    assert any(i.split()[-2:] == ["-e", "."] for i in installs), installs
+    assert not [i for i in installs if "[" in i or "-r " in i], installs
 
 
 def test_serve_help_names_every_options_environment_variable_and_default() -> None:
