@@ -29,7 +29,6 @@ from .schemas import (
     LeaseResponse,
     LeaseResults,
     LeasesRequest,
-    LeaseStatus,
     Problem,
     QueueCreate,
     QueueList,
@@ -194,9 +193,12 @@ async def lease(
 
 async def _settle(
     engine: Engine, topic: str, queue: str, action: str, leases: list[str], **kwargs: Any
-) -> LeaseResults:
+) -> Response:
+    """LeaseResults, written here: a model per lease, validated and serialized again by the
+    route, cost more than the engine's settling of it."""
     results = await _queues(engine).settle(topic, queue, action, leases, **kwargs)
-    return LeaseResults(results=[LeaseStatus(lease=lease, status=s) for lease, s in results])
+    body = {"results": [{"lease": lease, "status": s} for lease, s in results]}
+    return Response(orjson.dumps(body), media_type="application/json")
 
 
 _SETTLE_DOC = (
@@ -216,7 +218,7 @@ _SETTLE_DOC = (
 )
 async def ack(
     topic: str, queue: str, body: LeasesRequest, engine: Engine, _principal: Reader
-) -> LeaseResults:
+) -> Response:
     return await _settle(engine, topic, queue, "ack", body.leases)
 
 
@@ -230,7 +232,7 @@ async def ack(
 )
 async def release(
     topic: str, queue: str, body: ReleaseRequest, engine: Engine, _principal: Reader
-) -> LeaseResults:
+) -> Response:
     return await _settle(engine, topic, queue, "release", body.leases, delay_ms=body.delay_ms)
 
 
@@ -244,7 +246,7 @@ async def release(
 )
 async def reject(
     topic: str, queue: str, body: LeasesRequest, engine: Engine, _principal: Reader
-) -> LeaseResults:
+) -> Response:
     return await _settle(engine, topic, queue, "reject", body.leases)
 
 
@@ -258,5 +260,5 @@ async def reject(
 )
 async def renew(
     topic: str, queue: str, body: RenewRequest, engine: Engine, _principal: Reader
-) -> LeaseResults:
+) -> Response:
     return await _settle(engine, topic, queue, "renew", body.leases, lock_ms=body.lock_ms)

@@ -69,6 +69,7 @@ import binascii
 import heapq
 import inspect
 import logging
+import os
 import re
 import secrets
 import struct
@@ -113,6 +114,12 @@ MAX_WAIT_MS = 30_000
 # an earlier record of their key is leased; beyond this the window waits for acknowledgements)
 MAX_WINDOW_RECORDS = 1_000_000
 READ_BYTES = 4 * 1024 * 1024  # one read from the log for a lease
+# a read for a lease takes at least this many records: those not leased wait in the window, and
+# their contents (up to READ_AHEAD_BYTES a partition) for the next leases, dropped after
+# AHEAD_IDLE_S without a lease
+READ_AHEAD_RECORDS = 500
+READ_AHEAD_BYTES = 256 * 1024
+AHEAD_IDLE_S = 2.0
 APPEND_RECORDS = 4000  # __queue_state records in one batch (each under 200 bytes)
 # headers a dead-lettered record carries besides its own
 DLQ_HEADERS = (
@@ -135,6 +142,7 @@ ACKED_S, RELEASED_S, REJECTED_S, RENEWED_S, EXPIRED_S, UNKNOWN_S = (
 )
 ACTIONS = {"ack": ACKED_S, "release": RELEASED_S, "reject": REJECTED_S, "renew": RENEWED_S}
 _LEASE = struct.Struct(">8sIqIQ")  # queue id, partition, offset, delivery count, nonce
+_FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
 
 
 # -- settings -------------------------------------------------------------------------------------
@@ -197,9 +205,9 @@ class LeaseId:
         """The lease a string names, or None for anything that is not one of ours."""
         if not isinstance(text, str) or len(text) != 43:
             return None
-        try:
-            raw = base64.urlsafe_b64decode(text + "=")
-        except (binascii.Error, ValueError):
+        try:  # (base64.urlsafe_b64decode's steps, without its checks of what it is given)
+            raw = binascii.a2b_base64(text.encode("ascii").translate(_FROM_URLSAFE) + b"=")
+        except (binascii.Error, ValueError):  # (UnicodeEncodeError is a ValueError)
             return None
         if len(raw) != _LEASE.size:
             return None
@@ -493,9 +501,15 @@ class PartitionQueue:
             return None
         return self._entry(i)
 
-    def ack(self, e: Entry) -> None:
+    def ack(self, e: Entry, advance: bool = True) -> None:
+        """`advance=False`: the caller calls advance() after a run of acks (once, not per
+        record)."""
         self.leased -= 1
         self._finish(self._index(e.offset), ACKED)
+        if advance:
+            self._advance()
+
+    def advance(self) -> None:
         self._advance()
 
     def release(self, e: Entry, now: int, delay_ms: int) -> Entry | None:
@@ -855,6 +869,10 @@ class Queue:
         # partition -> the latest append of its changes in flight: a call whose changes another
         # call took with its own (take_changes takes all) waits for that append
         self.pending: dict[int, _Pending] = {}
+        # partition -> records read into its window ahead of leases, by offset (Queues.
+        # _keep_ahead), and when they were kept (anyio's clock): dropped when it idles
+        self.ahead: dict[int, dict[int, Record]] = {}
+        self.leased_at = 0.0
 
     def lock(self, partition: int) -> anyio.Lock:
         lock = self.locks.get(partition)
@@ -965,6 +983,8 @@ class Queues:
             if state is None:
                 continue
             back = False
+            if q.ahead and anyio.current_time() - q.leased_at > AHEAD_IDLE_S:
+                q.ahead.clear()
             for p, pq in list(q.partitions.items()):
                 log = state.partitions[p] if p < len(state.partitions) else None
                 if log is None or not _online(log):
@@ -980,7 +1000,7 @@ class Queues:
                     if dying:
                         read = await _read_offsets(log, [e.offset for e, _r in dying])
                         await self._dead_letters(q, p, dying, read)
-                        await self._persist(q, p, pq)
+                        await self._persist(q, [p])
                     await self._read_head(pq, log)
             if back:
                 q.touched()  # long-polls: records came back, or a key's next may be leased
@@ -1198,7 +1218,7 @@ class Queues:
                 async with q.lock(p):
                     got = await self._lease_partition(q, p, log, n - len(out), lock_ms)
                 # the delivery counts, before the answer
-                await self._persist(q, p, q.partitions[p])
+                await self._persist(q, [p])
             except Exception:
                 if not out:
                     raise
@@ -1219,9 +1239,12 @@ class Queues:
         dying = [(e, REASON_MAX_DELIVERIES) for e in pq.due(now)] + pq.take_stalled()
         leased, more = pq.take(n, now, lock_ms, _nonce)
         dying += [(e, REASON_MAX_DELIVERIES) for e in more]
-        read: dict[int, Record] = {}
+        ahead = q.ahead.pop(p, {})
+        read: dict[int, Record] = {e.offset: ahead.pop(e.offset) for e in leased
+                                   if e.offset in ahead}
         while len(leased) < n and pq.wants_read(log.high_watermark):
-            result = await log.read_records(pq.next, n - len(leased), READ_BYTES)
+            want = max(n - len(leased), READ_AHEAD_RECORDS)
+            result = await log.read_records(pq.next, want, READ_BYTES)
             for r in result.records:
                 read[r.offset] = r
             pq.admit(((r.offset, r.key, r.timestamp) for r in result.records), result.next_offset)
@@ -1232,7 +1255,11 @@ class Queues:
             if not result.records and result.next_offset <= pq.next:
                 break
         wanted = [e.offset for e in leased] + [e.offset for e, _r in dying]
+        for o in wanted:
+            if o not in read and o in ahead:
+                read[o] = ahead.pop(o)
         read.update(await _read_offsets(log, [o for o in wanted if o not in read]))
+        self._keep_ahead(q, p, pq, ahead, read, wanted)
         await self._dead_letters(q, p, dying, read)  # (one that fails is retried later)
         out = []
         for e in leased:
@@ -1246,6 +1273,34 @@ class Queues:
                 )
             )
         return out
+
+    @staticmethod
+    def _keep_ahead(
+        q: Queue,
+        p: int,
+        pq: PartitionQueue,
+        ahead: dict[int, Record],
+        read: dict[int, Record],
+        taken: list[int],
+    ) -> None:
+        """Keep the records read into the window and not leased (a read takes up to
+        READ_AHEAD_RECORDS) for the partition's next leases, which then need no read of their
+        own (a thread hop, and a wait on the partition's lock for the others): up to
+        READ_AHEAD_BYTES, and none past the window's start; dropped when the queue idles."""
+        gone = set(taken)
+        kept: dict[int, Record] = {}
+        size = 0
+        for source in (ahead, read):
+            for offset, r in source.items():
+                if offset in gone or offset < pq.start or offset in kept:
+                    continue
+                size += len(r.value or b"") + len(r.key or b"") + 64
+                if size > READ_AHEAD_BYTES:
+                    break
+                kept[offset] = r
+        if kept:
+            q.ahead[p] = kept
+            q.leased_at = anyio.current_time()
 
     async def _wait(self, q: Queue, timeout_s: float) -> None:
         """Until a partition of the queue's topic gets records, the queue changes, a lease
@@ -1301,6 +1356,7 @@ class Queues:
         dying: dict[int, list[tuple[Entry, str]]] = {}
         mine: set[tuple[int, int]] = set()  # (partition, offset): this call's own actions' dying
         touched: set[int] = set()
+        windows: dict[int, PartitionQueue | None] = {}  # (None: offline)
         for text in leases:
             lease = LeaseId.decode(text)
             if (
@@ -1310,21 +1366,18 @@ class Queues:
             ):
                 results.append((text, UNKNOWN_S))
                 continue
-            log = state.partitions[lease.partition]
-            if not _online(log):
-                results.append((text, EXPIRED_S))
-                continue
-            pq = self._window(q, lease.partition, log)
-            due = [(e, REASON_MAX_DELIVERIES) for e in pq.due(now)] + pq.take_stalled()
-            if due:
-                dying.setdefault(lease.partition, []).extend(due)
-            e = pq.current(lease, now)
-            if e is None:
+            if lease.partition in windows:
+                pq = windows[lease.partition]
+            else:  # (once a call: expired leases back, stalled dead letters taken)
+                pq = windows[lease.partition] = self._settle_window(q, state, lease.partition,
+                                                                     now, dying)
+            e = pq.current(lease, now) if pq is not None else None
+            if pq is None or e is None:
                 results.append((text, EXPIRED_S))
                 continue
             touched.add(lease.partition)
             if action == "ack":
-                pq.ack(e)
+                pq.ack(e, advance=False)
             elif action == "renew":
                 pq.renew(e, now, lock)
             elif action == "reject":
@@ -1336,12 +1389,13 @@ class Queues:
                     mine.add((lease.partition, dead.offset))
                     dying.setdefault(lease.partition, []).append((dead, REASON_MAX_DELIVERIES))
             results.append((text, ACTIONS[action]))
+        for p in touched:
+            q.partitions[p].advance()  # (past the acknowledged prefix: once, not per record)
         failed = await self._dead_letter_partitions(q, state, dying, mine)
         # what the call changed is persisted also when a dead letter failed (an acknowledgement
         # beside it is durable); the call fails after that, where its own reject (or release at
         # max_deliveries) is what was not done: the record stays dying, dead-lettered later
-        for p in sorted(touched | set(dying)):
-            await self._persist(q, p, q.partitions[p])
+        await self._persist(q, sorted(touched | set(dying)))
         if action != "renew" and touched:
             q.touched()  # released records, and the next record of a key, may be leased now
         if action == "release":
@@ -1349,6 +1403,20 @@ class Queues:
         if failed:
             raise failed[0]
         return results
+
+    def _settle_window(
+        self, q: Queue, state: Any, p: int, now: int, dying: dict[int, list[tuple[Entry, str]]]
+    ) -> PartitionQueue | None:
+        """Partition p's window for a settle call, its due leases expired and its stalled dead
+        letters added to `dying`; None when the partition is offline."""
+        log = state.partitions[p]
+        if not _online(log):
+            return None
+        pq = self._window(q, p, log)
+        due = [(e, REASON_MAX_DELIVERIES) for e in pq.due(now)] + pq.take_stalled()
+        if due:
+            dying.setdefault(p, []).extend(due)
+        return pq
 
     async def _dead_letter_partitions(
         self, q: Queue, state: Any, dying: dict[int, list[tuple[Entry, str]]],
@@ -1429,32 +1497,50 @@ class Queues:
                 await log.append(prepare_batches(batch, log.config, check_records=False))
         q.partitions[p].dead_done(dying)
 
-    async def _persist(self, q: Queue, p: int, pq: PartitionQueue) -> None:
-        """Append what the window's calls changed; return once it is durable (with another
-        call's append that took this call's changes, if one did)."""
-        changes = pq.take_changes()
-        if not changes:
-            pending = q.pending.get(p)
-            if pending is not None:
-                await pending.done.wait()
-                if pending.error is not None:
-                    raise pending.error
-            return
-        mine = q.pending[p] = _Pending()
-        try:
-            await self._append_changes(q, p, changes)
-        except BaseException as exc:
-            mine.error = exc
-            raise
-        finally:
-            mine.done.set()
-            if q.pending.get(p) is mine:
-                del q.pending[p]
+    async def _persist(self, q: Queue, partitions: Iterable[int]) -> None:
+        """Append what the windows' calls changed, the partitions' changes in one append (one
+        commit); return once it is durable (with another call's append that took this call's
+        changes, if one did: the state's appends commit in order, so the latest covers it)."""
+        changed: dict[int, Changes] = {}
+        waits: list[_Pending] = []
+        for p in partitions:
+            changes = q.partitions[p].take_changes()
+            if changes:
+                changed[p] = changes
+            elif (pending := q.pending.get(p)) is not None:
+                waits.append(pending)
+        if changed:
+            mine = _Pending()
+            for p in changed:
+                q.pending[p] = mine
+            try:
+                await self._append_changes(q, changed)
+            except BaseException as exc:
+                mine.error = exc
+                raise
+            finally:
+                mine.done.set()
+                for p in changed:
+                    if q.pending.get(p) is mine:
+                        del q.pending[p]
+        for pending in waits:
+            await pending.done.wait()
+            if pending.error is not None:
+                raise pending.error
 
-    async def _append_changes(self, q: Queue, p: int, changes: Changes) -> None:
-        qid = q.qid.hex()
+    async def _append_changes(self, q: Queue, changed: dict[int, Changes]) -> None:
+        items: list[tuple[bytes, bytes | None]] = []
+        for p, changes in changed.items():
+            items += self._change_items(q.qid.hex(), p, changes)
+        await _append(await self._state_log(), items, self.clock())
+
+    @staticmethod
+    def _change_items(qid: str, p: int, changes: Changes) -> list[tuple[bytes, bytes | None]]:
+        """__queue_state records of one partition's changes (its start after its offsets)."""
+        # (what _key and orjson.dumps write, byte for byte: compaction keeps a key's latest)
+        prefix = f'["o","{qid}",{p},'.encode()
         items: list[tuple[bytes, bytes | None]] = [
-            (_key("o", qid, p, offset), orjson.dumps({"n": count, "s": state}))
+            (b"%s%d]" % (prefix, offset), b'{"n":%d,"s":%d}' % (count, state))
             for offset, count, state in changes.offsets
         ]
         if changes.start is not None:
@@ -1463,7 +1549,7 @@ class Queues:
                 (_key("s", qid, p), orjson.dumps({"start": start, "acked": acked, "dead": dead}))
             )
         items += [(_key("o", qid, p, offset), None) for offset in changes.tombstones]
-        await _append(await self._state_log(), items, self.clock())
+        return items
 
 
 def _replay_one(
@@ -1508,8 +1594,22 @@ def _online(log: Any) -> bool:
     return hasattr(log, "read_records")
 
 
-def _nonce() -> int:
-    return secrets.randbits(32) or 1  # (0: no lease; (offset, count) tell leases apart too)
+class _Nonces:
+    """Lease nonces from the OS's random source, 256 a read (a read per record was a tenth of
+    a lease's time); 0 is none (no lease), skipped. (offset, count) tell leases apart too."""
+
+    def __init__(self) -> None:
+        self._left: Iterator[int] = iter(())
+
+    def __call__(self) -> int:
+        while True:
+            for value in self._left:
+                if value:
+                    return value
+            self._left = iter(array("I", os.urandom(1024)))
+
+
+_nonce = _Nonces()
 
 
 async def _start_offset(log: Any, start: str | int) -> int:
