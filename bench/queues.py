@@ -10,7 +10,9 @@ BLOCK 100; NATS: fetch(100) of a durable pull consumer), then acknowledge them (
 POST .../ack of the 100 leases, fsynced before its 200; Redis: one XACK of the 100 ids, the AOF
 fsynced before the reply; NATS: each message's ack() with ack_sync=False, as its clients do,
 which JetStream applies without a reply). Records/s is RECORDS over the time from the first
-lease to the last ack; lease latency is each lease call's, timed around the call.
+lease to the last ack; lease latency is each lease call's that got records, timed around the
+call (the few that find none once the records run out wait out their 100 ms long-poll by
+design: counted as empty_leases, not timed; timed, they made every system's p99 ~100 ms).
 
 Goals (issue 26): >= 1.0 x NATS and >= 0.5 x Redis records/s, lease p99 <= 10 ms.
 The load generator is Python for every system alike: on the 2-core machine it shares the
@@ -112,7 +114,7 @@ def run(ctx: Context) -> dict[str, Any]:
             ours / redis >= GOAL_REDIS,
         ),
         summary_row(
-            "lease p50 / p99 (100 records a lease)",
+            "lease p50 / p99 (100 records a lease; the leases that got records)",
             f"{results['eventlog']['lease']['p50_us'] / 1000:.2f} / {p99_ms:.2f} ms",
             f"Redis p99 {results['redis-always']['lease']['p99_us'] / 1000:.2f} ms, NATS p99 "
             f"{results['nats-sync-always']['lease']['p99_us'] / 1000:.2f} ms",
@@ -129,16 +131,19 @@ async def _workers(p: dict[str, Any], lease: Any, ack: Any, clients: list[Any]) 
     total = p["records"]
     done = 0
     samples: list[int] = []
+    empty = 0
 
     async def worker(client: Any) -> None:
-        nonlocal done
+        nonlocal done, empty
         while done < total:
             t0 = time.perf_counter_ns()
             got = await lease(client)
-            samples.append(time.perf_counter_ns() - t0)
             if got:
+                samples.append(time.perf_counter_ns() - t0)
                 await ack(client, got)
                 done += len(got)
+            else:
+                empty += 1
 
     started = time.perf_counter()
     await asyncio.gather(*(worker(c) for c in clients))
@@ -149,6 +154,7 @@ async def _workers(p: dict[str, Any], lease: Any, ack: Any, clients: list[Any]) 
         "records_per_s": round(done / elapsed, 1),
         "lease": percentiles_us(samples),
         "leases": len(samples),
+        "empty_leases": empty,
     }
 
 
