@@ -235,9 +235,14 @@ class Changes:
     offsets: list[tuple[int, int, int]] = field(default_factory=list)  # (offset, count, state)
     start: tuple[int, int, int] | None = None  # (start, acked below, dead below)
     tombstones: list[int] = field(default_factory=list)
+    # runs of records in flight leased together: (first offset, last offset, delivery count)
+    runs: list[tuple[int, int, int]] = field(default_factory=list)
+    run_tombstones: list[tuple[int, int]] = field(default_factory=list)  # (first, last)
 
     def __bool__(self) -> bool:
-        return bool(self.offsets or self.start or self.tombstones)
+        return bool(
+            self.offsets or self.start or self.tombstones or self.runs or self.run_tombstones
+        )
 
 
 # a record's flags beside its state (the low 3 bits of its state byte)
@@ -330,6 +335,7 @@ class PartitionQueue:
         acked_below: int = 0,
         dead_below: int = 0,
         recovered: dict[int, tuple[int, int]] | None = None,
+        recovered_runs: Iterable[tuple[int, int]] = (),
     ) -> None:
         self.partition = partition
         self.max_deliveries = max_deliveries
@@ -371,6 +377,12 @@ class PartitionQueue:
         self._dirty: set[int] = set()
         self._start_dirty = False
         self._tombstones: list[int] = []
+        # runs __queue_state holds (take_changes), heap of (last, first): tombstoned once the
+        # window's start passes their last offset
+        self.runs: list[tuple[int, int]] = [(last, first) for first, last in recovered_runs]
+        heapq.heapify(self.runs)
+        self._run_tombstones: list[tuple[int, int]] = []
+        self._drop_runs()
 
     # -- what a lease does ----------------------------------------------------------------
 
@@ -594,25 +606,56 @@ class PartitionQueue:
             self.next = log_start
         self.start = self.offsets[self.lo] if self.lo < end else self.next
         self._start_dirty = True
+        self._drop_runs()
         self._compact()
 
     # -- what the caller persists -------------------------------------------------------------
 
     def take_changes(self) -> Changes:
+        """What to persist: settled records one by one (`offsets`), records in flight (their
+        delivery counts) as runs of neighbours in the window with one count (`runs`: a lease of
+        100 is one record of __queue_state, and one key of its key index, not 100)."""
         changes = Changes()
-        states = self.states
+        states, counts = self.states, self.counts
+        run: list[int] = []  # [first index, last index, count]
         for offset in sorted(self._dirty):
             i = self._index(offset)
-            if i >= 0:
+            if i < 0:
+                continue
+            state = states[i] & _STATE
+            if state in (ACKED, DEAD):
                 states[i] |= _STORED
-                state = states[i] & _STATE
-                changes.offsets.append((offset, self.counts[i], state if state in (2, 3) else 0))
+                changes.offsets.append((offset, counts[i], state))
+            elif run and i == run[1] + 1 and counts[i] == run[2]:
+                run[1] = i
+            else:
+                if run:
+                    self._add_run(changes, *run)
+                run = [i, i, counts[i]]
+        if run:
+            self._add_run(changes, *run)
         self._dirty.clear()
         if self._start_dirty:
             changes.start = (self.start, self.acked_below, self.dead_below)
             self._start_dirty = False
         changes.tombstones, self._tombstones = self._tombstones, []
+        changes.run_tombstones, self._run_tombstones = self._run_tombstones, []
         return changes
+
+    def _add_run(self, changes: Changes, first: int, last: int, count: int) -> None:
+        first_offset, last_offset = self.offsets[first], self.offsets[last]
+        changes.runs.append((first_offset, last_offset, count))
+        heapq.heappush(self.runs, (last_offset, first_offset))
+
+    def _drop_runs(self) -> None:
+        """Runs wholly before the window's start: to be tombstoned."""
+        while self.runs and self.runs[0][0] < self.start:
+            last, first = heapq.heappop(self.runs)
+            self._run_tombstones.append((first, last))
+
+    def stored_runs(self) -> list[tuple[int, int]]:
+        """(first, last) of the runs __queue_state holds (what deleting the queue tombstones)."""
+        return [(first, last) for last, first in self.runs]
 
     def stored_offsets(self) -> list[int]:
         """Offsets __queue_state holds a record for (what deleting the queue tombstones)."""
@@ -808,6 +851,7 @@ class PartitionQueue:
         if start != self.start or moved:
             self.start = start
             self._start_dirty = True
+            self._drop_runs()
         self._compact()
 
 
@@ -899,9 +943,8 @@ class Queues:
         self.clock = clock
         self._queues: dict[tuple[str, str], Queue] = {}
         self._by_id: dict[bytes, Queue] = {}
-        self._replayed: dict[
-            tuple[bytes, int], tuple[int, int, int, dict[int, tuple[int, int]]]
-        ] = {}
+        # (queue id, partition) -> (start, acked, dead, offsets replayed, runs replayed)
+        self._replayed: dict[tuple[bytes, int], tuple[int, int, int, dict, set]] = {}
         self._create_lock = anyio.Lock()
         self._wake = anyio.Event()  # set when a lease or a delayed release makes a new deadline
 
@@ -920,6 +963,7 @@ class Queues:
         settings: dict[tuple[str, str], dict[str, Any] | None] = {}
         starts: dict[tuple[bytes, int], tuple[int, int, int]] = {}
         offsets: dict[tuple[bytes, int], dict[int, tuple[int, int]]] = {}
+        runs: dict[tuple[bytes, int], set[tuple[int, int]]] = {}
 
         def replay() -> None:
             view = log.view
@@ -927,7 +971,7 @@ class Queues:
             while offset < view.high_watermark:
                 result = read_records(view, offset, 10_000, 4 * 1024 * 1024)
                 for record in result.records:
-                    _replay_one(record, settings, starts, offsets)
+                    _replay_one(record, settings, starts, offsets, runs)
                 if result.next_offset <= offset:
                     break
                 offset = result.next_offset
@@ -944,10 +988,10 @@ class Queues:
         for (qid, p), (start, acked, dead) in starts.items():
             if qid in self._by_id:
                 kept = {o: s for o, s in offsets.get((qid, p), {}).items() if o >= start}
-                self._replayed[(qid, p)] = (start, acked, dead, kept)
+                self._replayed[(qid, p)] = (start, acked, dead, kept, runs.get((qid, p), set()))
         for (qid, p), kept in offsets.items():
             if qid in self._by_id and (qid, p) not in starts:
-                self._replayed[(qid, p)] = (-1, 0, 0, kept)
+                self._replayed[(qid, p)] = (-1, 0, 0, kept, runs.get((qid, p), set()))
 
     # -- eager expiry -------------------------------------------------------------------------
 
@@ -1072,7 +1116,7 @@ class Queues:
                         orjson.dumps({"start": start, "acked": 0, "dead": 0}),
                     )
                 )
-                self._replayed[(q.qid, p)] = (start, 0, 0, {})
+                self._replayed[(q.qid, p)] = (start, 0, 0, {}, set())
             await _append(log, items, self.clock())
             self._queues[(topic, name)] = q
             self._by_id[q.qid] = q
@@ -1098,10 +1142,13 @@ class Queues:
                 items.append((_key("s", q.qid.hex(), p), None))
                 for offset in pq.stored_offsets():
                     items.append((_key("o", q.qid.hex(), p, offset), None))
-            for (qid, p), (_s, _a, _d, kept) in list(self._replayed.items()):
+                for first, last in pq.stored_runs():
+                    items.append((_key("r", q.qid.hex(), p, first, last), None))
+            for (qid, p), (_s, _a, _d, kept, runs) in list(self._replayed.items()):
                 if qid == q.qid:
                     items.append((_key("s", q.qid.hex(), p), None))
                     items += [(_key("o", q.qid.hex(), p, o), None) for o in kept]
+                    items += [(_key("r", q.qid.hex(), p, f, la), None) for f, la in runs]
                     del self._replayed[(qid, p)]
             del self._queues[(q.topic, q.name)]
             del self._by_id[q.qid]
@@ -1156,11 +1203,14 @@ class Queues:
     def _window(self, q: Queue, p: int, log: Any) -> PartitionQueue:
         pq = q.partitions.get(p)
         if pq is None:
-            start, acked, dead, kept = self._replayed.pop((q.qid, p), (-1, 0, 0, {}))
+            start, acked, dead, kept, runs = self._replayed.pop(
+                (q.qid, p), (-1, 0, 0, {}, set())
+            )
             if start < 0:  # a partition added after the queue was made: from its beginning
                 start = log.log_start_offset
             pq = q.partitions[p] = PartitionQueue(
-                p, q.settings.max_deliveries, q.settings.ordering == "key", start, acked, dead, kept
+                p, q.settings.max_deliveries, q.settings.ordering == "key", start, acked, dead,
+                kept, sorted(runs),
             )
         pq.trim(log.log_start_offset)
         return pq
@@ -1543,12 +1593,15 @@ class Queues:
             (b"%s%d]" % (prefix, offset), b'{"n":%d,"s":%d}' % (count, state))
             for offset, count, state in changes.offsets
         ]
+        items += [(_key("r", qid, p, first, last), b'{"n":%d}' % count)
+                  for first, last, count in changes.runs]
         if changes.start is not None:
             start, acked, dead = changes.start
             items.append(
                 (_key("s", qid, p), orjson.dumps({"start": start, "acked": acked, "dead": dead}))
             )
         items += [(_key("o", qid, p, offset), None) for offset in changes.tombstones]
+        items += [(_key("r", qid, p, first, last), None) for first, last in changes.run_tombstones]
         return items
 
 
@@ -1557,7 +1610,10 @@ def _replay_one(
     settings: dict[tuple[str, str], dict[str, Any] | None],
     starts: dict[tuple[bytes, int], tuple[int, int, int]],
     offsets: dict[tuple[bytes, int], dict[int, tuple[int, int]]],
+    runs: dict[tuple[bytes, int], set[tuple[int, int]]],
 ) -> None:
+    """One __queue_state record into what replay keeps: per offset the largest delivery count
+    and state any record names (an `r` run names each offset of its range, in flight)."""
     if record.key is None:
         return
     key = orjson.loads(record.key)
@@ -1571,6 +1627,7 @@ def _replay_one(
         if value is None:
             starts.pop(where, None)
             offsets.pop(where, None)
+            runs.pop(where, None)
             return
         old = starts.get(where)
         if old is None or value["start"] >= old[0]:  # a start never goes back (any order)
@@ -1582,6 +1639,18 @@ def _replay_one(
             return
         old_count, old_state = kept.get(key[3], (0, 0))
         kept[key[3]] = (max(old_count, value["n"]), max(old_state, value["s"]))
+    elif kind == "r":
+        extent = (key[3], key[4])
+        if value is None:  # (the window's start passed it: its offsets are dropped anyway)
+            runs.get(where, set()).discard(extent)
+            return
+        runs.setdefault(where, set()).add(extent)
+        kept = offsets.setdefault(where, {})
+        count = value["n"]
+        for offset in range(key[3], key[4] + 1):
+            old_count, old_state = kept.get(offset, (0, 0))
+            if count > old_count:
+                kept[offset] = (count, old_state)
 
 
 def _settings_of(v: dict[str, Any]) -> QueueSettings:

@@ -10,6 +10,7 @@ import tracemalloc
 from pathlib import Path
 
 import anyio
+import orjson
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -17,6 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from engine.errors import InvalidFieldError, QueueExistsError, QueueNotFoundError
 from engine.log_manager import EngineConfig, open_engine
+from engine.metadata import QUEUE_STATE_TOPIC
 from engine.partition_log import prepare_batches
 from engine.queues import (
     ACKED,
@@ -270,6 +272,45 @@ async def produce(
     log = engine.partition(topic, partition)
     batch = encode_batch(0, [(k, v, 1, ()) for k, v in records])
     await log.append(prepare_batches(batch, log.config))
+
+
+async def test_a_lease_persists_one_run_and_counts_survive_a_restart(tmp_path: Path) -> None:
+    """A lease's delivery counts go to __queue_state as one record per run of neighbours with
+    one count (not one per record); after a restart each record comes back with its count
+    (acknowledged ones never), whatever runs and per-offset records said it; runs the window's
+    start passed are tombstoned."""
+    clock = FakeClock()
+    async with open_engine(cfg(tmp_path), clock) as engine:
+        await engine.create_topic("jobs", 1)
+        await produce(engine, "jobs", [(None, b"v%d" % i) for i in range(10)])
+        await engine.queues.create("jobs", "w", QueueSettings(lock_ms=1000))
+        first = await engine.queues.lease("jobs", "w", 10)
+        by_offset = {r.offset: r.lease for r in first}
+        ack = [by_offset[o] for o in (0, 1, 2, 5)]
+        assert {s for _l, s in await engine.queues.settle("jobs", "w", "ack", ack)} == {"acked"}
+        release = [by_offset[3], by_offset[4]]
+        await engine.queues.settle("jobs", "w", "release", release)
+        second = await engine.queues.lease("jobs", "w", 10)
+        assert [(r.offset, r.delivery_count) for r in second] == [(3, 2), (4, 2)]
+        state = engine.partition(QUEUE_STATE_TOPIC, 0)
+        records = (await state.read_records(0, 1000, 1 << 20)).records
+        runs = [(r.key, r.value) for r in records if r.key.startswith(b'["r"')]
+        assert [(orjson.loads(k)[3:], orjson.loads(v)) for k, v in runs] == [
+            ([0, 9], {"n": 1}),
+            ([3, 4], {"n": 2}),
+        ]
+    async with open_engine(cfg(tmp_path), clock) as engine:
+        clock.now += 2000
+        got = await engine.queues.lease("jobs", "w", 10)
+        assert [(r.offset, r.delivery_count) for r in got] == [
+            (3, 3), (4, 3), (6, 2), (7, 2), (8, 2), (9, 2)
+        ]
+        await engine.queues.settle("jobs", "w", "ack", [r.lease for r in got])
+        assert engine.queues.describe("jobs", "w").partitions[0]["start_offset"] == 10
+        state = engine.partition(QUEUE_STATE_TOPIC, 0)
+        records = (await state.read_records(0, 1000, 1 << 20)).records
+        dropped = {bytes(r.key) for r in records if r.key.startswith(b'["r"') and r.value is None}
+        assert {bytes(k) for k, _v in runs} <= dropped
 
 
 async def test_acks_survive_a_restart_and_delivery_counts_never_go_down(tmp_path: Path) -> None:
