@@ -40,6 +40,10 @@ that made it answers:
                                          records below it were acknowledged / dead-lettered
     key ["o", qid, partition, offset]    {"n": delivery count, "s": 0 in flight, 2 acked,
                                          3 dead-lettered}; a tombstone once start passes it
+    key ["r", qid, partition, first, last]   {"n": delivery count}: records in flight, leased
+                                         together with that count, every window record from
+                                         first to last (a lease's counts: one record, not one
+                                         per record); a tombstone once start passes last
 
 A lease persists its records' delivery counts before it answers, so a count never goes down
 across a restart: after a restart (or SIGKILL) a record that was leased comes back available
