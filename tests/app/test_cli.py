@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import signal
 import struct
@@ -365,10 +366,22 @@ COMMANDS = [
 ]
 
 
+@functools.cache
+def _helps() -> dict[str, str]:
+    """`eventlog [COMMAND] --help` for the root and every command, run once for the tests that
+    read them, side by side (each is a process start: about a second of imports)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    commands = ["", *COMMANDS]
+    with ThreadPoolExecutor(4) as pool:
+        done = list(pool.map(lambda c: run(*c.split(), "--help"), commands))
+    for command, result in zip(commands, done, strict=True):
+        assert result.returncode == 0, (command, result.stderr)
+    return {command: result.stdout for command, result in zip(commands, done, strict=True)}
+
+
 def _help(command: str) -> str:
-    done = run(*command.split(), "--help")
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return _helps()[command]
 
 
 def test_version_is_an_option_and_a_command() -> None:
