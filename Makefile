@@ -43,10 +43,13 @@ run: install-service
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
 
+# Every pass runs even when one before it failed; make test fails if any did.
 test: install test-peers
-	$(BIN)/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS)
-	EVENTLOG_TEST_PROCESSES=2 $(BIN)/python -m pytest $(XDIST) -m shards $(PYTEST_ARGS)
+	failed=0; \
+	$(BIN)/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS) || failed=1; \
+	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS) || failed=1; \
+	EVENTLOG_TEST_PROCESSES=2 $(BIN)/python -m pytest $(XDIST) -m shards $(PYTEST_ARGS) || failed=1; \
+	exit $$failed
 
 test-fast: install test-peers
 	$(BIN)/python -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
