@@ -73,6 +73,7 @@ import binascii
 import heapq
 import inspect
 import logging
+import math
 import os
 import re
 import secrets
@@ -951,6 +952,9 @@ class Queues:
         self._replayed: dict[tuple[bytes, int], tuple[int, int, int, dict, set]] = {}
         self._create_lock = anyio.Lock()
         self._wake = anyio.Event()  # set when a lease or a delayed release makes a new deadline
+        # when (ms, the clock's) the expiry loop looks next: a lease whose lock ends later does
+        # not wake it (every lease did: a pass over every queue's windows per lease)
+        self._next_look = 0.0
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -1006,6 +1010,7 @@ class Queues:
         timestamp (oldest_unacked_age_ms). Runs until the engine stops."""
         while not self.engine.stopping:
             wake = self._wake = anyio.Event()  # (what a call sets from here on)
+            self._next_look = math.inf  # (leases meanwhile: the dues below include them)
             try:
                 await self.expire()
             except Exception:
@@ -1019,6 +1024,7 @@ class Queues:
             ]
             # at least once a second: stalled dead letters, head timestamps
             timeout_s = min([1.0] + [max(0.0, (d - now) / 1000) for d in dues])
+            self._next_look = now + timeout_s * 1000
             with anyio.move_on_after(max(0.001, timeout_s)):
                 await wake.wait()
 
@@ -1282,7 +1288,8 @@ class Queues:
                                exc_info=True)
                 break
             out += got
-        self._wake.set()  # (new deadlines: the expiry loop looks again)
+        if out and min(r.lease_expires_at for r in out) < self._next_look:
+            self._wake.set()  # (a deadline before the expiry loop's next look)
         return out
 
     async def _lease_partition(
