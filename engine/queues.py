@@ -193,8 +193,10 @@ def validate_queue_name(name: str) -> None:
 # -- leases --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseId:
+class LeaseId(NamedTuple):
+    """(A NamedTuple, not a frozen dataclass: one is made per lease decoded, and a frozen
+    dataclass's __init__ sets each field through object.__setattr__.)"""
+
     qid: bytes
     partition: int
     offset: int
@@ -522,7 +524,7 @@ class PartitionQueue:
         """`advance=False`: the caller calls advance() after a run of acks (once, not per
         record)."""
         self.leased -= 1
-        self._finish(self._index(e.offset), ACKED)
+        self._acked(self._index(e.offset))
         if advance:
             self._advance()
 
@@ -763,18 +765,23 @@ class PartitionQueue:
         """Record `i` is acknowledged, or (DEAD) dying: done once dead_done() says its dead
         letter is durable. A dying record still holds its key back: were its dead letter never
         written (a crash first), it would be delivered again, after its key's next record."""
+        if state == ACKED:
+            self._acked(i)
+            return self._entry(i)
+        self.nonces[i] = 0
+        self.when[i] = 0
+        self.states[i] = (self.states[i] & ~_STATE) | DYING
+        return self._entry(i)
+
+    def _acked(self, i: int) -> None:
         self.nonces[i] = 0
         self.when[i] = 0
         flags = self.states[i] & ~_STATE
-        if state == DEAD:
-            self.states[i] = flags | DYING
-            return self._entry(i)
-        self.states[i] = flags | state
+        self.states[i] = flags | ACKED
         self.acked_in_window += 1
         self._dirty.add(self.offsets[i])
         if flags & _KEYED:
             self._unhead(i)
-        return self._entry(i)
 
     def _link(self, i: int, key: int, offset: int) -> None:
         """Record `i` (at `offset`) joins its key's chain, last."""
@@ -863,8 +870,9 @@ class PartitionQueue:
 # -- a queue, and the queues of a server --------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class LeasedRecord:
+class LeasedRecord(NamedTuple):
+    """One record a lease answers (a NamedTuple: a lease of 100 makes 100)."""
+
     partition: int
     offset: int
     timestamp: int
