@@ -54,6 +54,10 @@ class WindowMachine(RuleBasedStateMachine):
         # offset -> [state, count, nonce, deadline, ready_at]
         self.model: dict[int, list[int]] = {}
         self.leases: list[LeaseId] = []  # every lease handed out, current or not
+        # what __queue_state's replay would make of take_changes() so far (Queues persists
+        # after every call): offset -> [largest count, largest state]; runs not tombstoned
+        self.persisted: dict[int, list[int]] = {}
+        self.runs: set[tuple[int, int]] = set()
 
     @rule(by_key=st.booleans(), max_deliveries=st.integers(1, 3))
     @precondition(lambda self: self.pq is None)
@@ -70,6 +74,24 @@ class WindowMachine(RuleBasedStateMachine):
         self.pq.admit([(first + i, k) for i, k in enumerate(keys)], len(self.keys))
         for i in range(len(keys)):
             self.model[first + i] = [AVAILABLE, 0, 0, 0, 0]
+        self._persist()
+
+    def _persist(self) -> None:
+        assert self.pq is not None
+        changes = self.pq.take_changes()
+        for offset, count, state in changes.offsets:
+            kept = self.persisted.setdefault(offset, [0, 0])
+            kept[:] = [max(kept[0], count), max(kept[1], state)]
+        for first, last, count in changes.runs:
+            self.runs.add((first, last))
+            for offset in range(first, last + 1):
+                kept = self.persisted.setdefault(offset, [0, 0])
+                kept[0] = max(kept[0], count)
+        for first, last in changes.run_tombstones:
+            assert last < self.pq.start  # (only runs the window's start passed)
+            self.runs.discard((first, last))
+        for offset in changes.tombstones:
+            assert offset < self.pq.start
 
     def _model_due(self) -> None:
         for m in self.model.values():
@@ -108,6 +130,7 @@ class WindowMachine(RuleBasedStateMachine):
             m[:4] = [LEASED, m[1] + 1, e.nonce, self.now + lock]
             assert e.count == m[1]
             self.leases.append(LeaseId(b"q" * 8, 0, e.offset, e.count, e.nonce))
+        self._persist()
 
     def _settle(self, i: int, action: str, amount: int) -> None:
         assert self.pq is not None
@@ -150,6 +173,7 @@ class WindowMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.leases)
     def settle(self, i: int, action: str, amount: int) -> None:
         self._settle(i, action, amount if action != "renew" else amount + 1)
+        self._persist()
 
     @rule(dt=st.integers(1, 60))
     def time_passes(self, dt: int) -> None:
@@ -172,6 +196,16 @@ class WindowMachine(RuleBasedStateMachine):
             if m[0] == LEASED and m[3] > self.now:
                 assert e.state == LEASED
             assert (e.state in (ACKED, DEAD)) == (m[0] in (ACKED, DEAD))
+        # what a restart would replay: every delivery count of the window (never less), a
+        # settled record's end; runs held only while the window's start has not passed them
+        for offset, m in self.model.items():
+            if offset >= pq.start and offset in self.persisted:
+                assert self.persisted[offset][0] == m[1]
+            if offset >= pq.start and m[1]:
+                assert offset in self.persisted
+            if offset >= pq.start and m[0] in (ACKED, DEAD):
+                assert self.persisted[offset][1] == m[0]
+        assert all(last >= pq.start for _first, last in self.runs)
         # never two leases of one key, nor one past an earlier unsettled record of its key
         if pq.by_key:
             for o, m in self.model.items():
