@@ -984,6 +984,180 @@ function resetOffsetsPanel(group, topics) {
     form, out);
 }
 
+// -- queues: records leased to workers, acknowledged one by one; dead letters sent back -----------
+
+const queuePath = (topic, queue) => `/v1/topics/${encodeURIComponent(topic)}/queues/${encodeURIComponent(queue)}`;
+const queueHref = (topic, queue) => `#/queues/${encodeURIComponent(topic)}/${encodeURIComponent(queue)}`;
+// the headers a queue adds to a record it dead-letters (docs/API.md, Queues); a record sent
+// back goes without them, as it was produced
+const DEAD_HEADERS = ["eventlog.source.topic", "eventlog.source.partition", "eventlog.source.offset", "eventlog.delivery.count", "eventlog.dead.reason"];
+const sumOf = (partitions, field) => partitions.reduce((n, p) => n + p[field], 0);
+// the queue's oldest unacknowledged record: the oldest of its partitions'
+const oldestOf = (partitions) => partitions.reduce((n, p) => Math.max(n, p.oldest_unacked_age_ms), 0);
+
+// an age (ms) as an operator reads it: "0 s" when nothing waits
+function fmtAge(ms) {
+  if (!ms) return "0 s";
+  if (ms < 60000) return `${(ms / 1000).toFixed(1)} s`;
+  if (ms < 3600000) return `${Math.floor(ms / 60000)} min ${Math.floor((ms % 60000) / 1000)} s`;
+  if (ms < 86400000) return `${Math.floor(ms / 3600000)} h ${Math.floor((ms % 3600000) / 60000)} min`;
+  return `${Math.floor(ms / 86400000)} d ${Math.floor((ms % 86400000) / 3600000)} h`;
+}
+const ageCell = (ms) => h("td", { class: "num", dataset: { ms }, title: `${fmtInt(ms)} ms` }, fmtAge(ms));
+const startText = (start) => (typeof start === "string" ? start : `time ${fmtTime(start.timestamp)}`);
+
+// Queues are named per topic (GET /v1/topics/{t}/queues): the list asks each topic the token
+// sees, then describes each queue (one request per queue, as the topics list does per topic).
+async function viewQueues(target) {
+  const { topics } = await get("/v1/topics");
+  const named = can("read") ? await Promise.all(topics.map((t) => get(`/v1/topics/${encodeURIComponent(t.name)}/queues`)
+    .then((answer) => answer.queues.map((queue) => ({ topic: t.name, queue })), () => []))) : [];
+  const queues = await Promise.all(named.flat().map(({ topic, queue }) =>
+    get(queuePath(topic, queue)).catch((error) => ({ topic, queue, error }))));
+  const rows = queues.map((d) => {
+    if (d.error) return h("tr", null, h("td", null, d.queue), h("td", null, d.topic), h("td", { colspan: 5, class: "muted" }, d.error.text || String(d.error)));
+    return h("tr", { dataset: { topic: d.topic, queue: d.queue } },
+      h("td", null, h("a", { href: queueHref(d.topic, d.queue) }, d.queue)),
+      h("td", null, h("a", { href: topicHref(d.topic) }, d.topic)), h("td", null, d.ordering),
+      num(sumOf(d.partitions, "available")), num(sumOf(d.partitions, "leased")), num(sumOf(d.partitions, "dead_lettered")),
+      ageCell(oldestOf(d.partitions)));
+  });
+  put(target,
+    h("h1", null, "Queues", h("span", { class: "sub" }, `${queues.length} queue${queues.length === 1 ? "" : "s"}`)),
+    can("read") ? createQueuePanel(topics.map((t) => t.name)) : h("section", { class: "panel" }, h("p", { class: "muted" }, "Queues are for tokens that may read (consume) a topic.")),
+    h("section", { class: "panel" },
+      h("p", { class: "muted" }, "Records leased to workers and acknowledged one by one; redelivered after their lock, dead-lettered after max deliveries or a reject."),
+      table(["Name", "Topic", "Ordering", "#Available", "#Leased", "#Dead-lettered", "#Oldest unacked"], rows, { id: "queues" })));
+}
+
+function createQueuePanel(topics) {
+  const out = h("div", { id: "create-queue-result" });
+  const when = h("input", { name: "start_time", type: "datetime-local", step: 1, disabled: true, title: `read in ${zoneName()}, the zone the console shows`, "aria-label": "start time" });
+  const start = h("select", { name: "start" }, ["earliest", "latest", "time"].map((s) => h("option", { value: s }, s)));
+  start.addEventListener("change", () => { when.disabled = start.value !== "time"; when.required = start.value === "time"; });
+  const form = h("form", { class: "inline", id: "create-queue" },
+    h("label", null, "Topic", h("input", { name: "topic", list: "queue-topics", required: true, placeholder: "jobs" })),
+    h("datalist", { id: "queue-topics" }, topics.map((t) => h("option", { value: t }))),
+    h("label", null, "Name", h("input", { name: "queue", required: true, placeholder: "work" })),
+    h("label", null, "Lock (ms)", h("input", { name: "lock_ms", type: "number", min: 1, value: "30000", class: "medium" })),
+    h("label", null, "Max deliveries", h("input", { name: "max_deliveries", type: "number", min: 1, value: "5", class: "narrow" })),
+    h("label", null, "Ordering", h("select", { name: "ordering" }, h("option", { value: "none" }, "none"), h("option", { value: "key" }, "key"))),
+    h("label", null, "Start", start), h("label", null, `At (${zoneName()})`, when),
+    h("label", null, "Dead-letter topic (blank: archived)", h("input", { name: "dead_letter_topic", list: "queue-topics", placeholder: "jobs.dead" })),
+    h("button", { class: "primary", type: "submit" }, "Create queue"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const data = new FormData(form);
+    const topic = data.get("topic").trim(), queue = data.get("queue").trim();
+    const body = {
+      lock_ms: Number(data.get("lock_ms")), max_deliveries: Number(data.get("max_deliveries")), ordering: data.get("ordering"),
+      start: start.value === "time" ? { timestamp: picked(when.value) } : start.value,
+      dead_letter_topic: data.get("dead_letter_topic").trim() || null,
+    };
+    try {
+      await api("PUT", queuePath(topic, queue), body);
+      go(queueHref(topic, queue));
+    } catch (error) { result(out, error.text || String(error), false); }
+  });
+  return h("section", { class: "panel" }, h("h2", null, "Create a queue"), form, out);
+}
+
+function queueWindow(queue) {
+  const rows = queue.partitions.map((p) => h("tr", { dataset: { partition: p.partition } },
+    num(p.partition), num(p.start_offset), num(p.end_offset), num(p.available), num(p.leased), num(p.acked),
+    num(p.dead_lettered), num(p.lag), num(p.redeliveries), num(p.lost_to_retention), ageCell(p.oldest_unacked_age_ms)));
+  return table(["#Partition", "#First unacked", "#High watermark", "#Available", "#Leased", "#Acked", "#Dead-lettered", "#Lag",
+    "#Redeliveries", "#Lost to retention", "#Oldest unacked"], rows, { id: "queue-partitions" });
+}
+
+async function viewQueue(target, [, topic, name]) {
+  const queue = await get(queuePath(topic, name));
+  const windowBox = h("div", null, queueWindow(queue));
+  const deadBox = h("div", { id: "dead-letters-box" });
+  const out = h("div", { id: "queue-result" });
+  // after each action the window is asked for again: the counts the API has now
+  async function refresh() {
+    try { put(windowBox, queueWindow(await get(queuePath(topic, name)))); } catch (error) { result(out, error.text || String(error), false); }
+  }
+  const facts = h("dl", { class: "facts", id: "queue-settings" },
+    h("dt", null, "Topic"), h("dd", null, h("a", { href: topicHref(topic) }, topic)),
+    h("dt", null, "Lock"), h("dd", null, fmtMs(queue.lock_ms)),
+    h("dt", null, "Max deliveries"), h("dd", null, String(queue.max_deliveries)),
+    h("dt", null, "Ordering"), h("dd", null, queue.ordering),
+    h("dt", null, "Start"), h("dd", null, startText(queue.start)),
+    h("dt", null, "Dead-letter topic"), h("dd", null, queue.dead_letter_topic ? h("a", { href: topicHref(queue.dead_letter_topic) }, queue.dead_letter_topic) : "none (archived)"),
+    h("dt", null, "Created"), h("dd", null, timeSpan(queue.created_ms)));
+  put(target,
+    h("div", { class: "crumbs" }, h("a", { href: "#/queues" }, "Queues"), " / ", h("a", { href: topicHref(topic) }, topic), " / "),
+    h("h1", null, name, h("span", { class: "sub" }, `queue of ${topic}`)),
+    h("div", { class: "toolbar" },
+      h("button", { type: "button", id: "queue-refresh", onclick: refresh }, "Refresh"),
+      h("button", { class: "danger", type: "button", id: "delete-queue", onclick: () => deleteQueue(topic, name) }, "Delete queue")),
+    out,
+    h("div", { class: "grid" },
+      h("section", { class: "panel" }, h("h2", null, "Settings"), facts),
+      h("section", { class: "panel wide-panel" }, h("h2", null, "Partitions"),
+        h("p", { class: "muted" }, "The window of each partition: from its first record not yet acknowledged or dead-lettered to the high watermark."),
+        windowBox),
+      h("section", { class: "panel wide-panel" }, h("h2", null, "Dead letters"), deadBox)));
+  if (queue.dead_letter_topic) await deadLetters(deadBox, queue, out, refresh);
+  else put(deadBox, h("p", { class: "muted" }, "This queue has no dead-letter topic: records that fail are archived (counted, not kept)."));
+}
+
+const headerText = (headers, name) => {
+  const found = (headers || []).find((x) => x.key === name);
+  return found ? textOf(bytesOf(found.value)) : null;
+};
+
+// The dead-letter topic's records from this queue's topic (the browse API's header filter),
+// oldest first, read as bytes (base64) so a record sent back is the one written, byte for byte.
+async function deadLetters(box, queue, out, refresh) {
+  const dead = queue.dead_letter_topic;
+  const page = await get(`/v1/topics/${encodeURIComponent(dead)}/records?${q({
+    order: "oldest", limit: 200, header: `eventlog.source.topic=${queue.topic}`, key_format: "base64", value_format: "base64" })}`);
+  const mayWrite = can("write");
+  const rows = page.records.map((r) => {
+    const source = { topic: headerText(r.headers, "eventlog.source.topic"), partition: headerText(r.headers, "eventlog.source.partition"), offset: headerText(r.headers, "eventlog.source.offset") };
+    const kept = (r.headers || []).filter((x) => !DEAD_HEADERS.includes(x.key));
+    const cell = h("td");
+    if (mayWrite) {
+      const send = h("button", { type: "button", class: "send-back" }, "Send back");
+      send.addEventListener("click", async () => {
+        send.disabled = true;
+        const record = { key: r.key, value: r.value, headers: kept, partition: Number(source.partition) };
+        try {
+          const answer = await api("POST", `/v1/topics/${encodeURIComponent(source.topic)}/records`, { records: [record], key_format: "base64", value_format: "base64" });
+          const o = answer.offsets[0];
+          put(cell, h("span", { class: "result ok sent" }, `sent back: ${source.topic} partition ${o.partition}, offset ${o.offset}`));
+          result(out, `Sent ${dead} ${r.partition}:${r.offset} back to ${source.topic}: partition ${o.partition}, offset ${o.offset}.`);
+          await refresh();
+        } catch (error) { send.disabled = false; result(out, error.text || String(error), false); }
+      });
+      cell.append(send);
+    }
+    return h("tr", { dataset: { partition: r.partition, offset: r.offset } },
+      h("td", { class: "num mono" }, `${r.partition}:${r.offset}`), timeCell(r.timestamp),
+      h("td", { class: "mono source" }, `${source.topic} ${source.partition}:${source.offset}`),
+      h("td", { class: "num deliveries" }, headerText(r.headers, "eventlog.delivery.count") || "–"),
+      h("td", { class: "reason" }, h("span", { class: "tag error" }, headerText(r.headers, "eventlog.dead.reason") || "–")),
+      h("td", { class: "key" }, renderBytes(r.key, "auto")), h("td", { class: "value" }, renderBytes(r.value, "auto")),
+      h("td", { class: "headers mono" }, renderHeaders(kept, "auto")), cell);
+  });
+  put(box,
+    h("p", { class: "muted" }, "Records of ", h("a", { href: topicHref(dead) }, dead), ` from ${queue.topic} (oldest first, the first 200). `,
+      mayWrite ? "Send back produces the record (key, value, headers without the dead-letter ones) to its source partition, where the queue leases it again." : "Sending one back needs a token that may write."),
+    table(["#Dead letter", "Timestamp", "Source", "#Deliveries", "Reason", "Key", "Value", "Headers", ""], rows, { id: "dead-letters" }));
+}
+
+async function deleteQueue(topic, name) {
+  if (!(await confirmTyped(`Delete queue ${name} of ${topic}? Its leases end; the topic's records stay.`, name))) return;
+  try {
+    await api("DELETE", queuePath(topic, name));
+    showBanner(`Queue ${name} deleted.`, "info");
+    go("#/queues");
+  } catch (error) { showBanner(error.text || String(error)); }
+}
+
 // -- snapshots -----------------------------------------------------------------------------------
 
 async function viewSnapshots(target) {
@@ -1125,6 +1299,8 @@ const ROUTES = [
   [/^\/topics\/([^/]+)\/tail$/, viewTail, "topics"],
   [/^\/groups$/, viewGroups, "groups"],
   [/^\/groups\/([^/]+)$/, viewGroup, "groups"],
+  [/^\/queues$/, viewQueues, "queues"],
+  [/^\/queues\/([^/]+)\/([^/]+)$/, viewQueue, "queues"],
   [/^\/snapshots$/, viewSnapshots, "snapshots"],
   [/^\/charts$/, viewCharts, "charts"],
 ];

@@ -1056,3 +1056,157 @@ def test_the_records_browser_merges_partitions_filters_pages_and_jumps(start, co
     for c in (console, zoned):
         _times_agree_with_the_picker(c, client)
     zoned.shot("records-browser-filtered")
+
+
+def _queue_numbers(page, table: str) -> list[list[str]]:
+    """The cells of a queue table's rows, as shown (age cells give their data-ms instead)."""
+    return page.locator(f"#{table} tbody tr").evaluate_all(
+        "rows => rows.map(r => [...r.cells].map(c => c.dataset.ms ?? c.innerText.trim()))"
+    )
+
+
+def _close_ages(shown: list[list[str]], wanted: list[list[int]], age_column: int) -> None:
+    """Rows equal, but for the age (now less a timestamp: it grew between the two reads)."""
+    assert len(shown) == len(wanted), (shown, wanted)
+    for row, expected in zip(shown, wanted, strict=True):
+        assert [c.replace(",", "") for i, c in enumerate(row) if i != age_column] == [
+            str(c) for i, c in enumerate(expected) if i != age_column
+        ], (row, expected)
+        assert abs(int(row[age_column]) - expected[age_column]) < 10_000, (row, expected)
+
+
+def _window(queue: dict) -> list[list[int]]:
+    fields = ("partition", "start_offset", "end_offset", "available", "leased", "acked",
+              "dead_lettered", "lag", "redeliveries", "lost_to_retention", "oldest_unacked_age_ms")
+    return [[p[f] for f in fields] for p in queue["partitions"]]
+
+
+def test_a_queue_from_creation_to_dead_letters_sent_back_and_deletion(
+    tmp_path: Path, start, console_factory
+) -> None:
+    """Create a queue from the form; lease, release and reject through the API until a record
+    dead-letters; the queue page shows its window (equal to the API's describe) and the dead
+    letter with the headers that say where it came from; Send back produces it to its source
+    partition, where the queue leases it again; a consumer token sees no Send back; delete."""
+    auth = tmp_path / "auth.json"
+    auth.write_text(json.dumps({"tokens": [
+        {"name": "ops", "token": ADMIN, "role": "admin"},
+        {"name": "jobs-worker", "token": READER, "role": "consumer", "topics": ["jobs"]},
+    ]}))
+    server, client = start(1, token=ADMIN, EVENTLOG_AUTH_FILE=str(auth))
+    client.post("/v1/topics", json={"name": "jobs", "partitions": 2}).raise_for_status()
+    client.post("/v1/topics", json={"name": "jobs.dead"}).raise_for_status()
+    trace = [{"key": "trace", "value": "t-1"}]
+    jobs = [{"key": k, "value": f"resize {k}.png", "partition": p, "headers": trace}
+            for k, p in (("a", 0), ("b", 0), ("c", 0), ("d", 1), ("e", 1))]
+    client.post("/v1/topics/jobs/records", json={"records": jobs}).raise_for_status()
+    console = console_factory(server)
+    page = console.page
+    page.add_init_script(f"sessionStorage.setItem('eventlog-token', {json.dumps(ADMIN)})")
+
+    console.open("#/queues")
+    page.locator("#queues").wait_for()
+    page.locator("nav a.active", has_text="Queues").wait_for()
+    form = page.locator("#create-queue")
+    form.locator("input[name=topic]").fill("jobs")
+    form.locator("input[name=queue]").fill("work")
+    form.locator("input[name=lock_ms]").fill("60000")
+    form.locator("input[name=max_deliveries]").fill("4")
+    form.locator("select[name=ordering]").select_option("key")
+    form.locator("input[name=dead_letter_topic]").fill("jobs.dead")
+    form.locator("button[type=submit]").click()
+    page.locator("h1", has_text="work").wait_for()
+    assert page.url.endswith("#/queues/jobs/work")
+    queue = client.get("/v1/topics/jobs/queues/work").json()
+    shown = ("lock_ms", "max_deliveries", "ordering", "start", "dead_letter_topic")
+    assert [queue[f] for f in shown] == [60000, 4, "key", "earliest", "jobs.dead"]
+    settings = page.locator("#queue-settings").inner_text()
+    assert "1 min" in settings and "jobs.dead" in settings and "earliest" in settings
+
+    # through the API: every record leased, released, leased again; b rejected, a and d acked
+    base = "/v1/topics/jobs/queues/work"
+    every = {"max_records": 100, "wait_ms": 2000}
+    first = client.post(f"{base}/lease", json=every).json()["records"]
+    assert len(first) == 5
+    client.post(f"{base}/release", json={"leases": [r["lease"] for r in first]}).raise_for_status()
+    again = client.post(f"{base}/lease", json=every).json()["records"]
+    assert sorted(r["delivery_count"] for r in again) == [2] * 5
+    by_key = {r["key"]: r for r in again}
+    rejected = client.post(f"{base}/reject", json={"leases": [by_key["b"]["lease"]]}).json()
+    assert rejected["results"][0]["status"] == "rejected"
+    done = [by_key["a"]["lease"], by_key["d"]["lease"]]
+    acked = client.post(f"{base}/ack", json={"leases": done}).json()
+    assert [r["status"] for r in acked["results"]] == ["acked", "acked"]
+    wait_until(lambda: len(_fetch(client, "jobs.dead", 0)) == 1, what="b dead-lettered")
+
+    page.locator("#queue-refresh").click()  # the window after the API's actions
+    cell = page.locator("#queue-partitions tbody tr[data-partition='0'] td").nth(6)
+    cell.filter(has_text="1").wait_for()
+    _close_ages(_queue_numbers(page, "queue-partitions"), _window(client.get(base).json()), 10)
+    page.reload()  # drawn again: the dead letter too
+    dead = page.locator("#dead-letters tbody tr")
+    dead.first.wait_for()
+    assert dead.count() == 1
+    cells = dead.first.locator("td")
+    assert cells.nth(2).inner_text() == "jobs 0:1"
+    assert cells.nth(3).inner_text() == "2"
+    assert cells.nth(4).inner_text() == "rejected"
+    assert cells.nth(5).inner_text() == "b" and cells.nth(6).inner_text() == "resize b.png"
+    # the dead-letter headers are the columns before; the record's own are left
+    assert cells.nth(7).inner_text() == "trace: t-1"
+    console.shot("queue")
+
+    # a consumer token reads the queue and its dead letters, but may not produce them back
+    worker = console_factory(server)
+    worker.page.add_init_script(f"sessionStorage.setItem('eventlog-token', {json.dumps(READER)})")
+    worker.open("#/queues/jobs/work")
+    worker.page.locator("#dead-letters tbody tr").first.wait_for()
+    assert worker.page.locator("#dead-letters button.send-back").count() == 0
+    worker.open("#/queues")
+    worker.page.locator("#queues tbody tr[data-queue='work']").wait_for()
+
+    dead.first.get_by_role("button", name="Send back").click()
+    sent = page.locator("#dead-letters .sent")
+    sent.wait_for()
+    offset = int(sent.inner_text().split("offset ")[1])
+    assert sent.inner_text().startswith("sent back: jobs partition 0,")
+    page.locator("#queue-result", has_text=f"offset {offset}").wait_for()
+    [back] = [r for r in _fetch(client, "jobs", 0) if r["offset"] == offset]
+    assert (back["key"], back["value"], back["headers"]) == ("b", "resize b.png", trace)
+    # the window drawn again after the send back: one more record available on partition 0
+    wanted = _window(client.get(base).json())
+    assert wanted[0][3] == 1 and wanted[0][2] == offset + 1
+    page.wait_for_function(
+        "n => document.querySelector(\"#queue-partitions tr[data-partition='0']\")"
+        ".cells[2].innerText.trim() == String(n)",
+        arg=offset + 1)
+    _close_ages(_queue_numbers(page, "queue-partitions"), _window(client.get(base).json()), 10)
+    # leased again (c and e are still leased: the sent-back record is the only one available)
+    [leased] = client.post(f"{base}/lease", json=every).json()["records"]
+    fields = ("partition", "offset", "key", "delivery_count")
+    assert [leased[f] for f in fields] == [0, offset, "b", 1]
+
+    # the list's values are the describe's sums
+    console.open("#/queues")
+    row = page.locator("#queues tbody tr[data-queue='work']")
+    row.wait_for()
+    parts = client.get(base).json()["partitions"]
+    sums = [sum(p[f] for p in parts) for f in ("available", "leased", "dead_lettered")]
+    shown = _queue_numbers(page, "queues")[0]
+    assert shown[:3] == ["work", "jobs", "key"]
+    assert [int(c.replace(",", "")) for c in shown[3:6]] == sums == [0, 3, 1]
+    assert abs(int(shown[6]) - max(p["oldest_unacked_age_ms"] for p in parts)) < 10_000
+
+    # delete: type the name to confirm
+    row.locator("a", has_text="work").click()
+    page.locator("#delete-queue").click()
+    dialog = page.locator("dialog")
+    dialog.locator("input").fill("wor")
+    assert dialog.get_by_role("button", name="Delete").is_disabled()
+    dialog.locator("input").fill("work")
+    dialog.get_by_role("button", name="Delete").click()
+    page.locator("#banner", has_text="Queue work deleted").wait_for()
+    assert page.url.endswith("#/queues")
+    missing = client.get(base)
+    assert (missing.status_code, missing.json()["code"]) == (404, "queue_not_found")
+    page.locator("#queues tbody tr", has_text="none").wait_for()
