@@ -1100,7 +1100,8 @@ async function viewQueue(target, [, topic, name]) {
         h("p", { class: "muted" }, "The window of each partition: from its first record not yet acknowledged or dead-lettered to the high watermark."),
         windowBox),
       h("section", { class: "panel wide-panel" }, h("h2", null, "Dead letters"), deadBox)));
-  if (queue.dead_letter_topic) await deadLetters(deadBox, queue, out, refresh);
+  // a token may read the queue's topic and not its dead-letter topic: said in that panel alone
+  if (queue.dead_letter_topic) await deadLetters(deadBox, queue, out, refresh).catch((error) => result(deadBox, error.text || String(error), false));
   else put(deadBox, h("p", { class: "muted" }, "This queue has no dead-letter topic: records that fail are archived (counted, not kept)."));
 }
 

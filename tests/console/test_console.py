@@ -828,6 +828,15 @@ def test_every_view_fits_widths_from_a_phone_to_a_wide_screen(
     commits = [{"topic": name, "partition": p, "offset": 3, "metadata": "m" * 80} for p in range(3)]
     group = "settlement-reconciliation-job"
     client.post(f"/v1/groups/{group}/offsets", json={"offsets": commits}).raise_for_status()
+    # a queue with a dead letter: its window's 11 columns and a long record in its dead letters
+    queue, dead = "settlement-retries", f"{name}.dead-letters"
+    client.post("/v1/topics", json={"name": dead}).raise_for_status()
+    made = client.put(f"/v1/topics/{name}/queues/{queue}", json={"dead_letter_topic": dead})
+    made.raise_for_status()
+    leased = client.post(f"/v1/topics/{name}/queues/{queue}/lease", json={"max_records": 1})
+    rejected = {"leases": [leased.json()["records"][0]["lease"]]}
+    client.post(f"/v1/topics/{name}/queues/{queue}/reject", json=rejected).raise_for_status()
+    wait_until(lambda: _fetch(client, dead, 0), what="a dead letter")
     console = console_factory(server)
     page = console.page
     page.add_init_script(LAYOUT_CHECKS)
@@ -842,6 +851,8 @@ def test_every_view_fits_widths_from_a_phone_to_a_wide_screen(
         f"#/groups/{group}": "#group-offsets tbody tr",
         "#/snapshots": "#create-snapshot",
         "#/charts": "#charts .chart",
+        "#/queues": "#queues tbody tr",
+        f"#/queues/{name}/{queue}": "#dead-letters tbody tr",
     }
     for width in (360, 390, 1366, 1920, 2560):
         page.set_viewport_size({"width": width, "height": 900})
