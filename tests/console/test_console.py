@@ -1098,7 +1098,8 @@ def test_a_queue_from_creation_to_dead_letters_sent_back_and_deletion(
     """Create a queue from the form; lease, release and reject through the API until a record
     dead-letters; the queue page shows its window (equal to the API's describe) and the dead
     letter with the headers that say where it came from; Send back produces it to its source
-    partition, where the queue leases it again; a consumer token sees no Send back; delete."""
+    partition, where the queue leases it again; a consumer token sees no Send back; delete;
+    a queue that starts at a time picked in the form."""
     auth = tmp_path / "auth.json"
     auth.write_text(json.dumps({"tokens": [
         {"name": "ops", "token": ADMIN, "role": "admin"},
@@ -1221,3 +1222,17 @@ def test_a_queue_from_creation_to_dead_letters_sent_back_and_deletion(
     missing = client.get(base)
     assert (missing.status_code, missing.json()["code"]) == (404, "queue_not_found")
     page.locator("#queues tbody tr", has_text="none").wait_for()
+
+    # a queue that starts at a time: the picker is read in the zone shown (UTC in this browser)
+    form = page.locator("#create-queue")
+    form.locator("input[name=topic]").fill("jobs")
+    form.locator("input[name=queue]").fill("later")
+    form.locator("select[name=start]").select_option("time")
+    form.locator("input[name=start_time]").fill("2026-01-01T00:00:00")
+    form.locator("button[type=submit]").click()
+    page.locator("h1", has_text="later").wait_for()
+    later = client.get("/v1/topics/jobs/queues/later").json()
+    assert (later["start"], later["dead_letter_topic"]) == ({"timestamp": T0}, None)
+    settings = page.locator("#queue-settings").inner_text()
+    assert "time 2026-01-01 00:00:00.000 UTC" in settings and "archived" in settings
+    page.locator("#dead-letters-box", has_text="no dead-letter topic").wait_for()
