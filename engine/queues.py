@@ -1357,6 +1357,12 @@ class Queues:
         own (a thread hop, and a wait on the partition's lock for the others): up to
         READ_AHEAD_BYTES, and none past the window's start; dropped when the queue idles."""
         gone = set(taken)
+        if all(o in gone for o in read):
+            # nothing read but what this lease took: `ahead` stays, less those (popped already)
+            if ahead:
+                q.ahead[p] = ahead
+                q.leased_at = anyio.current_time()
+            return
         kept: dict[int, Record] = {}
         size = 0
         for source in (ahead, read):
