@@ -14,7 +14,8 @@ producers retry each request in doubt with its Idempotency-Key until it is answe
 records must then be in the log exactly once.
 
 Modules: model (what the clients know), load (the tasks), exact (the idempotent and conditional
-producers), phases (the disk-fault phases), server (the subprocess), verify (the judgement, API
-and disk), runner (the kill/restart/verify cycle: run_soak(SoakConfig)), report (JSON and plot).
+producers), phases (the disk-fault phases), queue (the queue workers, their drain and
+judgement), server (the subprocess), verify (the judgement, API and disk), runner (the
+kill/restart/verify cycle: run_soak(SoakConfig)), report (JSON and plot).
 Nothing is imported here, so tests can use model and verify alone.
 """

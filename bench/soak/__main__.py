@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {k: r[k] for k in ("passed", "duration_seconds", "faults_by_kind", "restarts_survived", "shard_stops_resumed",
                                  "answered_503_during_shard_faults", "requests_per_second_total",
                                  "records_acknowledged", "records_verified", "records_expired",
-                                 "records_in_doubt", "lost", "duplicated", "failure_counts")}
+                                 "records_in_doubt", "lost", "duplicated", "queue_acked",
+                                 "queue_dead_lettered", "queue_lost", "failure_counts")}
     log(f"results in {args.out}: {json.dumps(summary)}")
     for failure in r["failures"]:
         print(f"FAILURE {failure['kind']}: {failure['detail']}", file=sys.stderr)

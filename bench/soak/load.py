@@ -8,7 +8,9 @@ Writers (paused while the runner verifies, so the log holds still):
 * small producers: one-record appends to a partition of the many-partition topic drawn at
   random, many of them at once (issue 13's shape: commits of many partitions due together);
 * the admin task: POST /v1/admin/retention/run and /v1/admin/compaction/run in turn;
-* the snapshot task: POST /v1/snapshots, check the manifest against the model, delete it.
+* the snapshot task: POST /v1/snapshots, check the manifest against the model, delete it;
+* queue workers (queue.py): lease the aggregates topic's records from a queue, acknowledge,
+  release, reject or abandon them; drained and judged at the end.
 
 Readers (never paused; they see kills as broken connections and resume where they were):
 * fetchers reading every partition from offset 0 to the end, then again from 0 (JSON; and one
@@ -72,6 +74,7 @@ from .model import (
     record_id,
 )
 from .phases import FaultState, Phase
+from .queue import QueueWorkers
 from .verify import check_snapshot
 
 JSON = {"content-type": "application/json"}
@@ -164,6 +167,8 @@ class Load(ExactWriters):
         self._writers = 0
         self.faults = FaultState()
         self._init_exact()
+        # (its own seed: the other tasks' draws stay as they were)
+        self.queue = QueueWorkers(self._request, model, stats, seed + 26)
 
     def tasks(self) -> list[Any]:
         """The coroutines of the whole load; each runs until gate.stopping."""
@@ -178,6 +183,7 @@ class Load(ExactWriters):
             self._admin(), self._snapshots(),
         ]
         out += [self._small_producer(MANY) for _ in range(SMALL_PRODUCERS)]
+        out += self.queue.tasks()  # queue workers on the aggregates topic (queue.py)
         for topic in (PLAIN, RETAINED, TABLE, FULL, LEDGER, MANY, AGGREGATES):
             out.append(self._fetcher(topic))
         out.append(self._raw_fetcher(PLAIN))

@@ -41,6 +41,7 @@ import os
 import random
 import re
 import shutil
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,8 @@ from engine.snapshots import default_root
 from .load import Gate, Load, Stats, drain
 from .model import AGGREGATES, FULL, LEDGER, MANY, PLAIN, RETAINED, TABLE, Model
 from .phases import PHASES, fault_phase, write_rules
+from .queue import DEAD_PARTITIONS, DEAD_TOPIC, QUEUE_SETTINGS, QUEUE_URL, read_dead_letters
+from .queue import check as check_queue
 from .server import SERVER_ENV, ShardFault, SoakServer
 from .verify import DiskCache, decode_files, verify_api, verify_disk_final
 
@@ -72,8 +75,8 @@ TOPIC_CONFIGS: dict[str, dict[str, Any]] = {
     MANY: {"segment.bytes": 16 * 1024},  # small appends over many partitions, rolling as they go
     AGGREGATES: {"segment.bytes": 8 * 1024},  # rolls often: most of a key's history is in .keyindex files
 }
-LOST_KINDS = ("lost", "table_mismatch", "refused_written")
-DUPLICATED_KINDS = ("duplicated",)
+LOST_KINDS = ("lost", "table_mismatch", "refused_written", "queue_lost")
+DUPLICATED_KINDS = ("duplicated", "queue_double_ack")
 SETTLE_TIMEOUT_S = 90.0  # the exact writers' last requests, at the end
 # with processes >= 2, cycle n's fault is FAULT_ROTATION[n % 3]; every other shard_stop is a
 # shard_stop_cont (SIGCONT once the supervisor marked the shard silent)
@@ -140,6 +143,10 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         for topic, count in PARTITIONS.items():
             r = await client.post("/v1/topics", json={"name": topic, "partitions": count, "configs": TOPIC_CONFIGS[topic]})
             r.raise_for_status()
+        # the queue workers' queue on the aggregates topic, and its dead-letter topic (queue.py)
+        dead = {"name": DEAD_TOPIC, "partitions": DEAD_PARTITIONS}
+        (await client.post("/v1/topics", json=dead)).raise_for_status()
+        (await client.put(QUEUE_URL, json=QUEUE_SETTINGS)).raise_for_status()
         load = Load(client, model, stats, gate, PARTITIONS, rng.randrange(1 << 32), data_dir)
         tasks = [asyncio.create_task(c) for c in load.tasks()]
         for task in tasks:
@@ -159,6 +166,7 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
                 await fault_phase(kind, interval, load.faults, model, stats, faults_file, data_dir, rng, cfg.log)
             fault = _fault_kind(cfg.processes, len(cycles))
             family = await _check_family(server, family, model, f"before fault {len(cycles) + 1}")
+            load.queue.q.faults_ms.append(time.time() * 1000)  # (any fault may end the leases)
             if fault == "server_kill":
                 cycle = await _kill_and_restart(server, data_dir, model, stats, disk_cache)
                 family = server.shards_by_index()
@@ -182,6 +190,7 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
             )
         if not await load.settle(SETTLE_TIMEOUT_S):
             model.fail("unresolved", f"exact writers still retrying {SETTLE_TIMEOUT_S:.0f} s after the load ended")
+        await _finish_queue(client, model, load, final)
         await gate.close()
         final_started = stats.now()
         await _after_restart(client, model, data_dir)
@@ -212,6 +221,22 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
             if server.alive():
                 await asyncio.to_thread(server.kill)
     return _results(cfg, model, stats, cycles, final, server, load, faulted_pids)
+
+
+async def _finish_queue(client: httpx.AsyncClient, model: Model, load: Load,
+                        final: dict[str, Any]) -> None:
+    """After the last fault, the key writers settled: stop the queue workers, drain the
+    queue, judge it (queue.check)."""
+    if not await load.queue.stop(SETTLE_TIMEOUT_S):
+        model.fail("unresolved", f"queue workers still settling {SETTLE_TIMEOUT_S:.0f} s "
+                                 "after the load ended")
+    final["queue_drain_seconds"] = await load.queue.drain(client)
+    try:
+        dead = await read_dead_letters(client)
+    except httpx.HTTPError as exc:
+        model.fail("unexpected_status", f"reading {DEAD_TOPIC}: {exc!r}")
+        return
+    final["queue"] = check_queue(model, load.queue.q, dead)
 
 
 def _fault_kind(processes: int, n: int) -> str:
@@ -313,7 +338,7 @@ async def _after_restart(client: httpx.AsyncClient, model: Model, data_dir: Path
     """The topics came back; the snapshot dir holds only finished snapshots; ours are deleted."""
     r = await client.get("/v1/topics")
     listed = {t["name"]: t["partitions"] for t in r.json()["topics"]}
-    if listed != PARTITIONS:
+    if listed != {**PARTITIONS, DEAD_TOPIC: DEAD_PARTITIONS}:
         model.fail("metadata", f"topics after restart: {listed}")
     root = default_root(data_dir)
     if root.is_dir():
@@ -410,6 +435,7 @@ def _results(cfg: SoakConfig, model: Model, stats: Stats, cycles: list[Cycle], f
             "fault_phases": _phase_results(load),
             "table_keys_equal": api.get("table_keys_equal", 0),
             "table_keys_in_doubt": api.get("table_keys_in_doubt", 0),
+            **_queue_results(load, final),
             "lost": lost,
             "duplicated": duplicated,
             "failure_counts": failure_counts,
@@ -434,6 +460,20 @@ def _exact_results(load: Load | None, api: dict[str, int]) -> dict[str, Any]:
     x["records_verified_exactly_once"] = api.get("exact_verified", 0)
     x["sequenced_records"] = api.get("sequenced_records", 0)
     return x
+
+
+def _queue_results(load: Load | None, final: dict[str, Any]) -> dict[str, Any]:
+    """The queue workers (queue.py): records settled at the end, and what the workers did."""
+    judged = final.get("queue", {})
+    return {
+        "queue_acked": judged.get("acked", 0),  # of them, acks in doubt: queue.acked_in_doubt
+        "queue_dead_lettered": judged.get("dead_lettered", 0),
+        "queue_redelivered": judged.get("redelivered", 0),  # records leased more than once
+        "queue_lost": judged.get("lost", 0),
+        "queue_records": judged.get("records", 0),
+        "queue_drain_seconds": round(final.get("queue_drain_seconds", 0.0), 2),
+        "queue": {**judged, **(dict(load.queue.q.counts) if load is not None else {})},
+    }
 
 
 def _phase_results(load: Load | None) -> dict[str, Any]:

@@ -16,8 +16,10 @@ import httpx
 import pytest
 
 from bench.soak.load import Stats
-from bench.soak.model import FULL, LEDGER, PLAIN, TABLE, Model, content, record_id
+from bench.soak.model import AGGREGATES, FULL, LEDGER, PLAIN, TABLE, Model, content, record_id
 from bench.soak.phases import FaultState, Phase
+from bench.soak.queue import LOCK_MS, QueueModel
+from bench.soak.queue import check as check_queue
 from bench.soak.verify import Found, check_partition, check_sequences, check_table, verify_api
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,6 +78,11 @@ def test_short_soak_loses_and_duplicates_nothing_across_kills(tmp_path: Path, pr
     assert f["disk_full_produce_507"] > 0 and f["disk_full_accepted"] == 0 and f["disk_full_reads_ok"] > 0, f
     assert all(p["resumed_after_seconds"] is not None for p in f["phases"] if p["kind"] == "disk_full"), f
     assert r["records_refused_507"] > 0
+    # the queue workers (issue 26): drained at the end, every record acknowledged or
+    # dead-lettered once, and the run met redeliveries and dead letters
+    assert r["queue_lost"] == 0 and r["queue_acked"] > 0 and r["queue_redelivered"] > 0, r["queue"]
+    assert r["queue_acked"] + r["queue_dead_lettered"] == r["queue_records"] > 0, r["queue"]
+    assert r["queue"]["order_checked_keys"] > 0 and r["queue"]["reject_rejected"] > 0, r["queue"]
     assert out.with_suffix(".png").stat().st_size > 0
 
 
@@ -259,3 +266,66 @@ async def test_verifier_finds_an_acknowledged_tail_that_disappeared_from_disk(se
     assert counts["verified"] == 10
     lost = [f for f in model.failures if f.kind == "lost"]
     assert len(lost) == 5 and all("is missing" in f.detail for f in lost), model.failures
+
+
+def _leased(q: QueueModel, model: Model, offset: int, count: int, start: int) -> dict:
+    """A lease answer's record of the aggregates topic (id 5 << 40 | offset), as a worker got it."""
+    rid = record_id(5, offset)
+    record = {"partition": 0, "offset": offset, "key": content(AGGREGATES, rid)[0].decode(),
+              "headers": [{"key": "id", "value": str(rid)}], "delivery_count": count,
+              "lease": f"l{offset}-{count}", "lease_expires_at": start + LOCK_MS}
+    q.leased(model, [record])
+    return record
+
+
+def _produced(model: Model, n: int) -> None:
+    for offset in range(n):
+        model.ack(AGGREGATES, 0, offset, record_id(5, offset))
+
+
+def test_queue_verifier_passes_acks_dead_letters_and_acks_in_doubt() -> None:
+    model, q = Model(), QueueModel()
+    _produced(model, 3)
+    r0 = _leased(q, model, 0, 1, 1000)
+    q.settled(model, "ack", [r0], [{"lease": r0["lease"], "status": "acked"}], 1100)
+    r1 = _leased(q, model, 1, 1, 1200)
+    q.settled(model, "ack", [r1], None, 1300)  # its answer lost: acknowledged in doubt
+    r2 = _leased(q, model, 2, 2, 1400)  # delivery 1 leased unseen (a lease whose answer was lost)
+    q.unseen_slots += 1
+    dead = [{"headers": {"id": str(record_id(5, 2)), "eventlog.source.topic": AGGREGATES,
+                         "eventlog.source.partition": "0", "eventlog.source.offset": "2",
+                         "eventlog.delivery.count": "2", "eventlog.dead.reason": "rejected"}}]
+    q.settled(model, "reject", [r2], [{"lease": r2["lease"], "status": "rejected"}], 1500)
+    counts = check_queue(model, q, dead)
+    assert model.failures == [], model.failures
+    assert (counts["acked"], counts["acked_in_doubt"], counts["dead_lettered"]) == (2, 1, 1), counts
+
+
+def test_queue_verifier_catches_a_lost_record_a_double_ack_and_a_broken_order() -> None:
+    model, q = Model(), QueueModel()
+    _produced(model, 3)
+    r0 = _leased(q, model, 0, 1, 1000)
+    q.settled(model, "ack", [r0], [{"lease": r0["lease"], "status": "acked"}], 1100)
+    again = _leased(q, model, 0, 2, 1200)  # handed out again after its ack was answered
+    q.settled(model, "ack", [again], [{"lease": again["lease"], "status": "acked"}], 1300)
+    _leased(q, model, 1, 1, 2000)  # leased, never settled, never dead-lettered: lost
+    check_queue(model, q, [])
+    kinds = {f.kind for f in model.failures}
+    assert {"queue_double_ack", "queue_redelivered_after_ack", "queue_lost"} <= kinds, kinds
+    assert "queue_lost" in {f.kind for f in model.failures if f"id {record_id(5, 2)} " in f.detail}
+
+
+
+@pytest.mark.parametrize("settled_at", [1100, 3000])
+def test_queue_verifier_catches_a_key_leased_past_an_earlier_record(settled_at: int) -> None:
+    """Offsets 0 and 12 share a key (agg-0): 12 may be leased (at 1200) only once 0's lease
+    ended."""
+    model, q = Model(), QueueModel()
+    _produced(model, 13)
+    first = _leased(q, model, 0, 1, 1000)
+    q.settled(model, "ack", [first], [{"lease": first["lease"], "status": "acked"}], settled_at)
+    later = _leased(q, model, 12, 1, 1200)
+    assert first["key"] == later["key"]
+    check_queue(model, q, [])
+    broken = "queue_order" in {f.kind for f in model.failures}
+    assert broken == (settled_at > 1200), model.failures
