@@ -25,6 +25,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import time
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -80,6 +81,15 @@ class AppRunner:
         try:
             if begin_shutdown is not None:
                 begin_shutdown()
+            # an exchange joins `requests` a moment before its task is started (its `future`):
+            # one caught in between would be neither waited for nor cancelled, and its task would
+            # hold the portal open forever (seen once: a hung stop under xdist)
+            deadline = time.monotonic() + GRACE_S
+            def starting() -> bool:
+                return any(e.future is None for e in list(self.requests))
+
+            while starting() and time.monotonic() < deadline:
+                time.sleep(0.001)
             open_requests = [exchange.future for exchange in list(self.requests) if exchange.future is not None]
             _done, late = wait_futures(open_requests, timeout=GRACE_S)
             for exchange in list(self.requests):
