@@ -10,14 +10,14 @@ group_not_empty); the command prints why and exits 1, as the tool does.
 
 from __future__ import annotations
 
-import json
-import urllib.error
 import urllib.request
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from .remote import RemoteError, post_json
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -65,24 +65,10 @@ def reset_body(
 
 def post(url: str, path: str, body: dict[str, Any], token: str | None) -> dict[str, Any]:
     """POST JSON to the server; a refusal raises ResetError with its code and detail."""
-    request = urllib.request.Request(
-        f"{url.rstrip('/')}{path}", data=json.dumps(body).encode(), method="POST"
-    )
-    request.add_header("content-type", "application/json")
-    if token:
-        request.add_header("authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            problem = json.loads(exc.read())
-            why = f"{problem.get('code', exc.code)}: {problem.get('detail', exc.reason)}"
-        except ValueError:
-            why = f"{exc.code}: {exc.reason}"
-        raise ResetError(why) from None
-    except urllib.error.URLError as exc:
-        raise ResetError(f"cannot reach {url}: {exc.reason}") from None
+        return post_json(url, path, body, token, timeout=60)
+    except RemoteError as exc:
+        raise ResetError(str(exc)) from None
 
 
 def run_reset(

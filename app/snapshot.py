@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from engine.errors import EngineError
 from engine.log_manager import open_engine
 from engine.metadata import INTERNAL_TOPICS
 
+from .remote import RemoteError, post_json
 from .settings import Settings
 
 logger = logging.getLogger("eventlog.app")
@@ -66,7 +65,7 @@ def run_snapshot(
             summary = _remote(url, topics, token)
         else:
             summary = anyio.run(_local, settings, topics)
-    except (EngineError, _RemoteError) as exc:
+    except (EngineError, RemoteError) as exc:
         err.print(f"[red]snapshot failed:[/red] {escape(str(exc))}")
         return 1
     table = Table("topic", "partition", "offsets", "segments", "bytes", title=f"snapshot {summary['id']}")
@@ -167,27 +166,11 @@ def _upload_unavailable() -> str | None:
     return None
 
 
-class _RemoteError(Exception):
-    pass
-
-
 def _remote(url: str, topics: list[str] | None, token: str | None) -> dict:
-    body = json.dumps({"topics": topics} if topics is not None else {}).encode()
-    request = urllib.request.Request(f"{url.rstrip('/')}/v1/snapshots", data=body, method="POST")
-    request.add_header("content-type", "application/json")
-    if token:
-        request.add_header("authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=600) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            detail = json.loads(exc.read()).get("detail", exc.reason)
-        except ValueError:
-            detail = exc.reason
-        raise _RemoteError(f"{exc.code}: {detail}") from None
-    except urllib.error.URLError as exc:
-        raise _RemoteError(f"cannot reach {url}: {exc.reason} (without --url, a stopped data dir is snapshotted)") from None
+    return post_json(
+        url, "/v1/snapshots", {"topics": topics} if topics is not None else {}, token, timeout=600,
+        unreachable=" (without --url, a stopped data dir is snapshotted)",
+    )
 
 
 async def _local(settings: Settings, topics: list[str] | None) -> dict:

@@ -262,8 +262,19 @@ def test_cli_snapshot_of_a_stopped_data_dir_and_unfinished_ones_removed(app_fact
             env={**os.environ},
         )
         assert remote.returncode == 0, remote.stderr
+        refused = subprocess.run(
+            [str(eventlog), "snapshot", "--url", server.url, "--topics", "nope"], capture_output=True, text=True,
+            timeout=60,
+        )
+        # app/remote.py: a refusal is told by its problem code and detail
+        assert refused.returncode == 1 and "snapshot failed" in refused.stderr, refused.stderr
+        assert "topic_not_found" in refused.stderr, refused.stderr
     finally:
         server.stop()
+    gone = subprocess.run(
+        [str(eventlog), "snapshot", "--url", server.url], capture_output=True, text=True, timeout=60
+    )
+    assert gone.returncode == 1 and "cannot reach" in gone.stderr and "without --url" in gone.stderr, gone.stderr
 
 
 def _texts(*responses) -> str:
