@@ -263,8 +263,8 @@ def test_cli_snapshot_of_a_stopped_data_dir_and_unfinished_ones_removed(app_fact
         )
         assert remote.returncode == 0, remote.stderr
         refused = subprocess.run(
-            [str(eventlog), "snapshot", "--url", server.url, "--topics", "nope"], capture_output=True, text=True,
-            timeout=60,
+            [str(eventlog), "snapshot", "--url", server.url, "--topics", "nope"],
+            capture_output=True, text=True, timeout=60,
         )
         # app/remote.py: a refusal is told by its problem code and detail
         assert refused.returncode == 1 and "snapshot failed" in refused.stderr, refused.stderr
@@ -274,7 +274,8 @@ def test_cli_snapshot_of_a_stopped_data_dir_and_unfinished_ones_removed(app_fact
     gone = subprocess.run(
         [str(eventlog), "snapshot", "--url", server.url], capture_output=True, text=True, timeout=60
     )
-    assert gone.returncode == 1 and "cannot reach" in gone.stderr and "without --url" in gone.stderr, gone.stderr
+    assert gone.returncode == 1 and "cannot reach" in gone.stderr, gone.stderr
+    assert "without --url" in gone.stderr, gone.stderr
 
 
 def _texts(*responses) -> str:
