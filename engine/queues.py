@@ -595,13 +595,7 @@ class PartitionQueue:
         while self.lo < end and self.offsets[self.lo] < log_start:
             i = self.lo
             state = states[i] & _STATE
-            if state == ACKED:
-                self.acked_in_window -= 1
-                self.acked_below += 1
-            elif state == DEAD:
-                self.dead_in_window -= 1
-                self.dead_below += 1
-            else:
+            if not self._count_finished(state):
                 self.lost_to_retention += 1
                 if state == LEASED:
                     self.leased -= 1
@@ -842,20 +836,26 @@ class PartitionQueue:
         self.cursor -= lo
         self.lo = 0
 
+    def _count_finished(self, state: int) -> bool:
+        """A record leaving the window's front: an acknowledged or dead-lettered one moves from
+        the window's count to the count below it (True); any other is not finished (False)."""
+        if state == ACKED:
+            self.acked_in_window -= 1
+            self.acked_below += 1
+        elif state == DEAD:
+            self.dead_in_window -= 1
+            self.dead_below += 1
+        else:
+            return False
+        return True
+
     def _advance(self) -> None:
         """Move start_offset past the finished prefix of the window, forgetting it."""
         moved = False
         states, end = self.states, len(self.offsets)
         while self.lo < end:
             i = self.lo
-            state = states[i] & _STATE
-            if state == ACKED:
-                self.acked_in_window -= 1
-                self.acked_below += 1
-            elif state == DEAD:
-                self.dead_in_window -= 1
-                self.dead_below += 1
-            else:
+            if not self._count_finished(states[i] & _STATE):
                 break
             self._forget(i)
             moved = True
