@@ -478,7 +478,6 @@ async def fetch_batches(
     )
 
 
-
 async def _fetch(
     request: Request, engine: Engine, topic: str, partition: int, offset: int | None, max_records: int, max_bytes: int,
     max_wait_ms: int, kf: str, vf: str, *, raw: bool = False,
