@@ -619,8 +619,7 @@ async function viewRecords(target, [, name], params) {
     mode === "offset" ? h("label", null, "From offset", h("input", { name: "offset", type: "number", min: 0, value: params.get("offset") || "", placeholder: "log start", class: "narrow" })) : null,
     mode === "time" ? h("label", null, `From (${zoneName()})`, h("input", { name: "time", type: "datetime-local", step: 1, value: params.get("time") || "" })) : null,
     mode === "key" ? h("label", null, "Key", h("input", { name: "key", value: params.get("key") || "", required: true, placeholder: "order-17" })) : null,
-    h("label", null, "Page", h("select", { name: "size" }, [20, 50, 100, 500].map((n) => h("option", { value: String(n), selected: n === size }, String(n))))),
-    h("label", null, "Show values as", h("select", { name: "as" }, ["auto", "text", "json", "hex"].map((v) => h("option", { value: v, selected: v === as }, v)))),
+    ...pageControls(size, as),
     h("button", { class: "primary", type: "submit" }, "Show"));
   form.addEventListener("submit", (event) => {
     event.preventDefault();
@@ -641,6 +640,14 @@ async function viewRecords(target, [, name], params) {
 }
 
 const RECORD_MODES = { browse: "All partitions", offset: "One partition, by offset", time: "One partition, by time", key: "By key" };
+
+// the page size and value view of both records forms (one partition, and all merged)
+function pageControls(size, as) {
+  return [
+    h("label", null, "Page", h("select", { name: "size" }, [20, 50, 100, 500].map((n) => h("option", { value: String(n), selected: n === size }, String(n))))),
+    h("label", null, "Show values as", h("select", { name: "as" }, ["auto", "text", "json", "hex"].map((v) => h("option", { value: v, selected: v === as }, v)))),
+  ];
+}
 
 function recordTabs(name, mode, keep) {
   return h("div", { class: "tabs" }, Object.entries(RECORD_MODES).map(([m, title]) =>
@@ -676,8 +683,7 @@ async function viewBrowse(target, topic, params) {
     h("label", null, "Header", h("input", { name: "header", value: p("header"), placeholder: "name or name=value", class: "medium" })),
     h("label", null, "From offset (each partition)", h("input", { name: "from_offset", type: "number", min: 0, value: p("from_offset"), class: "narrow" })),
     h("label", null, `From time (${zoneName()})`, h("input", { name: "from_time", type: "datetime-local", step: 1, value: p("from_time") })),
-    h("label", null, "Page", h("select", { name: "size" }, [20, 50, 100, 500].map((n) => h("option", { value: String(n), selected: n === size }, String(n))))),
-    h("label", null, "Show values as", h("select", { name: "as" }, ["auto", "text", "json", "hex"].map((v) => h("option", { value: v, selected: v === as }, v)))),
+    ...pageControls(size, as),
     h("button", { class: "primary", type: "submit" }, "Show"));
   form.addEventListener("submit", (event) => {
     event.preventDefault();
