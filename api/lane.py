@@ -1,5 +1,5 @@
-"""The hot lane: produce requests and partition event streams served in one pass, ahead of
-FastAPI's router.
+"""The hot lane: produce requests, partition event streams and queue leases and settles served
+in one pass, ahead of FastAPI's router.
 
 A one-record produce spent most of its event-loop time in layers, not in the append: ASGI
 middlewares each wrapping receive and send in a closure, then Starlette's router and FastAPI's
@@ -22,9 +22,20 @@ routes use) with PartitionEvents: one coroutine per subscriber waiting on the pa
 event, parked with the partition's pusher once caught up (api/tail.py), and a second, idle
 until the client leaves, that ends it.
 
+A queue's lease, ack, release, reject and renew (api/queues.py) go the same way: admit (the
+right to consume the topic, 401/403; a lease under the fetch quota, 429; the engine open), the
+body, then the engine's call and its answer written by the functions the routes use
+(queues.lease_answer, queues.settle_answer); a lease's answer bytes count against the fetch
+quota, as the routes' do. The body is taken when the call's own model (LeaseRequest, LeasesRequest
+and its kin) validates what orjson parsed; any other body (not JSON, another content type, a
+field against its rules) goes on to the documented route with the bytes already read, which
+answers it as FastAPI does (400, 422), under the policy again: the lane then neither counts nor
+observes it.
+
 A request the lane does not take whole goes on to the router, where the documented routes
 answer it under the same policy (their OpenAPI document is unchanged): another method, a
-partition that is not plain decimal digits (FastAPI's 422), a path that is not one of these.
+partition that is not plain decimal digits (FastAPI's 422), a lease's key_format or
+value_format that is not a format, a path that is not one of these.
 """
 
 from __future__ import annotations
@@ -34,19 +45,21 @@ import time
 from typing import Any
 
 import orjson
+from fastapi import FastAPI
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import QueryParams
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from engine.interface import Engine
 from engine.produce import ProduceService
 
-from . import keys, records, sse
+from . import keys, queues, records, sse
 from .auth import ANONYMOUS_ADMIN
 from .conditions import key_condition
 from .errors import ServerPaths
 from .keys import key_answer, path_key
 from .policy import Disconnected, Policy, Rule, length_and_authorization
-from .quotas import PRODUCE
+from .quotas import FETCH, PRODUCE
 from .records import (
     REPLAYED_HEADER,
     _offsets_body,
@@ -57,7 +70,7 @@ from .records import (
     stream_start,
 )
 from .responses import PartsResponse
-from .schemas import Format
+from .schemas import Format, LeaseRequest
 
 logger = logging.getLogger("eventlog.api")
 
@@ -65,6 +78,8 @@ TOPIC_ROUTE = "/v1/topics/{topic}/records"
 PARTITION_ROUTE = "/v1/topics/{topic}/partitions/{partition}/records"
 STREAM_ROUTE = PARTITION_ROUTE + "/stream"
 KEY_ROUTE = "/v1/topics/{topic}/keys/{key:path}/records"  # the template FastAPI's route has
+QUEUE_ROUTE = "/v1/topics/{topic}/queues/{queue}/"  # + lease, ack, release, reject, renew
+QUEUE_CALLS = ("lease", *queues.SETTLE_BODIES)
 _FORMATS = frozenset(f.value for f in Format)
 _PREFIX = "/v1/topics/"
 _JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -81,11 +96,13 @@ class HotLane:
         self.max_inflated_bytes = max_inflated_bytes
         # the documented routes' own Rules (what they declare), read once
         wanted = {(TOPIC_ROUTE, "POST"), (PARTITION_ROUTE, "POST"), (KEY_ROUTE, "POST"), (STREAM_ROUTE, "GET")}
+        wanted |= {(QUEUE_ROUTE + call, "POST") for call in QUEUE_CALLS}
         self.rules: dict[str, Rule] = {
             route.path: Policy.rule(route)
-            for route in (*records.router.routes, *keys.router.routes)
+            for route in (*records.router.routes, *keys.router.routes, *queues.router.routes)
             if any((route.path, m) in wanted for m in route.methods)
         }
+        self.app = app
 
     def match(self, scope: Scope) -> tuple[Any, tuple[Any, ...]] | None:
         """(handler, its arguments) for a request the lane takes; None for the stack."""
@@ -107,6 +124,9 @@ class HotLane:
                 partition = _plain_int(parts[2], 0, None)
                 if partition is not None:
                     return self.serve, (parts[0], partition)
+            elif n == 4 and parts[1] == "queues" and parts[3] in QUEUE_CALLS:
+                if parts[0] and parts[2]:
+                    return self._queue_args(scope, parts[0], parts[2], parts[3])
         elif n == 5 and parts[4] == "stream" and parts[3] == "records" and parts[1] == "partitions" and parts[0]:
             partition = _plain_int(parts[2], 0, None)
             if partition is not None:
@@ -139,6 +159,21 @@ class HotLane:
                     return None
                 break
         return self.stream, (topic, partition, offset, kf, vf, last_event_id)
+
+    def _queue_args(
+        self, scope: Scope, topic: str, queue: str, call: str
+    ) -> tuple[Any, tuple[Any, ...]] | None:
+        """A queue call's parameters: a lease's formats when each reads as FastAPI reads it (the
+        settle routes read no query); None leaves the request to the documented route."""
+        kf = vf = "string"
+        query = scope.get("query_string", b"")
+        if query and call == "lease":
+            given = QueryParams(query)
+            kf = given.get("key_format", kf)
+            vf = given.get("value_format", vf)
+            if kf not in _FORMATS or vf not in _FORMATS:
+                return None
+        return self.queue, (topic, queue, call, kf, vf)
 
     async def serve(
         self, scope: Scope, receive: Receive, send: Send, topic: str, partition: int | None,
@@ -221,6 +256,76 @@ class HotLane:
                 policy.account(principal, PRODUCE, received[0])
             policy.observe(scope, route, status, started, sent, principal)
 
+    async def queue(
+        self, scope: Scope, receive: Receive, send: Send, topic: str, queue: str, call: str,
+        kf: str, vf: str,
+    ) -> None:
+        """A queue's lease or settle call (api/queues.py's routes, their answers written by the
+        same functions). A body the call's model does not take as it is (not JSON, another
+        content type, a field missing its rules) goes on to the documented route, which answers
+        it as FastAPI does (its 400 or 422), under the policy again."""
+        started = time.perf_counter()
+        policy = self.policy
+        metrics = self.metrics
+        metrics.in_flight += 1
+        route = QUEUE_ROUTE + call
+        principal = ANONYMOUS_ADMIN
+        quota_on = False  # a lease's answer counts against the fetch quota (api/quotas.py)
+        status = 500
+        sent = 0
+        observed = True
+        try:
+            length = content_type = authorization = None
+            for name, value in scope["headers"]:
+                if name == b"content-length":
+                    length = length or value
+                elif name == b"content-type":
+                    content_type = content_type or value
+                elif name == b"authorization":
+                    authorization = authorization or value
+            declared, principal, quota_on = policy.admit(
+                self.rules[route], "POST", scope["path"], length, authorization,
+                {"topic": topic, "queue": queue}, scope.get("query_string", b""),
+            )
+            body = await policy.body(receive, declared, started, [0])
+            model = LeaseRequest if call == "lease" else queues.SETTLE_BODIES[call]
+            given = _plain_body(model, content_type, body)
+            if given is None:
+                observed = False
+                metrics.in_flight -= 1
+                await self._route(scope, _replay(body, receive), send)
+                return
+            engine: Engine = self.state.engine  # open: admit checked it
+            if call == "lease":
+                assert isinstance(given, LeaseRequest)
+                answer = await queues.lease_answer(engine, metrics, topic, queue, given, kf, vf)
+            else:
+                assert isinstance(given, queues.LeasesRequest)
+                answer = await queues.settle_answer(engine, topic, queue, call, given)
+            status = 200
+            sent = len(answer)
+            headers = [(b"content-length", b"%d" % sent), *_JSON_HEADERS]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": answer})
+        except Disconnected:
+            status = 499
+        except Exception as exc:
+            response = policy.problem(exc, scope)
+            status = response.status_code
+            sent = len(response.body)
+            await response(scope, receive, send)
+        finally:
+            if observed:
+                metrics.in_flight -= 1
+                if quota_on:
+                    policy.account(principal, FETCH, sent)
+                policy.observe(scope, route, status, started, sent, principal)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The request through FastAPI's stack, where EventlogApp.__call__ sends what the lane
+        does not take (not back to the lane)."""
+        await FastAPI.__call__(self.app, scope, receive, send)
+
     async def _append_key(
         self, scope: Scope, receive: Receive, send: Send, service: ProduceService, topic: str, key_text: str, key_format: str,
         declared: int, started: float, received: list[int], content_type: bytes | None, principal: str,
@@ -297,3 +402,25 @@ def _key_format(query: bytes) -> str | None:
         return None
     value = given["key_format"]
     return value if value in _FORMATS else None
+
+
+def _plain_body(model: type[BaseModel], content_type: bytes | None, body: bytearray) -> Any:
+    """`body` as `model` where FastAPI's route would take it so: a JSON content type (or none),
+    JSON (orjson's, RFC 8259's: whatever it parses, the json module parses alike), the model's
+    validation of it passed; None for anything else (the route answers it)."""
+    if content_type is not None and content_type != b"application/json":
+        return None
+    try:
+        return model.model_validate(orjson.loads(body))
+    except (orjson.JSONDecodeError, ValidationError):
+        return None
+
+
+def _replay(body: bytearray, receive: Receive) -> Receive:
+    """`receive` for the route: the body already read, then the client's own messages."""
+    pending = [{"type": "http.request", "body": bytes(body), "more_body": False}]
+
+    async def replay() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replay

@@ -4,6 +4,10 @@ release, reject or renew the leases (engine/queues.py holds the semantics; docs/
 Rights: a consumer of the topic (the `read` right on the path's topic) for every route. A lease
 is under the token's fetch quota (its answer's bytes count, api/quotas.py) and long-polls with
 `wait_ms`; fetched records' formats (key_format, value_format) are fetch's (api/formats.py).
+
+The hot lane (api/lane.py) serves lease and the settle calls ahead of the router, with the
+answers these routes write (lease_answer, settle_answer) and their bodies' models: a body the
+model does not take comes here.
 """
 
 from __future__ import annotations
@@ -183,22 +187,54 @@ async def lease(
     key_format: Format = Format.string,
     value_format: Format = Format.string,
 ) -> Response:
+    answer = await lease_answer(
+        engine, request.app.state.metrics, topic, queue, body, key_format.value, value_format.value
+    )
+    return Response(answer, media_type="application/json")
+
+
+async def lease_answer(
+    engine: Engine, metrics: Any, topic: str, queue: str, body: LeaseRequest, kf: str, vf: str
+) -> bytes:
+    """A lease's records as LeaseResponse's JSON (written here, not by the route's model: one
+    model per record cost more than the lease): the route's answer and the hot lane's
+    (api/lane.py)."""
     leased = await _queues(engine).lease(topic, queue, body.max_records, body.lock_ms, body.wait_ms)
-    kf, vf = key_format.value, value_format.value
     records = [_record_json(r, kf, vf) for r in leased]
     if records:
-        request.app.state.metrics.fetched_records.labels(topic).inc(len(records))
-    return Response(orjson.dumps({"records": records}), media_type="application/json")
+        metrics.fetched_records.labels(topic).inc(len(records))
+    return orjson.dumps({"records": records})
+
+
+# what each settle call's body holds: its model (each route declares it too)
+SETTLE_BODIES: dict[str, type[LeasesRequest]] = {
+    "ack": LeasesRequest,
+    "release": ReleaseRequest,
+    "reject": LeasesRequest,
+    "renew": RenewRequest,
+}
+
+
+async def settle_answer(
+    engine: Engine, topic: str, queue: str, action: str, body: LeasesRequest
+) -> bytes:
+    """Settle the body's leases: LeaseResults' JSON, written here (a model per lease, validated
+    and serialized again by the route, cost more than the engine's settling of it): the routes'
+    answer and the hot lane's (api/lane.py)."""
+    options: dict[str, Any] = {}
+    if isinstance(body, ReleaseRequest):
+        options["delay_ms"] = body.delay_ms
+    elif isinstance(body, RenewRequest):
+        options["lock_ms"] = body.lock_ms
+    results = await _queues(engine).settle(topic, queue, action, body.leases, **options)
+    return orjson.dumps({"results": [{"lease": lease, "status": s} for lease, s in results]})
 
 
 async def _settle(
-    engine: Engine, topic: str, queue: str, action: str, leases: list[str], **kwargs: Any
+    engine: Engine, topic: str, queue: str, action: str, body: LeasesRequest
 ) -> Response:
-    """LeaseResults, written here: a model per lease, validated and serialized again by the
-    route, cost more than the engine's settling of it."""
-    results = await _queues(engine).settle(topic, queue, action, leases, **kwargs)
-    body = {"results": [{"lease": lease, "status": s} for lease, s in results]}
-    return Response(orjson.dumps(body), media_type="application/json")
+    answer = await settle_answer(engine, topic, queue, action, body)
+    return Response(answer, media_type="application/json")
 
 
 _SETTLE_DOC = (
@@ -219,7 +255,7 @@ _SETTLE_DOC = (
 async def ack(
     topic: str, queue: str, body: LeasesRequest, engine: Engine, _principal: Reader
 ) -> Response:
-    return await _settle(engine, topic, queue, "ack", body.leases)
+    return await _settle(engine, topic, queue, "ack", body)
 
 
 @router.post(
@@ -233,7 +269,7 @@ async def ack(
 async def release(
     topic: str, queue: str, body: ReleaseRequest, engine: Engine, _principal: Reader
 ) -> Response:
-    return await _settle(engine, topic, queue, "release", body.leases, delay_ms=body.delay_ms)
+    return await _settle(engine, topic, queue, "release", body)
 
 
 @router.post(
@@ -247,7 +283,7 @@ async def release(
 async def reject(
     topic: str, queue: str, body: LeasesRequest, engine: Engine, _principal: Reader
 ) -> Response:
-    return await _settle(engine, topic, queue, "reject", body.leases)
+    return await _settle(engine, topic, queue, "reject", body)
 
 
 @router.post(
@@ -261,4 +297,4 @@ async def reject(
 async def renew(
     topic: str, queue: str, body: RenewRequest, engine: Engine, _principal: Reader
 ) -> Response:
-    return await _settle(engine, topic, queue, "renew", body.leases, lock_ms=body.lock_ms)
+    return await _settle(engine, topic, queue, "renew", body)

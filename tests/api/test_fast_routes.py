@@ -4,6 +4,8 @@ route gives."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from starlette.routing import Match
 
@@ -298,3 +300,182 @@ def test_the_lane_and_the_routes_apply_the_same_policy(app_factory, tmp_path, mo
         assert a == b
     statuses = {x[2] for x in fast if len(x) == 5}
     assert {401, 403, 413, 429, 200} <= statuses, statuses
+
+
+# -- queues: lease and the settle calls (api/queues.py) through the lane ------------------------
+
+_QUEUE_TOKENS = {"tokens": [
+    {"name": "ops", "token": "admin-token-1", "role": "admin"},
+    {"name": "reader", "token": "reader-token-1", "role": "consumer", "topics": ["t"]},
+    {"name": "other", "token": "other-token-1", "role": "producer", "topics": ["t"]},
+    {"name": "elsewhere", "token": "elsewhere-token-1", "role": "consumer", "topics": ["u"]},
+    {"name": "slow", "token": "slow-token-1", "role": "consumer", "topics": ["t"],
+     "quota": {"fetch_bytes_per_sec": 100}},
+]}
+_Q = "/v1/topics/t/queues/q/"
+_JSON = {"content-type": "application/json"}
+_ONE = b'{"max_records": 1}'
+
+
+def _queue_steps(got: list[str]) -> list[tuple[bool, str | None, str, dict[str, str], Any]]:
+    """(taken by the lane, token, path, headers, body: JSON, bytes, or a callable of the leases
+    answered so far): the happy paths and every refusal, in an order whose answers do not
+    depend on the clock (every lock is long)."""
+    r, a, other, slow = "reader-token-1", "admin-token-1", "other-token-1", "slow-token-1"
+    one = {"max_records": 1}
+    return [
+        (True, None, _Q + "lease", {}, one),  # 401
+        (True, "nope-token-1", _Q + "ack", {}, {"leases": ["x"]}),  # 401
+        (True, other, _Q + "lease", {}, one),  # 403: a producer may not read
+        (True, "elsewhere-token-1", _Q + "renew", {}, {"leases": ["x"]}),  # 403: not topic t
+        (True, r, _Q + "lease", {}, {"max_records": 2}),
+        (True, r, _Q + "lease?key_format=base64&value_format=string", {},
+         {"max_records": 1, "lock_ms": None, "wait_ms": 0}),
+        (True, r, _Q + "lease?value_format=json&unknown=1", {}, one),  # 422 not_json (leased)
+        (True, r, _Q + "lease?value_format=base64", {}, {"max_records": 1, "lock_ms": 60_000}),
+        (True, r, _Q + "lease?value_format=json", {}, one),  # 422 not_json again
+        (False, r, _Q + "lease?key_format=hex", {}, one),  # FastAPI's 422
+        (True, r, "/v1/topics/t/queues/nope/lease", {}, one),  # 404 queue
+        (True, a, "/v1/topics/nope/queues/q/lease", {}, one),  # 404 topic
+        (True, r, "/v1/topics/nope/queues/q/lease", {}, one),  # 403: not topic nope
+        (True, r, _Q + "ack?topic=u", {}, {"leases": ["x"]}),  # 403: the query's topic
+        (True, a, "/v1/topics/__queue_state/queues/q/lease", {}, one),
+        # bodies the lane leaves to the route (its 400 and 422 answers)
+        (True, r, _Q + "lease", _JSON, b"{"),
+        (True, r, _Q + "lease", _JSON, b""),
+        (True, r, _Q + "lease", _JSON, b"[]"),
+        (True, r, _Q + "lease", _JSON, b'{"max_records": NaN}'),
+        (True, r, _Q + "lease", _JSON, b"\xef\xbb\xbf" + _ONE),  # (json.loads takes it)
+        (True, r, _Q + "lease", {}, {"max_records": 0}),
+        (True, r, _Q + "lease", {}, {"max_records": 10_001}),
+        (True, r, _Q + "lease", {}, {"max_records": True}),
+        (True, r, _Q + "lease", {}, {"max_records": 1.0}),
+        (True, r, _Q + "lease", {}, {"max_records": "1"}),
+        (True, r, _Q + "lease", {}, {"max_records": 1, "lock_ms": 99}),
+        (True, r, _Q + "lease", {}, {"max_records": 1, "wait_ms": 30_001}),
+        (True, r, _Q + "lease", {}, {"max_records": 1, "extra": 1}),
+        (True, r, _Q + "lease", {"content-type": "text/plain"}, _ONE),
+        (True, r, _Q + "lease", {"content-type": "application/json; charset=utf-8"}, _ONE),
+        (True, r, _Q + "lease", {"content-type": "application/vnd.x+json"}, _ONE),
+        (True, r, _Q + "ack", {}, lambda: {"leases": got[:2]}),  # acked, acked
+        (True, r, _Q + "ack", {}, lambda: {"leases": [*got[:2], "nope", "A" * 43, got[2]]}),
+        (True, r, _Q + "ack", {}, {"leases": []}),
+        (True, r, _Q + "ack", {}, {"leases": "x"}),
+        (True, r, _Q + "ack", {}, {"leases": [1]}),
+        (True, r, _Q + "ack", {}, {"leases": ["x"], "delay_ms": 1}),
+        (True, r, "/v1/topics/t/queues/nope/ack", {}, {"leases": ["x"]}),
+        (True, r, _Q + "release", {}, lambda: {"leases": [got[3]], "delay_ms": 0}),
+        (True, r, _Q + "release", {}, {"leases": ["x"], "delay_ms": -1}),
+        (True, r, _Q + "release", {}, {"leases": ["x"], "delay_ms": 43_200_001}),
+        (True, r, _Q + "renew", {}, lambda: {"leases": [got[4]], "lock_ms": 120_000}),
+        (True, r, _Q + "renew", {}, lambda: {"leases": [got[4]], "lock_ms": None}),
+        (True, r, _Q + "renew", {}, {"leases": ["x"], "lock_ms": 50}),
+        (True, r, _Q + "reject", {}, lambda: {"leases": [got[4]]}),
+        (True, r, _Q + "reject", {}, lambda: {"leases": [got[4]]}),  # expired
+        (True, other, _Q + "ack", {}, lambda: {"leases": [got[5]]}),  # 403
+        # the fetch quota: the second lease of a principal over it is refused (429)
+        (True, slow, _Q + "lease", {}, one),
+        (True, slow, _Q + "lease", {}, one),
+        (True, slow, _Q + "ack", {}, lambda: {"leases": [got[-1]]}),  # settling: no quota
+        (True, r, _Q + "lease", {}, {"max_records": 100}),  # the rest, the released one again
+        (True, r, _Q + "lease", {}, {"max_records": 5, "wait_ms": 0}),  # none left
+        (True, r, _Q + "ack", {}, lambda: {"leases": got[5:]}),
+        # the request limits: declared too large (413), one that passes the limit as it comes
+        (True, r, _Q + "ack", _JSON, b"x" * 2048),
+        (True, r, _Q + "ack", _JSON, iter([b'{"leases": [', b" " * 1500, b"]}"])),
+        (False, r, _Q + "lease/", {}, one),
+        (False, r, "/v1/topics/t/queues/q/settle", {}, {"leases": ["x"]}),
+    ]
+
+
+def _queue_answers(server) -> list:
+    """Each step's answer, the leases in it named by their order of appearance (their nonces
+    and deadlines differ from run to run), then the queue routes' request metrics."""
+    got: list[str] = []
+    names: dict[str, str] = {}
+    out: list = []
+
+    def named(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: "<deadline>" if k == "lease_expires_at" else named(v)
+                    for k, v in value.items()}
+        if isinstance(value, list):
+            return [named(v) for v in value]
+        return names.get(value, value) if isinstance(value, str) else value
+
+    headers = [{"key": "h", "value": "x"}]
+    values = [
+        {"key": "k1", "value": "a", "timestamp": 1}, {"key": "k2", "value": "b", "timestamp": 2},
+        {"key": "k3", "value": "not json", "timestamp": 3}, {"value": "v4", "timestamp": 4},
+        {"value": "[5]", "timestamp": 5}, {"value": "v6", "timestamp": 6},
+        *({"value": f"v{i}", "timestamp": i, "headers": headers} for i in range(7, 21)),
+    ]
+    with server.client(token="admin-token-1") as c:
+        assert c.post("/v1/topics", json={"name": "t", "partitions": 1}).status_code == 201
+        for i in range(0, len(values), 5):  # (max_request_bytes)
+            batch = {"records": values[i:i + 5]}
+            assert c.post("/v1/topics/t/partitions/0/records", json=batch).status_code == 200
+        assert c.put("/v1/topics/t/queues/q", json={"lock_ms": 600_000}).status_code == 201
+        for _taken, token, path, extra, body in _queue_steps(got):
+            if callable(body):
+                body = body()
+            sent = {"authorization": f"Bearer {token}" if token else "", **extra}
+            if isinstance(body, (dict, list)):
+                r = c.post(path, json=body, headers=sent)
+            else:
+                r = c.post(path, content=body, headers=sent)
+            answer = r.json() if r.content else None
+            if r.status_code == 200 and isinstance(answer, dict):
+                for record in answer.get("records", []):
+                    names.setdefault(record["lease"], f"<lease {len(names)}>")
+                    got.append(record["lease"])
+            problem = r.headers.get("content-type", "").startswith("application/problem+json")
+            kept = {k: r.headers[k] for k in _KEPT if k in r.headers}
+            out.append((path, r.status_code, answer.get("code") if problem else None,
+                        named(answer), kept, r.headers.get("content-length")))
+        text = c.get("/metrics").text
+    out.append(sorted(
+        line for line in text.splitlines()
+        if line.startswith("eventlog_fetched_records_total{")
+        or (line.startswith("eventlog_http_requests_total{") and "/queues/" in line)
+    ))
+    return out
+
+
+@pytest.mark.in_process_only  # patches the app's routing in this process
+def test_the_lane_answers_queue_calls_as_the_routes_do(
+    app_factory, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lease, ack, release, reject and renew through the lane and through the documented routes,
+    with an auth file, a fetch quota and a request size limit: the same answers (statuses,
+    problem codes, bodies, headers), the same metrics, the lane taking every one but those
+    whose path or query FastAPI reads otherwise (and handing on the bodies it does not take)."""
+    import json
+
+    auth = tmp_path / "auth.json"
+    auth.write_text(json.dumps(_QUEUE_TOKENS))
+    settings = {"EVENTLOG_AUTH_FILE": str(auth), "EVENTLOG_MAX_REQUEST_BYTES": "1024",
+                "EVENTLOG_QUOTA_WINDOW_NUM": "2", "EVENTLOG_QUOTA_WINDOW_SIZE_MS": "1000"}
+    taken: list[str] = []
+    lane_match = lane.HotLane.match
+
+    def lane_counting(self, scope):
+        found = lane_match(self, scope)
+        if found is not None:
+            taken.append(f"{scope['path']}?{scope['query_string'].decode()}".rstrip("?"))
+        return found
+
+    monkeypatch.setattr(lane.HotLane, "match", lane_counting)
+    admin = "admin-token-1"
+    fast = _queue_answers(app_factory(tmp_path / "fast", **settings).start(token=admin))
+    steps = _queue_steps([])
+    assert [t for t in taken if "/queues/" in t] == [p for lane_, _t, p, _h, _b in steps if lane_]
+    monkeypatch.setattr(lane.HotLane, "match", lambda self, scope: None)
+    documented = _queue_answers(app_factory(tmp_path / "documented", **settings).start(token=admin))
+    assert len(fast) == len(documented) == len(steps) + 1
+    for step, a, b in zip([*steps, "metrics"], fast, documented, strict=True):
+        assert a == b, step
+    assert {200, 400, 401, 403, 404, 413, 422, 429} <= {x[1] for x in fast[:-1]}
+    statuses = {r["status"] for x in fast[:-1] if x[1] == 200 for r in x[3].get("results", [])}
+    assert statuses == {"acked", "released", "renewed", "rejected", "expired", "unknown"}
+    assert any(len(x[3].get("records", [])) >= 10 for x in fast[:-1] if x[1] == 200)
