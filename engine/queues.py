@@ -31,11 +31,15 @@ source topic, partition, offset, delivery count and reason), or without one is a
 (dead-lettered in place). `ordering: key`: a record is leased only while no earlier record of
 its key is leased or waiting (records without a key are not ordered).
 
-Durability (the compacted internal topic __queue_state, Kafka's __share_group_state; created
-with the first queue): every change that must survive is appended, and fsynced, before the call
-that made it answers:
+Definitions: a queue's settings, id, topic id and per-partition start offsets are events of
+__metadata-0 (queue_created, queue_deleted: metadata.py), durable and applied by every shard of
+a family before create or delete answers, as a topic change is; a topic's deletion deletes its
+queues in the same event.
 
-    key ["q", topic, queue]              the queue's settings, id and topic id (null: deleted)
+Durability of the windows (the compacted internal topic __queue_state, Kafka's
+__share_group_state; created with the first window change to persist): every change that must
+survive is appended, and fsynced, before the call that made it answers:
+
     key ["s", qid, partition]            {"start", "acked", "dead"}: start_offset and how many
                                          records below it were acknowledged / dead-lettered
     key ["o", qid, partition, offset]    {"n": delivery count, "s": 0 in flight, 2 acked,
@@ -44,6 +48,11 @@ that made it answers:
                                          together with that count, every window record from
                                          first to last (a lease's counts: one record, not one
                                          per record); a tombstone once start passes last
+
+(Before definitions were metadata, __queue_state also held key ["q", topic, queue]: the settings,
+id and topic id, null once deleted. Queues.load migrates such records once: each live one
+becomes a queue_created event, then every "q" record is tombstoned; a crash in between does it
+again, skipping a queue the metadata already names with that id.)
 
 A lease persists its records' delivery counts before it answers, so a count never goes down
 across a restart: after a restart (or SIGKILL) a record that was leased comes back available
@@ -62,8 +71,9 @@ replay needs: the settings, each partition's start, and each in-window offset's 
 Retention that deletes records still in a window does not wait: they are counted as lost to
 retention (lost_to_retention) and the window moves to the new log start.
 
-Shards: the state lives on shard 0 with __queue_state (an internal topic); other shards forward
+Shards: the windows live on shard 0 with __queue_state (an internal topic); other shards forward
 every call there (family.RemoteQueues), and shard 0 reads every partition, its own or followed.
+Every shard knows every queue's definition (the metadata log it follows).
 """
 
 from __future__ import annotations
@@ -95,7 +105,7 @@ from .errors import (
     QueueExistsError,
     QueueNotFoundError,
 )
-from .metadata import QUEUE_STATE_TOPIC
+from .metadata import QUEUE_STATE_TOPIC, QueueMeta
 from .partition_log import prepare_batches, wall_clock_ms
 from .partitioner import partition_for_key
 from .reader import read_records
@@ -959,6 +969,7 @@ class Queues:
         # (queue id, partition) -> (start, acked, dead, offsets replayed, runs replayed)
         self._replayed: dict[tuple[bytes, int], tuple[int, int, int, dict, set]] = {}
         self._create_lock = anyio.Lock()
+        self._state_lock = anyio.Lock()  # (making __queue_state)
         self._wake = anyio.Event()  # set when a lease or a delayed release makes a new deadline
         # when (ms, the clock's) the expiry loop looks next: a lease whose lock ends later does
         # not wake it (every lease did: a pass over every queue's windows per lease)
@@ -967,19 +978,53 @@ class Queues:
     # -- start-up ---------------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Replay __queue_state (if any queue was ever made) into memory, before any request;
-        then expire leases in the engine's task group (run)."""
+        """The queues the metadata log defines, their windows replayed from __queue_state (if
+        any was persisted), into memory before any request (migrating the old "q" records
+        first: see the module's doc); then expire leases in the engine's task group (run)."""
         tg = getattr(self.engine, "_tg", None)
         if tg is not None:  # (the engine's own tasks: they end with it)
             tg.start_soon(self.run)
-        state = self.engine.topics.get(QUEUE_STATE_TOPIC)
-        if state is None:
-            return
-        log = self.engine.partition(QUEUE_STATE_TOPIC, 0)
         settings: dict[tuple[str, str], dict[str, Any] | None] = {}
         starts: dict[tuple[bytes, int], tuple[int, int, int]] = {}
         offsets: dict[tuple[bytes, int], dict[int, tuple[int, int]]] = {}
         runs: dict[tuple[bytes, int], set[tuple[int, int]]] = {}
+        if QUEUE_STATE_TOPIC in self.engine.topics:
+            log = self.engine.partition(QUEUE_STATE_TOPIC, 0)
+            await self._replay(log, settings, starts, offsets, runs)
+            await self._migrate(log, settings)
+        for meta in self.engine.image.queues_of():
+            q = self._define(meta)
+            for p, start in enumerate(meta.starts):
+                self._replayed[(q.qid, p)] = (start, 0, 0, {}, set())
+        for (qid, p), (start, acked, dead) in starts.items():
+            if qid in self._by_id:
+                start = max(start, self._replayed.get((qid, p), (start,))[0])
+                kept = {o: s for o, s in offsets.get((qid, p), {}).items() if o >= start}
+                self._replayed[(qid, p)] = (start, acked, dead, kept, runs.get((qid, p), set()))
+        for (qid, p), kept in offsets.items():
+            if qid in self._by_id and (qid, p) not in starts:
+                start = self._replayed.get((qid, p), (-1,))[0]
+                kept = {o: s for o, s in kept.items() if o >= start}
+                self._replayed[(qid, p)] = (start, 0, 0, kept, runs.get((qid, p), set()))
+
+    def _define(self, meta: QueueMeta) -> Queue:
+        q = Queue(
+            meta.topic, meta.name, bytes.fromhex(meta.queue_id), meta.topic_id,
+            _settings_of(meta.settings), meta.created_ms,
+        )
+        self._queues[(q.topic, q.name)] = q
+        self._by_id[q.qid] = q
+        return q
+
+    @staticmethod
+    async def _replay(
+        log: Any,
+        settings: dict[tuple[str, str], dict[str, Any] | None],
+        starts: dict[tuple[bytes, int], tuple[int, int, int]],
+        offsets: dict[tuple[bytes, int], dict[int, tuple[int, int]]],
+        runs: dict[tuple[bytes, int], set[tuple[int, int]]],
+    ) -> None:
+        """__queue_state's records into what replay keeps (_replay_one), in a worker thread."""
 
         def replay() -> None:
             view = log.view
@@ -993,21 +1038,32 @@ class Queues:
                 offset = result.next_offset
 
         await anyio.to_thread.run_sync(replay)
+
+    async def _migrate(
+        self, log: Any, settings: dict[tuple[str, str], dict[str, Any] | None]
+    ) -> None:
+        """The definitions __queue_state held as "q" records (before they were metadata) as
+        queue_created events (durable), then those records tombstoned: once, and again after a
+        crash in between, a queue the metadata already names with its id skipped. A queue of a
+        topic gone (or made again since) is not carried over."""
+        if not settings:
+            return
+        image = self.engine.image
+        events: list[tuple[str, str, str, dict[str, Any]]] = []
         for (topic, name), v in settings.items():
-            if v is None:
+            if v is None or (topic, name) in image.queues:
+                continue  # (deleted; or migrated before a crash: the metadata wins)
+            meta = image.topics.get(topic)
+            if meta is None or meta.topic_id != v["topic_id"]:
                 continue
-            q = Queue(
-                topic, name, bytes.fromhex(v["id"]), v["topic_id"], _settings_of(v), v["created_ms"]
-            )
-            self._queues[(topic, name)] = q
-            self._by_id[q.qid] = q
-        for (qid, p), (start, acked, dead) in starts.items():
-            if qid in self._by_id:
-                kept = {o: s for o, s in offsets.get((qid, p), {}).items() if o >= start}
-                self._replayed[(qid, p)] = (start, acked, dead, kept, runs.get((qid, p), set()))
-        for (qid, p), kept in offsets.items():
-            if qid in self._by_id and (qid, p) not in starts:
-                self._replayed[(qid, p)] = (-1, 0, 0, kept, runs.get((qid, p), set()))
+            fields = {"queue": name, "id": v["id"], "settings": _settings_of(v).as_json(),
+                      "created_ms": v["created_ms"]}
+            events.append(("queue_created", topic, v["topic_id"], fields))
+        # (every shard of a family reads the metadata log before it serves: no sync needed)
+        await self._record(events, sync=False)
+        await _append(log, [(_key("q", t, n), None) for t, n in settings], self.clock())
+        logger.info("queues: %d definition(s) moved from %s to the metadata log", len(events),
+                    QUEUE_STATE_TOPIC)
 
     # -- eager expiry -------------------------------------------------------------------------
 
@@ -1109,43 +1165,47 @@ class Queues:
                 if q.settings != settings:
                     raise QueueExistsError(topic, name)
                 return self.describe(topic, name), False
-            log = await self._state_log()
-            q = Queue(
-                topic, name, secrets.token_bytes(8), state.meta.topic_id, settings, self.clock()
-            )
-            items = [
-                (
-                    _key("q", topic, name),
-                    orjson.dumps(
-                        {
-                            **settings.as_json(),
-                            "id": q.qid.hex(),
-                            "topic_id": q.topic_id,
-                            "created_ms": q.created_ms,
-                        }
-                    ),
-                )
+            starts = [
+                await _start_offset(log_p, settings.start) if _online(log_p) else 0
+                for log_p in state.partitions
             ]
-            for p, log_p in enumerate(state.partitions):
-                start = await _start_offset(log_p, settings.start) if _online(log_p) else 0
-                items.append(
-                    (
-                        _key("s", q.qid.hex(), p),
-                        orjson.dumps({"start": start, "acked": 0, "dead": 0}),
-                    )
-                )
+            meta = QueueMeta(topic, name, secrets.token_hex(8), state.meta.topic_id,
+                             settings.as_json(), self.clock(), tuple(starts))
+            fields = {"queue": name, "id": meta.queue_id, "settings": meta.settings,
+                      "created_ms": meta.created_ms, "starts": starts}
+            await self._record([("queue_created", topic, meta.topic_id, fields)])
+            q = self._define(meta)
+            for p, start in enumerate(starts):
                 self._replayed[(q.qid, p)] = (start, 0, 0, {}, set())
-            await _append(log, items, self.clock())
-            self._queues[(topic, name)] = q
-            self._by_id[q.qid] = q
             return self.describe(topic, name), True
 
+    async def _record(
+        self, events: list[tuple[str, str, str, dict[str, Any]]], *, sync: bool = True
+    ) -> None:
+        """Queue definitions as events of __metadata-0, each (kind, topic, topic id, fields),
+        written here (the controller, where queues live) as a topic change is, under the same
+        lock: durable, and applied by every shard of a family, when it returns (`sync=False`: at
+        start-up, before the other shards read the log)."""
+        if not events:
+            return
+        engine = self.engine
+        async with engine._topic_lock:
+            for kind, topic, topic_id, fields in events:
+                await engine._append_event(kind, topic, topic_id, **fields)
+            if sync:
+                await engine._sync_family()
+
     async def delete(self, topic: str, name: str) -> None:
-        q = self._queue(topic, name)
-        await self._forget([q])
+        """queue_deleted (durable, every shard told), then its windows' records tombstoned."""
+        async with self._create_lock:
+            q = self._queue(topic, name)
+            fields = {"queue": name, "id": q.qid.hex()}
+            await self._record([("queue_deleted", topic, q.topic_id, fields)])
+            await self._forget([q])
 
     async def forget_topic(self, topic: str) -> int:
-        """The topic was deleted: its queues go too (as its group offsets do)."""
+        """The topic was deleted (its topic_deleted event deleted its queues' definitions): its
+        queues' windows go too (as its group offsets do)."""
         doomed = [q for (t, _n), q in self._queues.items() if t == topic]
         await self._forget(doomed)
         return len(doomed)
@@ -1155,7 +1215,6 @@ class Queues:
             return
         items: list[tuple[bytes, bytes | None]] = []
         for q in doomed:
-            items.append((_key("q", q.topic, q.name), None))
             for p, pq in q.partitions.items():
                 items.append((_key("s", q.qid.hex(), p), None))
                 for offset in pq.stored_offsets():
@@ -1171,7 +1230,8 @@ class Queues:
             del self._queues[(q.topic, q.name)]
             del self._by_id[q.qid]
             q.touched()
-        await _append(await self._state_log(), items, self.clock())
+        if items and QUEUE_STATE_TOPIC in self.engine.topics:  # (none persisted: nothing to drop)
+            await _append(self.engine.partition(QUEUE_STATE_TOPIC, 0), items, self.clock())
 
     def names(self, topic: str) -> list[str]:
         state = self.engine.topic(topic)
@@ -1234,16 +1294,21 @@ class Queues:
         return pq
 
     async def _state_log(self) -> Any:
-        if QUEUE_STATE_TOPIC not in self.engine.topics:
-            await self.engine.create_topic(
-                QUEUE_STATE_TOPIC,
-                1,
-                {
-                    "cleanup.policy": QUEUE_STATE_CONFIG.cleanup_policy,
-                    "segment.bytes": QUEUE_STATE_CONFIG.segment_bytes,
-                },
-                internal=True,
-            )
+        """__queue_state, made by the first call with a window change to persist (one of many
+        concurrent leases, maybe: the others wait for it)."""
+        if QUEUE_STATE_TOPIC in self.engine.topics:
+            return self.engine.partition(QUEUE_STATE_TOPIC, 0)
+        async with self._state_lock:
+            if QUEUE_STATE_TOPIC not in self.engine.topics:
+                await self.engine.create_topic(
+                    QUEUE_STATE_TOPIC,
+                    1,
+                    {
+                        "cleanup.policy": QUEUE_STATE_CONFIG.cleanup_policy,
+                        "segment.bytes": QUEUE_STATE_CONFIG.segment_bytes,
+                    },
+                    internal=True,
+                )
         return self.engine.partition(QUEUE_STATE_TOPIC, 0)
 
     # -- leasing ----------------------------------------------------------------------------

@@ -508,6 +508,34 @@ async def test_deleting_the_topic_deletes_its_queues(tmp_path: Path) -> None:
         assert engine.queues.names("jobs") == []
     async with open_engine(cfg(tmp_path)) as engine:
         assert engine.queues.names("jobs") == []
+        assert engine.image.queues == {}  # (topic_deleted took its queues' definitions)
+
+
+async def test_a_queue_s_definition_is_a_metadata_event(tmp_path: Path) -> None:
+    """Create and delete are queue_created and queue_deleted events of __metadata-0 (keyed
+    "<topic>/<queue>", never a topic's key); the created event holds each partition's start,
+    so a queue that never persisted a window change (no __queue_state at all) starts where it
+    was made after a restart."""
+    async with open_engine(cfg(tmp_path)) as engine:
+        await engine.create_topic("jobs", 2)
+        await produce(engine, "jobs", [(None, b"old")] * 3, partition=1)
+        await engine.queues.create("jobs", "late", QueueSettings(start="latest"))
+        await engine.queues.create("jobs", "gone", QueueSettings())
+        await engine.queues.delete("jobs", "gone")
+        assert QUEUE_STATE_TOPIC not in engine.topics
+        records = (await engine.partition("__metadata", 0).read_records(0, 100, 1 << 20)).records
+        events = [(bytes(r.key), orjson.loads(r.value)) for r in records]
+        queue_events = [(k, e["type"], e.get("starts")) for k, e in events if "queue" in e]
+        assert queue_events == [
+            (b"jobs/late", "queue_created", [0, 3]),
+            (b"jobs/gone", "queue_created", [0, 0]),
+            (b"jobs/gone", "queue_deleted", None),
+        ]
+        await produce(engine, "jobs", [(None, b"new")], partition=1)
+    async with open_engine(cfg(tmp_path)) as engine:
+        assert engine.queues.names("jobs") == ["late"]
+        got = await engine.queues.lease("jobs", "late", 10)
+        assert [(r.partition, r.offset, r.value) for r in got] == [(1, 3, b"new")]
 
 
 async def test_leases_run_out_and_dead_letter_without_a_call(tmp_path: Path) -> None:

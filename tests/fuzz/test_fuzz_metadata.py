@@ -32,6 +32,10 @@ VALID_EVENTS = [
     _event("configs_altered", partitions=3, configs={}, created_ms=5),
     _event("partitions_added", partitions=4, configs={}, created_ms=5),
     _event("topic_deleted"),
+    _event("queue_created", queue="work", id="00112233445566ff", created_ms=5, starts=[0, 4, 9],
+           settings={"lock_ms": 30000, "max_deliveries": 5, "ordering": "none",
+                     "start": "earliest", "dead_letter_topic": None}),
+    _event("queue_deleted", queue="work", id="00112233445566ff"),
 ]
 
 
