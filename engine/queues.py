@@ -128,10 +128,12 @@ MAX_WAIT_MS = 30_000
 # records read into one partition's window at most (ordering by key holds records back while
 # an earlier record of their key is leased; beyond this the window waits for acknowledgements)
 MAX_WINDOW_RECORDS = 1_000_000
-READ_BYTES = 4 * 1024 * 1024  # one read from the log for a lease
-# a read for a lease takes at least this many records: those not leased wait in the window, and
-# their contents (up to READ_AHEAD_BYTES a partition) for the next leases, dropped after
-# AHEAD_IDLE_S without a lease
+READ_BYTES = 4 * 1024 * 1024  # one read from the log for a lease of many records
+# a read for a lease takes whole batches, READ_AHEAD_BYTES of them (the first one whole whatever
+# its size; READ_BYTES for a lease that wants more than READ_AHEAD_RECORDS): those not leased
+# wait in the window, and their contents for the next leases, dropped after AHEAD_IDLE_S
+# without a lease. (A read that stopped at a record count inside a batch had the reader decode
+# the rest of the batch for nothing, and again for the next lease: twice the decoding.)
 READ_AHEAD_RECORDS = 500
 READ_AHEAD_BYTES = 256 * 1024
 AHEAD_IDLE_S = 2.0
@@ -1377,8 +1379,8 @@ class Queues:
         read: dict[int, Record] = {e.offset: ahead.pop(e.offset) for e in leased
                                    if e.offset in ahead}
         while len(leased) < n and pq.wants_read(log.high_watermark):
-            want = max(n - len(leased), READ_AHEAD_RECORDS)
-            result = await log.read_records(pq.next, want, READ_BYTES)
+            budget = READ_AHEAD_BYTES if n - len(leased) <= READ_AHEAD_RECORDS else READ_BYTES
+            result = await log.read_records(pq.next, MAX_LEASE_RECORDS, budget)
             for r in result.records:
                 read[r.offset] = r
             pq.admit(((r.offset, r.key, r.timestamp) for r in result.records), result.next_offset)
@@ -1417,10 +1419,12 @@ class Queues:
         read: dict[int, Record],
         taken: list[int],
     ) -> None:
-        """Keep the records read into the window and not leased (a read takes up to
-        READ_AHEAD_RECORDS) for the partition's next leases, which then need no read of their
-        own (a thread hop, and a wait on the partition's lock for the others): up to
-        READ_AHEAD_BYTES, and none past the window's start; dropped when the queue idles."""
+        """Keep the records read into the window and not leased (a read takes whole batches)
+        for the partition's next leases, which then need no read of their own (a thread hop,
+        and a wait on the partition's lock for the others): all that this lease's reads
+        brought (their budget bounds them: dropping some would read and decode their batch
+        again), then what was kept before up to READ_AHEAD_BYTES, none before the window's
+        start; dropped when the queue idles."""
         gone = set(taken)
         if all(o in gone for o in read):
             # nothing read but what this lease took: `ahead` stays, less those (popped already)
@@ -1430,12 +1434,12 @@ class Queues:
             return
         kept: dict[int, Record] = {}
         size = 0
-        for source in (ahead, read):
+        for source, limit in ((read, math.inf), (ahead, READ_AHEAD_BYTES)):
             for offset, r in source.items():
                 if offset in gone or offset < pq.start or offset in kept:
                     continue
                 size += len(r.value or b"") + len(r.key or b"") + 64
-                if size > READ_AHEAD_BYTES:
+                if size > limit:
                     break
                 kept[offset] = r
         if kept:
