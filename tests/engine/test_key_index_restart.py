@@ -194,7 +194,12 @@ async def test_a_stale_file_is_never_used_for_the_active_segment(tmp_path: Path)
     stale = key_index_file(tmp_path, 0).read_bytes()
     async with running_log(tmp_path, CONFIG, clock=clock, clean_shutdown=True) as log:
         await append_for(log, KEYS[5], [b"after"], clock)
-    key_index_file(tmp_path, 0).write_bytes(stale)  # as if the crash came before the shutdown
+    # as if the crash came before the shutdown; through a new inode, as the engine writes the
+    # file: the last run's background load may still have the old one mapped, and a mapped file
+    # truncated in place (write_bytes) kills the reading process with SIGBUS
+    path = key_index_file(tmp_path, 0)
+    path.with_name("stale.tmp").write_bytes(stale)
+    os.replace(path.with_name("stale.tmp"), path)
     async with running_log(tmp_path, CONFIG, clock=clock, clean_shutdown=False) as log:
         await append_for(log, None, [b"first"], clock)
         active = log.key_index.active
