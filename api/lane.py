@@ -273,7 +273,7 @@ class HotLane:
         quota_on = False  # a lease's answer counts against the fetch quota (api/quotas.py)
         status = 500
         sent = 0
-        observed = True
+        handed_on: bytearray | None = None  # a body for the documented route
         try:
             length = content_type = authorization = None
             for name, value in scope["headers"]:
@@ -291,22 +291,20 @@ class HotLane:
             model = LeaseRequest if call == "lease" else queues.SETTLE_BODIES[call]
             given = _plain_body(model, content_type, body)
             if given is None:
-                observed = False
-                metrics.in_flight -= 1
-                await self._route(scope, _replay(body, receive), send)
-                return
-            engine: Engine = self.state.engine  # open: admit checked it
-            if call == "lease":
-                assert isinstance(given, LeaseRequest)
-                answer = await queues.lease_answer(engine, metrics, topic, queue, given, kf, vf)
+                handed_on = body
             else:
-                assert isinstance(given, queues.LeasesRequest)
-                answer = await queues.settle_answer(engine, topic, queue, call, given)
-            status = 200
-            sent = len(answer)
-            headers = [(b"content-length", b"%d" % sent), *_JSON_HEADERS]
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await send({"type": "http.response.body", "body": answer})
+                engine: Engine = self.state.engine  # open: admit checked it
+                if call == "lease":
+                    answer = await queues.lease_answer(
+                        engine, metrics, topic, queue, given, kf, vf
+                    )
+                else:
+                    answer = await queues.settle_answer(engine, topic, queue, call, given)
+                status = 200
+                sent = len(answer)
+                headers = [(b"content-length", b"%d" % sent), *_JSON_HEADERS]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": answer})
         except Disconnected:
             status = 499
         except Exception as exc:
@@ -315,11 +313,13 @@ class HotLane:
             sent = len(response.body)
             await response(scope, receive, send)
         finally:
-            if observed:
-                metrics.in_flight -= 1
+            metrics.in_flight -= 1
+            if handed_on is None:
                 if quota_on:
                     policy.account(principal, FETCH, sent)
                 policy.observe(scope, route, status, started, sent, principal)
+        if handed_on is not None:  # (the route counts and observes it, once)
+            await self._route(scope, _replay(handed_on, receive), send)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The request through FastAPI's stack, where EventlogApp.__call__ sends what the lane
