@@ -78,7 +78,6 @@ Every shard knows every queue's definition (the metadata log it follows).
 
 from __future__ import annotations
 
-import base64
 import binascii
 import heapq
 import inspect
@@ -160,6 +159,8 @@ ACKED_S, RELEASED_S, REJECTED_S, RENEWED_S, EXPIRED_S, UNKNOWN_S = (
 ACTIONS = {"ack": ACKED_S, "release": RELEASED_S, "reject": REJECTED_S, "renew": RENEWED_S}
 _LEASE = struct.Struct(">8sIqIQ")  # queue id, partition, offset, delivery count, nonce
 _FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
+_TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
+_b2a_base64 = binascii.b2a_base64
 
 
 # -- settings -------------------------------------------------------------------------------------
@@ -216,8 +217,7 @@ class LeaseId(NamedTuple):
     nonce: int
 
     def encode(self) -> str:
-        raw = _LEASE.pack(self.qid, self.partition, self.offset, self.count, self.nonce)
-        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+        return encode_lease(self.qid, self.partition, self.offset, self.count, self.nonce)
 
     @staticmethod
     def decode(text: str) -> LeaseId | None:
@@ -231,6 +231,14 @@ class LeaseId(NamedTuple):
         if len(raw) != _LEASE.size:
             return None
         return LeaseId(*_LEASE.unpack(raw))
+
+
+def encode_lease(qid: bytes, partition: int, offset: int, count: int, nonce: int) -> str:
+    """LeaseId(...).encode() without the tuple: base64url of the packed fields, unpadded (32
+    bytes: 43 characters and one "=" cut). One per record leased; base64.urlsafe_b64encode and
+    the NamedTuple made it 5 times as dear (~1.9 us against ~0.4 here)."""
+    raw = _b2a_base64(_LEASE.pack(qid, partition, offset, count, nonce), newline=False)
+    return raw[:43].translate(_TO_URLSAFE).decode("ascii")
 
 
 # -- one partition's window: a pure state machine (no I/O, the time passed in) -------------------
@@ -1402,7 +1410,7 @@ class Queues:
             r = read.get(e.offset)
             if r is None:  # (deleted by retention while we read: counted as lost)
                 continue
-            lease = LeaseId(q.qid, p, e.offset, e.count, e.nonce).encode()
+            lease = encode_lease(q.qid, p, e.offset, e.count, e.nonce)
             out.append(
                 LeasedRecord(
                     p, r.offset, r.timestamp, r.key, r.value, r.headers, e.count, lease, e.deadline

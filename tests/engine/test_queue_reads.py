@@ -49,3 +49,26 @@ async def test_leases_of_100_read_each_batch_once(tmp_path: Path, value_bytes: i
         # every read began where a batch begins, and none read a batch a second time
         assert starts and all(o % BATCH == 0 for o in starts), starts
         assert len(starts) == len(set(starts)), starts
+
+
+
+def test_a_lease_string_is_urlsafe_base64_of_its_fields_unpadded() -> None:
+    """encode_lease (one per record leased) writes what base64.urlsafe_b64encode did, and
+    LeaseId.decode reads it back, for the fields' extremes too."""
+    import base64
+    import struct
+
+    from engine.queues import LeaseId, encode_lease
+
+    cases = [
+        (b"\x00" * 8, 0, 0, 0, 0),
+        (b"\xff" * 8, 2**32 - 1, 2**63 - 1, 2**32 - 1, 2**64 - 1),
+        (b"\xfb\xff\xbf" * 2 + b"ab", 7, 123_456_789, 3, 0xDEADBEEF),  # (base64's + and /)
+    ]
+    for fields in cases:
+        text = encode_lease(*fields)
+        raw = struct.pack(">8sIqIQ", *fields)
+        assert text == base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+        assert text == LeaseId(*fields).encode()
+        assert len(text) == 43 and LeaseId.decode(text) == LeaseId(*fields)
+    assert "-" in text and "_" in text  # (the last case: the url-safe alphabet)
