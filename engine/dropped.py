@@ -132,12 +132,15 @@ def write(directory: Path, ranges: Ranges) -> None:
         replace_file(path, format_ranges(ranges))
 
 
-def from_damaged_files(directory: Path, newer_than_ns: int | None = None) -> Ranges:
+def from_damaged_files(
+    directory: Path, newer_than_ns: int | None = None, names: list[str] | None = None
+) -> Ranges:
     """The offsets named by the `.damaged` files recovery kept aside: those holding exactly one
     whole batch frame whose offsets lie at or above their segment's base offset (with
-    `newer_than_ns`, only files modified after that time)."""
+    `newer_than_ns`, only files modified after that time). `names`: the directory's listing,
+    when the caller has it."""
     found = []
-    for name in sorted(os.listdir(directory)):
+    for name in sorted(os.listdir(directory) if names is None else names):
         m = _DAMAGED_NAME.match(name)
         if m is None:
             continue
@@ -158,12 +161,17 @@ def from_damaged_files(directory: Path, newer_than_ns: int | None = None) -> Ran
     return merge(found)
 
 
-def load(directory: Path) -> tuple[Ranges, bool]:
+def load(directory: Path, names: list[str] | None = None) -> tuple[Ranges, bool]:
     """The recorded ranges, before recovery scans anything, and whether the file must be
     written. Never raises for a bad file: warns and rebuilds from the `.damaged` files. A
     `.damaged` file newer than the record (a crash came between the repair that kept it aside
-    and the write of the record), or any when there is no record, adds what it names."""
+    and the write of the record), or any when there is no record, adds what it names.
+    `names`: the directory's listing, when the caller has it (start-up: a partition with
+    neither file costs no system call here)."""
     path = directory / DROPPED_OFFSETS
+    if names is not None and DROPPED_OFFSETS not in names:
+        rebuilt = _rebuild(directory, None, names)
+        return rebuilt, bool(rebuilt)
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -189,9 +197,11 @@ def load(directory: Path) -> tuple[Ranges, bool]:
     return rebuilt, True
 
 
-def _rebuild(directory: Path, newer_than_ns: int | None) -> Ranges:
+def _rebuild(
+    directory: Path, newer_than_ns: int | None, names: list[str] | None = None
+) -> Ranges:
     try:
-        return from_damaged_files(directory, newer_than_ns)
+        return from_damaged_files(directory, newer_than_ns, names)
     except OSError:
         return ()
 

@@ -255,11 +255,16 @@ class ProducerStateManager:
 
     # -- snapshots ----------------------------------------------------------------------------
 
-    def snapshot_offsets(self, suffix: str = SNAPSHOT_SUFFIX) -> list[int]:
-        try:
-            names = os.listdir(self.directory)
-        except FileNotFoundError:
-            return []
+    def snapshot_offsets(
+        self, suffix: str = SNAPSHOT_SUFFIX, names: list[str] | None = None
+    ) -> list[int]:
+        """Offsets of the snapshot files with `suffix`, oldest first (`names`: the directory's
+        listing, when the caller has it)."""
+        if names is None:
+            try:
+                names = os.listdir(self.directory)
+            except FileNotFoundError:
+                return []
         return sorted(o for n in names if (o := parse_snapshot_name(n, suffix)) is not None)
 
     def encode(self) -> bytes:
@@ -350,18 +355,20 @@ class ProducerStateManager:
             raise StorageError(path, f"cannot write producer snapshot: {exc}") from exc
         self.snapshot_offset = offset
 
-    def load(self, log_end_offset: int, now_ms: int) -> int:
+    def load(self, log_end_offset: int, now_ms: int, names: list[str] | None = None) -> int:
         """Load the newest valid `.producers` file at or below `log_end_offset`, or without
         one the newest valid `.snapshot` (Kafka's layout, or eventlog's own in data dirs written
         before the split); returns its offset, or -1 if there is none. Files past the log end
         (a crash lost their data) and unreadable ones are deleted."""
         self.producers = {}
         self.snapshot_offset = -1
-        for name in os.listdir(self.directory):
+        if names is None:  # listed once: what is deleted below is never looked for again
+            names = os.listdir(self.directory)
+        for name in names:
             if name.endswith((SNAPSHOT_SUFFIX + ".tmp", STATE_SUFFIX + ".tmp")):
                 (self.directory / name).unlink(missing_ok=True)
         for suffix in (STATE_SUFFIX, SNAPSHOT_SUFFIX):
-            for offset in reversed(self.snapshot_offsets(suffix)):
+            for offset in reversed(self.snapshot_offsets(suffix, names)):
                 path = self.directory / snapshot_name(offset, suffix)
                 if offset > log_end_offset:
                     logger.warning("%s: deleting %s, which is past the log end %d", self.directory.name, path.name, log_end_offset)
@@ -410,10 +417,14 @@ def _unframed(data: bytes, path: Path | str) -> memoryview:
     return body
 
 
-def rebuild(state: ProducerStateManager, segments: Sequence, log_end_offset: int, now_ms: int) -> int:
+def rebuild(
+    state: ProducerStateManager, segments: Sequence, log_end_offset: int, now_ms: int,
+    names: list[str] | None = None,
+) -> int:
     """Recovery: load the newest snapshot, then replay the batch headers after it (all of the
-    last two segments when there is no snapshot). Returns the batches replayed. Blocking."""
-    start = state.load(log_end_offset, now_ms)
+    last two segments when there is no snapshot). Returns the batches replayed. Blocking.
+    `names`: the partition directory's listing, when the caller has it."""
+    start = state.load(log_end_offset, now_ms, names)
     if start < 0:
         start = segments[-2].base_offset if len(segments) > 1 else segments[0].base_offset
     replayed = 0
