@@ -35,7 +35,7 @@ from .inprocess import InProcessServer
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 # EVENTLOG_TEST_PROCESSES=N: every ServerProcess that names no `processes` runs
-# `eventlog serve --processes N` (the suite at N = 1 and N = 2); unset: no --processes flag.
+# `eventlog serve --processes N` (the suite at N = 1 and N = 2); unset: --processes 1.
 # Read at import: _clean_env removes EVENTLOG_* from each test's environment.
 TEST_PROCESSES: int | None = int(os.environ["EVENTLOG_TEST_PROCESSES"]) if os.environ.get("EVENTLOG_TEST_PROCESSES") else None
 
@@ -210,7 +210,7 @@ class ServerProcess:
     open_files_limit: int | None = None
     # where the server's log goes; None: next to the data dir (not on a small filesystem!)
     log_dir: Path | None = None
-    # --processes N; None: EVENTLOG_TEST_PROCESSES, or no flag when that is unset
+    # --processes N; None: EVENTLOG_TEST_PROCESSES, else 1 (unless env names EVENTLOG_PROCESSES)
     processes: int | None = None
 
     @property
@@ -226,6 +226,11 @@ class ServerProcess:
         self._log = open(self.log_path, "ab")
         limit = self.open_files_limit
         processes = self.processes if self.processes is not None else TEST_PROCESSES
+        if processes is None and "EVENTLOG_PROCESSES" not in self.env:
+            # one process where the test names no shape: `eventlog serve` alone runs one shard
+            # per core (app/cli.py: SHARDS_BY_DEFAULT), three interpreters to start on this
+            # 2-core machine; the family shape is the third pass's (EVENTLOG_TEST_PROCESSES=2)
+            processes = 1
         self.proc = subprocess.Popen(
             [str(VENV_BIN / "eventlog"), "serve", "--data-dir", str(self.data_dir), "--port", str(self.port),
              *(["--processes", str(processes)] if processes is not None else [])],
@@ -235,7 +240,8 @@ class ServerProcess:
             preexec_fn=None if limit is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)),
         )
         deadline = time.monotonic() + timeout
-        family = processes is not None and processes > 1
+        shape = processes if processes is not None else int(self.env.get("EVENTLOG_PROCESSES", "1"))
+        family = shape > 1
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self._log.close()
