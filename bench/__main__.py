@@ -202,8 +202,11 @@ def _write_tables(results_dir: Path, *, update_readme: bool) -> None:
         if engine.get("engine_dirty"):
             commit += " + uncommitted"
         cpu = r.get("cpu_during_run", {})
+        # (a report written by a benchmark's own main before it went through the harness has
+        # no mode, time or provenance: the table says so rather than failing)
+        elapsed = f"{r['elapsed_seconds']:.0f} s" if "elapsed_seconds" in r else "?"
         lines.append(
-            f"| {r['benchmark']} | {r['mode']} | {r['date']} | {r['elapsed_seconds']:.0f} s | {commit} "
+            f"| {r['benchmark']} | {r.get('mode', '?')} | {r['date']} | {elapsed} | {commit} "
             f"| {cpu.get('steal_seconds', '?')} s / {cpu.get('cpu_seconds_other_processes', '?')} s "
             f"| `{r['command']}` |"
         )

@@ -19,13 +19,12 @@ read after the pass is reported too: a read from the log start walks the segment
 so the first read after the pass meets every swapped-in segment, and in `rebuilt` it pays for
 all their rebuilds at once (one read: above p99 of 200; max shows it).
 
-    .venv/bin/python -m bench.keys_compaction [--quick]   # -> bench/results/keys_compaction.json
+    .venv/bin/python -m bench --only keys_compaction [--quick]   # -> bench/results/, JSON + PNG
+    .venv/bin/python -m bench.keys_compaction [--quick]          # the same
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import sys
 import time
@@ -34,11 +33,12 @@ from typing import Any
 
 import httpx
 
-from .harness import REPO, Context, remove_tree, summary_row
+from .harness import Context, remove_tree, summary_row
 from .http_shards import ShardedServer
 from .servers import running
 
 NAME = "keys_compaction"
+TITLE = "1-record key reads right after a compaction pass vs before, with the cleaner's .keyindex"
 RAW = "application/vnd.kafka.record-batch.v2"
 BATCH_RECORDS = 10
 BATCHES_PER_REQUEST = 1_000
@@ -198,26 +198,42 @@ def _summary(p: dict[str, Any], r: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    results = report["results"]
+    cells = [("ready", "the cleaner's .keyindex files"),
+             ("rebuilt", "files deleted (before issue 28)")]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
+    for ax, (topic, label) in zip(axes, cells, strict=True):
+        r = results[topic]
+        stats = ["p50_ms", "p99_ms", "max_ms"]
+        for i, (when, color) in enumerate((("before", "tab:blue"), ("after", "tab:orange"))):
+            xs = [j + (i - 0.5) * 0.4 for j in range(len(stats))]
+            values = [r[when][s] for s in stats]
+            bars = ax.bar(xs, values, 0.4, label=f"{when} the pass", color=color)
+            for bar, value in zip(bars, values, strict=True):
+                ax.annotate(f"{value:g}", (bar.get_x() + bar.get_width() / 2, value),
+                            ha="center", va="bottom", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(stats)))
+        ax.set_xticklabels(["p50", "p99", "max"])
+        ax.set_title(f"{topic}: {label}")
+        ax.set_ylabel("ms per 1-record key read (log)")
+        ax.legend()
+    keys = report.get("params", {}).get("keys", "?")
+    fig.suptitle(f"keys_compaction, {keys:,} keys, {report.get('mode', '?')} run, {report['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.keys_compaction", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args(argv)
-    results_dir = REPO / "bench" / "results" / ("quick" if args.quick else "")
-    ctx = Context(
-        quick=args.quick,
-        work_dir=REPO / "bench" / "work",
-        results_dir=results_dir,
-        argv=sys.argv[1:],
-    )
-    report = {"benchmark": NAME, **run(ctx)}
-    report["command"] = " ".join([".venv/bin/python -m bench.keys_compaction", *sys.argv[1:]])
-    report["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / f"{NAME}.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps(report["summary"], indent=1))
-    return 0
+    """`python -m bench --only keys_compaction`: the harness writes the report's provenance
+    (mode, engine commit, machine, CPU taken by others) and the plot."""
+    from .__main__ import main as bench_main
+
+    return bench_main(["--only", NAME, *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
