@@ -13,7 +13,17 @@ turn all of them go to a commit thread as one job:
     2. those flushes: where two or more are on one filesystem, one syncfs(2) of it makes them
        all durable at once (the shared durable point); otherwise each partition's fdatasync,
        in parallel (one in the commit thread, the others in the flush threads);
-    3. one call back to the event loop, which answers every commit of the job.
+    3. one call back to the event loop, which answers every commit of the job: each
+       commit's `done` callback (PartitionLog._complete: publish the new end, answer its
+       requests) runs in that turn, so a request's waiter resumes in the next one (issue 26:
+       a future for the writer to wake on, then that writer's turn, cost two more turns, each
+       ~0.5-1 ms behind whatever else a loaded loop had queued).
+
+The small key-index work of a commit (PendingFlush.index: the keys of a few records) runs in the
+commit thread after the syncs; only a job with INDEX_IN_FLUSH_THREAD keys or more hands it to a
+flush thread to run while the syncs wait for the disk. Every commit of a topic with a key index
+has that work, even one keyless record; the hand-off (a thread's wake-up and its turn at the
+GIL, which a busy loop holds up to the 5 ms switch interval) cost more than the work.
 
 Measured on this machine (a virtual disk; bench http_small's load, 11 commits a job): 30
 files take 2.9 ms to fdatasync one after the other, 1.3 ms in parallel, 0.33 ms with one
@@ -66,6 +76,9 @@ from .fileutil import filesystem_magic, filesystem_name, syncfs, syncfs_flushes_
 logger = logging.getLogger("eventlog.engine")
 
 SHARED_SYNC_MIN = 2  # flushes on one filesystem in a job that a syncfs covers instead
+# keys in a job's index work from which it runs in a flush thread during the syncs (below: in the
+# commit thread after them; hashing and adding a key costs about a microsecond)
+INDEX_IN_FLUSH_THREAD = 512
 
 
 class PendingFlush:
@@ -74,15 +87,17 @@ class PendingFlush:
     `index`, if any, is work of the commit that may run while the flush does (the key index's
     entries: partition_log.py), and must be done before the commit is answered."""
 
-    __slots__ = ("complete", "segment", "device", "index")
+    __slots__ = ("complete", "segment", "device", "index", "index_keys")
 
     def __init__(
-        self, complete: Callable[[float | None], None], segment: Any, device: int, index: Callable[[], None] | None = None
+        self, complete: Callable[[float | None], None], segment: Any, device: int, index: Callable[[], None] | None = None,
+        index_keys: int = 0,
     ) -> None:
         self.complete = complete
         self.segment = segment
         self.device = device
         self.index = index
+        self.index_keys = index_keys  # how many keys `index` adds: where it runs (commits.py)
 
     def __call__(self, shared_s: float | None = None) -> None:
         self.complete(shared_s)
@@ -90,6 +105,10 @@ class PendingFlush:
 
 # the write phase of a commit: None when it is complete, else the flush that completes it
 WritePhase = Callable[[], PendingFlush | None]
+# called on the loop with the commit's outcome (None, or its error) as soon as it is known
+Done = Callable[[BaseException | None], None]
+# a commit in a job: its write phase, the future its writer waits on, its `done` callback
+_Entry = tuple[WritePhase, "asyncio.Future[None]", Done | None]
 
 
 def kernel_reports_syncfs_errors() -> bool:
@@ -113,7 +132,7 @@ class CommitBatcher:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, shared_sync: bool | None = None) -> None:
         self.loop = loop
-        self._pending: list[tuple[WritePhase, asyncio.Future[None]]] = []
+        self._pending: list[_Entry] = []
         self.jobs = 0  # jobs sent to a commit thread, and commits in them: the batching achieved
         self.commits = 0
         self.shared_syncs = 0  # syncfs calls made, and the flushes they covered
@@ -177,13 +196,16 @@ class CommitBatcher:
             for device, (name, flushes) in list(self._filesystems.items())
         }
 
-    def submit(self, write: WritePhase) -> asyncio.Future[None]:
-        """Carry out `write` (and the flush it returns) in this turn's job; the future is done
-        (or failed with the commit's error) once the commit is complete."""
+    def submit(self, write: WritePhase, done: Done | None = None) -> asyncio.Future[None]:
+        """Carry out `write` (and the flush it returns) in this turn's job. Without `done`, the
+        future is done (or failed with the commit's error) once the commit is complete. With
+        it, `done(None)` or `done(error)` is called on the loop in the turn the job's outcome
+        arrives in, and the future is done after it (failed only with the callback's own
+        error): the writer's requests are answered without waiting for the writer to wake."""
         future = self.loop.create_future()
         if not self._pending:
             self.loop.call_soon(self._dispatch)
-        self._pending.append((write, future))
+        self._pending.append((write, future, done))
         return future
 
     def _dispatch(self) -> None:
@@ -195,11 +217,11 @@ class CommitBatcher:
         except RuntimeError as exc:  # the pool is shut down (interpreter exit)
             self._finish(job, [exc] * len(job))
 
-    def _run(self, job: list[tuple[WritePhase, asyncio.Future[None]]]) -> None:
+    def _run(self, job: list[_Entry]) -> None:
         """In a commit thread."""
         outcomes: list[BaseException | None] = [None] * len(job)
-        flushes: list[tuple[int, Callable[[], None]]] = []
-        for i, (write, _future) in enumerate(job):
+        flushes: list[tuple[int, PendingFlush]] = []
+        for i, (write, _future, _done) in enumerate(job):
             try:
                 flush = write()
             except Exception as exc:
@@ -208,14 +230,18 @@ class CommitBatcher:
             if flush is not None:
                 flushes.append((i, flush))
         if flushes:
-            # the commits' other work runs in a flush thread while the syncs wait for the disk
+            # the commits' other work: in a flush thread while the syncs wait for the disk when
+            # there is much of it, else here after them (a hand-off costs more than a few keys)
             works = [flush.index for _i, flush in flushes if flush.index is not None]
-            meanwhile = FLUSH_THREADS.submit(_run_each, works) if works else None
+            meanwhile = None
+            if works and sum(flush.index_keys for _i, flush in flushes) >= INDEX_IN_FLUSH_THREAD:
+                meanwhile, works = FLUSH_THREADS.submit(_run_each, works), []
             if self.shared_sync:
                 flushes = self._sync_shared(flushes, outcomes)
             self._sync_each(flushes, outcomes)
             if meanwhile is not None:
                 meanwhile.result()
+            _run_each(works)
         try:
             self.loop.call_soon_threadsafe(self._finish, job, outcomes)
         except RuntimeError:  # the loop is closed: nobody is left to answer
@@ -279,8 +305,15 @@ class CommitBatcher:
             outcomes[i] = f.exception()
 
     @staticmethod
-    def _finish(job: list[tuple[WritePhase, asyncio.Future[None]]], outcomes: list[Any]) -> None:
-        for (_write, future), outcome in zip(job, outcomes):
+    def _finish(job: list[_Entry], outcomes: list[Any]) -> None:
+        for (_write, future, done), outcome in zip(job, outcomes):
+            if done is not None:  # (the commit's requests are answered whatever its waiter does)
+                try:
+                    done(outcome)
+                except BaseException as exc:  # the writer's to raise (as when it did this itself)
+                    outcome = exc
+                else:
+                    outcome = None
             if future.done():
                 continue
             if outcome is None:

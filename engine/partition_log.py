@@ -672,27 +672,38 @@ class PartitionLog(LogReads):
             logger.error("partition %s failed, refusing writes until restart: %s", self.name, exc)
 
     async def _commit(self, group: list[_Append]) -> None:
-        try:
-            if self._failed is not None:
-                raise self._failed
-            assert self._commits is not None
-            await _uncancelled(self._commits.submit(functools.partial(self._commit_write, group)))
-        except BaseException as exc:
-            error = exc if isinstance(exc, EngineError) else StorageError(self.directory, f"append failed: {exc!r}")
-            if isinstance(error, StorageError) and not isinstance(error, TransientStorageError):
-                self._failed = error
-                logger.error("partition %s failed, refusing writes until restart: %s", self.name, error)
-            for op in group:
-                # a refused request keeps its own error; a retry answered from the producer
-                # state wrote nothing, so it stands
-                if op.error is None and not (isinstance(op.result, AppendResult) and op.result.duplicate):
-                    op.error = error
-                op.finish()
-            if not isinstance(exc, Exception):
-                raise
+        """One group commit: its requests are answered by _complete, called by the commit
+        batcher in the loop turn the commit's outcome arrives in; the writer waits for that
+        before it takes the next group (one commit in flight per partition)."""
+        if self._failed is not None:
+            self._complete(group, self._failed)
             return
-        self._publish()
+        assert self._commits is not None
+        done = self._commits.submit(
+            functools.partial(self._commit_write, group), functools.partial(self._complete, group)
+        )
+        # raises only what _complete raised, or the writer's own cancellation (after the
+        # commit, which goes on and is answered: the log's state must not change behind it)
+        await _uncancelled(done)
+
+    def _complete(self, group: list[_Append], exc: BaseException | None) -> None:
+        """A group commit's outcome (on the loop): publish what it made durable and answer its
+        requests; or, if it failed, answer them with its error (one that is no full disk or
+        lack of descriptors fails the partition until a restart)."""
+        if exc is None:
+            self._publish()
+            for op in group:
+                op.finish()
+            return
+        error = exc if isinstance(exc, EngineError) else StorageError(self.directory, f"append failed: {exc!r}")
+        if isinstance(error, StorageError) and not isinstance(error, TransientStorageError):
+            self._failed = error
+            logger.error("partition %s failed, refusing writes until restart: %s", self.name, error)
         for op in group:
+            # a refused request keeps its own error; a retry answered from the producer
+            # state wrote nothing, so it stands
+            if op.error is None and not (isinstance(op.result, AppendResult) and op.result.duplicate):
+                op.error = error
             op.finish()
 
     async def _call(self, op: _Call) -> None:
@@ -904,7 +915,8 @@ class PartitionLog(LogReads):
             complete()
 
         index_work = functools.partial(self._add_keys, index_adds) if index_adds else None
-        return PendingFlush(flush, self._segments[-1], self._device, index_work)
+        index_keys = sum(len(add[2]) for add in index_adds)
+        return PendingFlush(flush, self._segments[-1], self._device, index_work, index_keys)
 
     def _write_batches(self, commit: _GroupCommit) -> tuple[list[_KeyAdd], bool]:
         """Stage each batch in the active segment, rolling first where it must (Kafka's

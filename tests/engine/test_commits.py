@@ -164,3 +164,74 @@ async def test_a_full_queue_makes_producers_wait_and_lets_every_one_in(
         results = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(40))), 30)
         assert sorted(r.base_offset for r in results) == list(range(40))
         assert sorted(v.split(b"-")[0] for v in values(log)) == sorted(f"r{i}".encode() for i in range(40))
+
+
+async def test_a_commit_is_answered_in_the_loop_turn_its_outcome_arrives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inject  # noqa: F811
+) -> None:
+    """The batcher's call back to the loop answers the commit's requests itself (issue 26): no
+    future for the writer to wake on and no writer turn in between, each a loop turn that a
+    loaded loop fills with other work (the hops cost more than a lone append's fsync). The
+    error path too: a failed fsync is answered in that same call."""
+    finishing = [False]
+    finish = commits.CommitBatcher._finish
+
+    def marked_finish(job, outcomes) -> None:
+        finishing[0] = True
+        try:
+            finish(job, outcomes)
+        finally:
+            finishing[0] = False
+
+    monkeypatch.setattr(commits.CommitBatcher, "_finish", staticmethod(marked_finish))
+    async with running_log(tmp_path / "p0") as log:
+        loop = asyncio.get_running_loop()
+        for fail in (False, True):
+            if fail:
+                inject({"op": "fsync", "path": str(tmp_path / "p0"), "errno": "EIO"})
+            answered = loop.create_future()
+
+            def callback(result, error, answered=answered) -> None:
+                answered.set_result((finishing[0], result, error))
+
+            log.append_soon(prepare_batches(records(f"lone{fail}", 1), log.config), callback)
+            in_finish, result, error = await asyncio.wait_for(answered, 10)
+            assert in_finish, "answered in a loop turn after the one its commit's outcome came in"
+            if fail:
+                assert result is None and isinstance(error, StorageError)
+                assert log.failed is not None  # as before: a failed fsync fails the partition
+            else:
+                assert error is None and result.base_offset == 0 and log.recovery_point == 1
+                assert values(log)[0].startswith(b"lone")  # published before it was answered
+        inject()
+
+
+async def test_a_small_commits_key_index_work_takes_no_other_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit's key index entries are added in its commit thread after the fsync unless the
+    job has many keys: a hand-off to a flush thread (its wake-up, its turn at the GIL) cost a
+    one-record commit more than the work. A job with INDEX_IN_FLUSH_THREAD keys or more still
+    adds them in a flush thread while the fsync runs. Either way the keys are indexed before
+    the append is answered."""
+    handed = []
+
+    class Counting:
+        def __init__(self, pool) -> None:
+            self.pool = pool
+
+        def submit(self, fn, *args):
+            handed.append(fn)
+            return self.pool.submit(fn, *args)
+
+    monkeypatch.setattr(commits, "FLUSH_THREADS", Counting(commits.FLUSH_THREADS))
+    monkeypatch.setattr(commits, "INDEX_IN_FLUSH_THREAD", 50)
+    # one partition: its fsync needs no flush thread
+    async with running_log(tmp_path / "p0") as log:
+        assert log.config.key_index
+        await put(log, "small", n=3)
+        assert handed == [], "a commit of 3 keys handed its index work to another thread"
+        assert log.key_index.active.scanned_to == log.view.active_end
+        await put(log, "large", n=60)
+        assert handed == [commits._run_each], "a commit of 60 keys added them in the commit thread"
+        assert log.key_index.active.scanned_to == log.view.active_end
