@@ -4,10 +4,14 @@ restart, against partitions and stored data, with each cost's slope on log-log a
 What is measured, in-process on the engine (open_engine, as `eventlog serve` opens it):
 
 * partitions: a data dir with N partitions (topics of up to 1,000 partitions, one record in
-  every tenth), for N in 100, 500, 2,000 (--quick) or 100, 1,000, 5,000, 20,000 (full; the
-  open-files limit caps one process, docs/OPERATIONS.md "Partition limits"). Timed: a clean
-  start (open_engine until it yields) and a clean stop (until it returns). Goal: slope <= 1.1
-  (linear in the partitions).
+  every tenth), for N in 100, 500, 2,000 (--quick) or 100, 1,000, 5,000, 20,000, 50,000 (full;
+  docs/OPERATIONS.md "Partition limits"). Timed: a clean start (open_engine until it yields)
+  and a clean stop (until it returns), in process. Goal: slope <= 1.1 (linear in the
+  partitions). On the same data dir, for N in FAMILY_PARTITIONS (2,000 --quick; 5,000 and
+  50,000 full), a family of 2 (`eventlog serve --processes 2`, EVENTLOG_MAX_PARTITIONS raised
+  to fit): start from the command to /readyz answering 200 (so Python's imports and the
+  supervisor's start are in it: the empty-dir start is timed too, as the floor), stop from
+  SIGTERM to the supervisor's exit. Goal: start and stop <= 30 s at 50,000.
 * stored data: one partition whose active segment holds S MB of 1 KB records (keyless and
   keyed), S in 64, 128, 256 MB (--quick) or 256, 1,024, 4,096 MB (--data-gb 16 adds 16 GB), closed
   cleanly. Timed: the first append after a clean restart, and after a restart whose active
@@ -22,14 +26,19 @@ What is measured, in-process on the engine (open_engine, as `eventlog serve` ope
   EVENTLOG_BENCH_SCALE_FOLD=false leaves them out.
 
 Slopes are least-squares fits of log(cost) on log(size). Not grown here yet: keys past one
-count per run (1 M -> 10 M takes keys_compaction runs of their own), and partitions in a shard
-family (50,000 in a family of 2: docs/PERFORMANCE.md says what was measured).
+count per run (1 M -> 10 M takes keys_compaction runs of their own).
+
+EVENTLOG_BENCH_SCALE_ONLY=partitions (a comma-separated subset of partitions, data, keys,
+groups) runs only those dimensions (the full partitions dimension alone takes ~25 minutes
+here, most of it creating 76,000 partitions); the report says which ran.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +51,7 @@ from engine.partition_log import prepare_batches
 from engine.records import encode_batch
 
 from .harness import Context, median, remove_tree, summary_row
+from .servers import EventlogServer
 
 NAME = "scale"
 TITLE = "start, stop and first append after a restart against partitions and stored data (issue 28)"
@@ -51,6 +61,19 @@ GOAL_FIRST_APPEND_MS = 10.0
 GOAL_SLOPE = 1.1
 REPEATS = 3
 TS = 1_700_000_000_000
+FAMILY_PROCESSES = 2
+GOAL_FAMILY_S = 30.0
+DIMENSIONS = ("partitions", "data", "keys", "groups")
+
+
+def dimensions() -> tuple[str, ...]:
+    """The dimensions this run grows (EVENTLOG_BENCH_SCALE_ONLY, else all; the older
+    EVENTLOG_BENCH_SCALE_FOLD=false leaves keys and groups out)."""
+    only = os.environ.get("EVENTLOG_BENCH_SCALE_ONLY")
+    dims = tuple(d for d in DIMENSIONS if only is None or d in only.split(","))
+    if os.environ.get("EVENTLOG_BENCH_SCALE_FOLD", "true") == "false":
+        dims = tuple(d for d in dims if d not in ("keys", "groups"))
+    return dims
 
 
 def params(quick: bool) -> dict[str, Any]:
@@ -59,11 +82,21 @@ def params(quick: bool) -> dict[str, Any]:
     if not quick and data_gb >= 16:
         sizes_mb.append(16 * 1024)
     return {
-        "partitions": [100, 500, 2_000] if quick else [100, 1_000, 5_000, 20_000],
+        "dimensions": list(dimensions()),
+        "partitions": [100, 500, 2_000] if quick else [100, 1_000, 5_000, 20_000, 50_000],
+        "family_partitions": [2_000] if quick else [5_000, 50_000],
+        "family_processes": FAMILY_PROCESSES,
         "active_segment_mb": sizes_mb,
         "repeats": REPEATS,
         "records_per_partition": "one in every tenth partition",
+        "open_files_limit": _open_files_limit(),
     }
+
+
+def _open_files_limit() -> list[int]:
+    import resource
+
+    return list(resource.getrlimit(resource.RLIMIT_NOFILE))
 
 
 def slope(points: list[tuple[float, float]]) -> float | None:
@@ -79,34 +112,37 @@ def slope(points: list[tuple[float, float]]) -> float | None:
 
 def run(ctx: Context) -> dict[str, Any]:
     p = params(ctx.quick)
-    partitions = {}
-    for n in p["partitions"]:
-        partitions[str(n)] = _partitions(ctx, n)
-        ctx.log(f"scale: {n:,} partitions: start {partitions[str(n)]['start_s']:.2f} s, "
-                f"stop {partitions[str(n)]['stop_s']:.2f} s")
+    dims = p["dimensions"]
+    partitions: dict[str, Any] = {}
+    family: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    slopes: dict[str, float | None] = {}
+    if "partitions" in dims:
+        if p["family_partitions"]:
+            family["0"] = _family_start_stop(ctx, ctx.scratch(f"{NAME}-family-empty"), 0)
+        for n in p["partitions"]:
+            fam = family if n in p["family_partitions"] else None
+            partitions[str(n)] = _partitions(ctx, n, fam)
+            ctx.log(f"scale: {n:,} partitions: start {partitions[str(n)]['start_s']:.2f} s, "
+                    f"stop {partitions[str(n)]['stop_s']:.2f} s")
+        slopes["start"] = slope([(int(n), r["start_s"]) for n, r in partitions.items()])
+        slopes["stop"] = slope([(int(n), r["stop_s"]) for n, r in partitions.items()])
+        # the fit over the whole range can hide a steeper top: the slope of the last two points
+        top = list(partitions.items())[-2:]
+        slopes["start_top"] = slope([(int(n), r["start_s"]) for n, r in top])
+        slopes["stop_top"] = slope([(int(n), r["stop_s"]) for n, r in top])
+        rows += _partition_rows(p, partitions, family, slopes)
     data = {}
-    for mb in p["active_segment_mb"]:
-        for keyed in (False, True):
-            key = f"{mb}{'-keyed' if keyed else ''}"
-            data[key] = _first_append(ctx, mb, keyed)
-            ctx.log(f"scale: {key} MB active segment: first append {data[key]}")
-    start_slope = slope([(int(n), r["start_s"]) for n, r in partitions.items()])
-    stop_slope = slope([(int(n), r["stop_s"]) for n, r in partitions.items()])
-    worst = max(max(r["clean_ms"], r["crash_ms"]) for r in data.values())
-    keyed = [(r["active_segment_mb"], r["crash_ms"]) for r in data.values() if r["keyed"]]
-    first_slope = slope(keyed)
-    top = str(p["partitions"][-1])
-    rows = [
-        summary_row(
-            f"start / stop slope over {p['partitions'][0]:,}-{p['partitions'][-1]:,} partitions",
-            f"{start_slope:.2f} / {stop_slope:.2f}",
-            f"{partitions[top]['start_s']:.1f} s / {partitions[top]['stop_s']:.1f} s"
-            f" at {int(top):,}",
-            max(start_slope, stop_slope) / GOAL_SLOPE if start_slope and stop_slope else None,
-            f"slopes <= {GOAL_SLOPE}",
-            max(start_slope, stop_slope) <= GOAL_SLOPE if start_slope and stop_slope else None,
-        ),
-        summary_row(
+    if "data" in dims:
+        for mb in p["active_segment_mb"]:
+            for keyed in (False, True):
+                key = f"{mb}{'-keyed' if keyed else ''}"
+                data[key] = _first_append(ctx, mb, keyed)
+                ctx.log(f"scale: {key} MB active segment: first append {data[key]}")
+        worst = max(max(r["clean_ms"], r["crash_ms"]) for r in data.values())
+        keyed = [(r["active_segment_mb"], r["crash_ms"]) for r in data.values() if r["keyed"]]
+        first_slope = slopes["first_append_after_crash"] = slope(keyed)
+        rows.append(summary_row(
             f"first append after a restart, active segment up to {p['active_segment_mb'][-1]:,} MB",
             f"{worst:.1f} ms worst"
             + (f" (slope {first_slope:.2f})" if first_slope is not None else ""),
@@ -114,39 +150,112 @@ def run(ctx: Context) -> dict[str, Any]:
             worst / GOAL_FIRST_APPEND_MS,
             f"<= {GOAL_FIRST_APPEND_MS:.0f} ms at every size",
             worst <= GOAL_FIRST_APPEND_MS,
-        ),
-    ]
+        ))
     folded: dict[str, Any] = {}
-    if os.environ.get("EVENTLOG_BENCH_SCALE_FOLD", "true") != "false":
+    if "keys" in dims or "groups" in dims:
         from . import groups, keys_compaction
 
         for name, module in (("keys", keys_compaction), ("groups", groups)):
-            ctx.log(f"scale: {name} (bench {module.NAME}) ...")
-            folded[name] = module.run(ctx)
-            rows += folded[name]["summary"]
-    return {"params": p, "partitions": partitions, "first_append": data, **folded,
-            "slopes": {
-                "start": start_slope, "stop": stop_slope, "first_append_after_crash": first_slope
-            },
-            "summary": rows}
+            if name in dims:
+                ctx.log(f"scale: {name} (bench {module.NAME}) ...")
+                folded[name] = module.run(ctx)
+                rows += folded[name]["summary"]
+    return {"params": p, "partitions": partitions, "family": family, "first_append": data,
+            **folded, "slopes": slopes, "summary": rows}
 
 
-def _partitions(ctx: Context, n: int) -> dict[str, Any]:
-    work = ctx.scratch(f"{NAME}-partitions-{n}")
-    config = EngineConfig(log_dirs=(work,), max_partitions=10**7)
+def _partition_rows(
+    p: dict[str, Any], partitions: dict[str, Any], family: dict[str, Any],
+    slopes: dict[str, float | None],
+) -> list[dict[str, Any]]:
+    start_slope, stop_slope = slopes["start"], slopes["stop"]
+    top = str(p["partitions"][-1])
+    rows = [
+        summary_row(
+            f"start / stop slope over {p['partitions'][0]:,}-{p['partitions'][-1]:,} partitions",
+            f"{start_slope:.2f} / {stop_slope:.2f} (top two points "
+            f"{slopes['start_top']:.2f} / {slopes['stop_top']:.2f})",
+            f"{partitions[top]['start_s']:.1f} s / {partitions[top]['stop_s']:.1f} s"
+            f" at {int(top):,}",
+            max(start_slope, stop_slope) / GOAL_SLOPE if start_slope and stop_slope else None,
+            f"slopes <= {GOAL_SLOPE}",
+            max(start_slope, stop_slope) <= GOAL_SLOPE if start_slope and stop_slope else None,
+        )
+    ]
+    sizes = [n for n in p["family_partitions"] if str(n) in family]
+    if sizes:
+        n = str(sizes[-1])
+        worst = max(family[n]["start_s"], family[n]["stop_s"])
+        rows.append(summary_row(
+            f"{int(n):,} partitions, eventlog serve --processes {FAMILY_PROCESSES}: start / stop",
+            f"{family[n]['start_s']:.1f} s / {family[n]['stop_s']:.1f} s",
+            f"empty data dir: {family['0']['start_s']:.1f} s / {family['0']['stop_s']:.1f} s",
+            worst / GOAL_FAMILY_S,
+            f"<= {GOAL_FAMILY_S:.0f} s each",
+            worst <= GOAL_FAMILY_S,
+        ))
+    return rows
+
+
+def _partitions(ctx: Context, n: int, family: dict[str, Any] | None) -> dict[str, Any]:
+    """Start and stop `n` partitions in process; with `family`, a family of 2 too (on the same
+    data dir, its results put there)."""
+    root = ctx.scratch(f"{NAME}-partitions-{n}")
+    work = root / "data"
+    config = EngineConfig(log_dirs=(work,), max_partitions=max(n, 4096))
     try:
         begin = time.perf_counter()
         anyio.run(_make_partitions, config, n)
         made_s = time.perf_counter() - begin
+        ctx.log(f"scale: {n:,} partitions made in {made_s:.0f} s")
+        # one start and stop not counted: the stop after making them fsyncs every new
+        # partition's files and may pass the writers' stop timeout (those are then recovered
+        # as after a crash at the next start); the counted starts are all clean ones
+        anyio.run(_start_stop, config)
         starts, stops = [], []
         for _ in range(REPEATS):
             start, stop = anyio.run(_start_stop, config)
             starts.append(start)
             stops.append(stop)
+        if family is not None:
+            family[str(n)] = _family_start_stop(ctx, root, n)
         return {"partitions": n, "start_s": median(starts), "stop_s": median(stops),
                 "starts_s": starts, "stops_s": stops, "created_s": round(made_s, 1)}
     finally:
-        remove_tree(work)
+        remove_tree(root)
+
+
+def _family_start_stop(ctx: Context, root: Path, n: int) -> dict[str, Any]:
+    """`eventlog serve --processes 2` on root/data, started and stopped REPEATS times: start
+    from the command to /readyz 200, stop from SIGTERM to the supervisor's exit (exit status
+    and the start-up lines kept: a clean stop is part of what is measured)."""
+    starts, stops, statuses = [], [], []
+    for _ in range(REPEATS):
+        server = EventlogServer(ctx, root)
+        assert server.env is not None
+        server.env["EVENTLOG_PROCESSES"] = str(FAMILY_PROCESSES)
+        server.env["EVENTLOG_MAX_PARTITIONS"] = str(max(n, 4096))
+        begin = time.perf_counter()
+        server.start()
+        starts.append(time.perf_counter() - begin)
+        assert server.process is not None
+        begin = time.perf_counter()
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            statuses.append(server.process.wait(600))
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            statuses.append(server.process.wait())
+        stops.append(time.perf_counter() - begin)
+    words = (" ready", "open-files", "raise", "not answering")
+    lines = [line for line in server.log_path.read_text(errors="replace").splitlines()
+             if "eventlog.access" not in line and any(word in line for word in words)][-8:]
+    result = {"partitions": n, "processes": FAMILY_PROCESSES, "start_s": median(starts),
+              "stop_s": median(stops), "starts_s": starts, "stops_s": stops,
+              "exit_statuses": statuses, "server_lines": lines}
+    ctx.log(f"scale: family of {FAMILY_PROCESSES}, {n:,} partitions: start "
+            f"{result['start_s']:.1f} s, stop {result['stop_s']:.1f} s, exit {statuses}")
+    return result
 
 
 async def _make_partitions(config: EngineConfig, n: int) -> None:
@@ -213,22 +322,52 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     groups = report.get("groups")
-    fig, axes = plt.subplots(1, 3 if groups else 2, figsize=(16 if groups else 11, 4.5))
-    left, right = axes[0], axes[1]
+    data = report.get("first_append")
+    panels = [report.get("partitions"), data, groups]
+    count = sum(1 for panel in panels if panel)
+    fig, axes = plt.subplots(1, count, figsize=(5.5 * count, 4.5), squeeze=False)
+    free = list(axes[0])
+    if report.get("partitions"):
+        _plot_partitions(free.pop(0), report)
+    if data:
+        _plot_first_append(free.pop(0), data)
     if groups:
-        _plot_groups(axes[2], groups)
+        _plot_groups(free.pop(0), groups)
+    keys = report.get("keys")
+    if keys:
+        ready = keys["results"]["ready"]
+        fig.text(0.01, 0.01, f"keys ({keys['params']['keys']:,}): per-key read p99 after a pass "
+                 f"{ready['after']['p99_ms']} ms, before {ready['before']['p99_ms']} ms "
+                 f"({ready['ratio']:.2f} x, goal <= 2 x)", fontsize=8)
+    fig.suptitle(TITLE, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_partitions(left: Any, report: dict[str, Any]) -> None:
+    """Start and stop against partitions, in process and (x markers) in a family of 2."""
     parts = report["partitions"]
     ns = [int(n) for n in parts]
     slopes = report["slopes"]
     for what in ("start", "stop"):
-        label = f"{what} (slope {slopes[what]:.2f})"
+        label = f"in process: {what} (slope {slopes[what]:.2f})"
         left.plot(ns, [parts[str(n)][f"{what}_s"] for n in ns], marker="o", label=label)
+    family = {int(n): r for n, r in (report.get("family") or {}).items() if int(n) > 0}
+    if family:
+        fns = sorted(family)
+        for what in ("start", "stop"):
+            left.plot(fns, [family[n][f"{what}_s"] for n in fns], marker="x", linestyle="--",
+                      label=f"--processes {FAMILY_PROCESSES}: {what} (from the command)")
+        left.axhline(GOAL_FAMILY_S, color="red", linestyle=":", label="goal 30 s at 50,000")
     left.set_xscale("log")
     left.set_yscale("log")
     left.set_xlabel("partitions")
     left.set_ylabel("seconds (log)")
-    left.legend(fontsize=8)
-    data = report["first_append"]
+    left.legend(fontsize=7)
+
+
+def _plot_first_append(right: Any, data: dict[str, Any]) -> None:
     for keyed in (False, True):
         rows = [r for r in data.values() if r["keyed"] == keyed]
         sizes = [r["active_segment_mb"] for r in rows]
@@ -242,16 +381,6 @@ def plot(report: dict[str, Any], path: Path) -> None:
     right.set_xlabel("active segment, MB")
     right.set_ylabel("first append after restart, ms (log)")
     right.legend(fontsize=7)
-    keys = report.get("keys")
-    if keys:
-        ready = keys["results"]["ready"]
-        fig.text(0.01, 0.01, f"keys ({keys['params']['keys']:,}): per-key read p99 after a pass "
-                 f"{ready['after']['p99_ms']} ms, before {ready['before']['p99_ms']} ms "
-                 f"({ready['ratio']:.2f} x, goal <= 2 x)", fontsize=8)
-    fig.suptitle(TITLE, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _plot_groups(ax: Any, groups: dict[str, Any]) -> None:
