@@ -776,7 +776,7 @@ async def _fast_fetch(request: Request) -> Response:
 
 
 def fast_routes() -> list[Route]:
-    """The hot routes, to be placed ahead of the API's routes (api.install_routes)."""
+    """The hot routes, to be placed ahead of the API's routes (api/routes.py:install_routes)."""
     prefix = router.prefix
     return [
         _FastRoute(prefix + "/{topic}/partitions/{partition}/records", "GET", _fast_fetch, _parse_fetch),

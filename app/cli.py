@@ -9,12 +9,13 @@ from typing import Any, Optional
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.markup import escape
 
-from .server import CannotStart, configure_logging
-from .server import Server as _Server  # noqa: F401 -- tests stub its run()
+# app.server (uvicorn, FastAPI, every router: about half a CPU-second to import) is imported by
+# `serve` alone; the other commands, --help and --version start without it (issue 24;
+# tests/app/test_cli.py holds it).
+from . import __version__
 from .settings import Settings
+from .startup import CannotStart, configure_logging
 
 cli = typer.Typer(
     name="eventlog",
@@ -24,7 +25,16 @@ cli = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # help texts are plain: their "[env EVENTLOG_...]" is not markup
 )
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _print_error(markup: str, detail: str | None = None) -> None:
+    """One error line on stderr: `markup` in rich's markup, then `detail` as plain text. rich
+    is imported here, not at the top: a command that does not fail never loads it."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    line = markup if detail is None else f"{markup} {escape(detail)}"
+    Console(stderr=True, highlight=False, soft_wrap=True).print(line)
 
 
 class PlainUsage(typer.core.TyperCommand):
@@ -44,8 +54,6 @@ class PlainUsage(typer.core.TyperCommand):
 
 def _print_version(value: bool) -> None:
     if value:
-        from .main import __version__
-
         typer.echo(f"eventlog {__version__}")
         raise typer.Exit()
 
@@ -70,7 +78,7 @@ def _settings(**overrides: object) -> Settings:
     try:
         return Settings(**given)  # type: ignore[arg-type]
     except ValidationError as exc:
-        err.print(f"[red]invalid settings:[/red] {escape(str(exc))}")
+        _print_error("[red]invalid settings:[/red]", str(exc))
         raise typer.Exit(2) from None
 
 
@@ -150,7 +158,7 @@ def serve(
         serve_http(settings)
     except CannotStart as exc:
         if exc.message is not None:
-            err.print(f"[red]eventlog: cannot start:[/red] {escape(exc.message)}")
+            _print_error("[red]eventlog: cannot start:[/red]", exc.message)
         raise typer.Exit(exc.status) from None
 
 
@@ -360,7 +368,7 @@ def reset_offsets(
     from .group_admin import run_reset
 
     if execute and dry_run:
-        err.print("[red]reset-offsets:[/red] give --execute or --dry-run, not both")
+        _print_error("[red]reset-offsets:[/red] give --execute or --dry-run, not both")
         raise typer.Exit(2)
     chosen = {
         "to_earliest": True if to_earliest else None, "to_latest": True if to_latest else None,
@@ -373,8 +381,6 @@ def reset_offsets(
 @cli.command(cls=PlainUsage, short_help="Print the version (also: eventlog --version).")
 def version() -> None:
     """Print the version."""
-    from .main import __version__
-
     typer.echo(f"eventlog {__version__}")
 
 

@@ -7,22 +7,25 @@ import asyncio
 import gc
 import logging
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 import anyio
 from fastapi import FastAPI
 
 from api.observability import Metrics
-from broker.coordinator import GroupCoordinator
-from broker.listener import Broker, KafkaListener, KafkaListenError, bind
-from broker.produce import ProducerIds
 from engine.errors import EngineError, ShardUnavailableError
 from engine.log_manager import LogManager, open_engine
 from workers.manager import Workers
 
 from . import loopwatch
 from .settings import Settings
-from .snapshot import prepare_snapshot_root
+from .snapshot_root import prepare_snapshot_root
+
+# broker/ (the Kafka listener: kio's message classes, ~0.15 CPU-seconds to import, more where
+# kio finds hypothesis installed) is imported by start_kafka, only when kafka_port is set: a
+# server with EVENTLOG_KAFKA_PORT=0, as most of the test suite's, starts without it (issue 24)
+if TYPE_CHECKING:
+    from broker.listener import Broker, KafkaListener
 
 logger = logging.getLogger("eventlog.app")
 
@@ -62,6 +65,8 @@ def make_lifespan(settings: Settings, metrics: Metrics):
                     engine.begin_shutdown()
                     tg.cancel_scope.cancel()  # the workers stop before the engine closes
         except EngineError as exc:
+            from broker.listener import KafkaListenError  # (a failed start: its cost is moot)
+
             if app.state.engine is None or isinstance(exc, KafkaListenError):
                 app.state.startup_error = exc
                 logger.error("cannot start: %s", exc)
@@ -75,6 +80,10 @@ async def start_kafka(app: FastAPI, settings: Settings, engine: LogManager) -> K
     kafka_port + index; None when kafka_port is 0."""
     if not settings.kafka_port:
         return None
+    from broker.coordinator import GroupCoordinator
+    from broker.listener import Broker, KafkaListener, KafkaListenError, bind
+    from broker.produce import ProducerIds
+
     index, count = engine.shard_index, max(engine.shard_count, 1)
     host = settings.kafka_bind_host
     port = settings.kafka_port + index

@@ -11,20 +11,18 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import install_routes
 from api.auth import Authenticator, AuthFileWatcher
 from api.errors import allowed_methods
 from api.lane import HotLane
 from api.observability import AccessLog, Metrics
 from api.policy import Policy
 from api.quotas import QuotaManager
+from api.routes import install_routes
 from api.tail import TRANSPORT_SCOPE_KEY
 
+from . import __version__
 from .lifespan import make_lifespan
 from .settings import Settings
-
-__version__ = "0.1.0"
-
 
 _CORS_DONE = "eventlog.cors"  # a request the CORS middleware has seen (it calls the app back)
 

@@ -49,7 +49,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import weakref
 from types import FrameType
@@ -63,6 +62,7 @@ from engine.wakeups import pacer_for
 
 from .balance import Balancer
 from .settings import Settings
+from .startup import CannotStart, shutdown_watchdog_s
 
 logger = logging.getLogger("eventlog.app")
 
@@ -455,16 +455,6 @@ def uvicorn_config(app: Any, settings: Settings, balancer: Balancer | None = Non
     )
 
 
-# beyond the two shutdown_timeout_ms waits: checkpoints, the clean-shutdown markers
-SHUTDOWN_SLACK_S = 10.0
-
-
-def shutdown_watchdog_s(settings: Settings) -> float:
-    """How long after SIGTERM a server may still be shutting down: requests get
-    shutdown_timeout_ms, then the partition writers as long again, then the slack."""
-    return 2 * settings.shutdown_timeout_ms / 1000 + SHUTDOWN_SLACK_S
-
-
 class Server(uvicorn.Server):
     """uvicorn's server, minus re-raising the shutdown signal afterwards: SIGTERM and SIGINT
     mean a clean shutdown and exit status 0. The first signal also ends long-polls and event
@@ -558,25 +548,6 @@ class _HideStartupTraceback(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno >= logging.ERROR and self.app.state.startup_error is not None)
-
-
-def configure_logging(level: str, process: str | None = None) -> None:
-    """Log lines on stderr; `process` ("supervisor", "shard-1") names the process of a family."""
-    tag = f" {process}" if process else ""
-    logging.basicConfig(
-        level=level.upper(),
-        format=f"%(asctime)s %(levelname)s{tag} %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
-class CannotStart(Exception):
-    """Raised when serve() could not start: `status` is the exit status to end with."""
-
-    def __init__(self, message: str | None, status: int) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
 
 
 def serve(

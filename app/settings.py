@@ -11,19 +11,24 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from api.quotas import QuotaConfig
 from engine.config import LogConfig
 from engine.errors import InvalidConfigError
-from engine.log_manager import EngineConfig, ShardSpec
-from engine.snapshots import LEGACY_DIR as LEGACY_SNAPSHOT_DIR
-from engine.snapshots import SnapshotLimits
-from engine.snapshots import default_root as default_snapshot_root
-from workers.manager import WorkerSettings
+
+# What the settings hand down (QuotaConfig, EngineConfig, SnapshotLimits, WorkerSettings) lives
+# in modules that load FastAPI (api/), numpy and aiokafka (engine/log_manager.py,
+# engine/snapshots.py, workers/manager.py). Every `eventlog` command builds Settings, and most
+# (--version, --help, groups reset-offsets) need none of that: those modules are imported by the
+# methods that build from them, which only the commands that use them call.
+if TYPE_CHECKING:
+    from api.quotas import QuotaConfig
+    from engine.log_manager import EngineConfig, ShardSpec
+    from engine.snapshots import SnapshotLimits
+    from workers.manager import WorkerSettings
 
 
 def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
@@ -266,6 +271,8 @@ class Settings(BaseSettings):
         return self
 
     def quota_config(self) -> QuotaConfig:
+        from api.quotas import QuotaConfig
+
         return QuotaConfig(
             produce_bytes_per_sec=self.quota_produce_bytes_per_sec,
             fetch_bytes_per_sec=self.quota_fetch_bytes_per_sec,
@@ -274,6 +281,8 @@ class Settings(BaseSettings):
         )
 
     def snapshot_limits(self) -> SnapshotLimits:
+        from engine.snapshots import SnapshotLimits
+
         if isinstance(self.snapshot_max_bytes, str):
             fraction = float(self.snapshot_max_bytes.removesuffix("%")) / 100
             return SnapshotLimits(self.snapshot_max_count, max_disk_fraction=fraction)
@@ -281,19 +290,25 @@ class Settings(BaseSettings):
 
     @property
     def snapshot_root(self) -> Path:
-        return self.snapshot_dir or default_snapshot_root(self.effective_log_dirs[0])
+        from engine.snapshots import default_root
+
+        return self.snapshot_dir or default_root(self.effective_log_dirs[0])
 
     @property
     def legacy_snapshot_root(self) -> Path:
         """Where older versions kept snapshots by default, inside the first log dir: moved out
         at start-up (engine/snapshots.py, move_legacy)."""
-        return self.effective_log_dirs[0] / LEGACY_SNAPSHOT_DIR
+        from engine.snapshots import LEGACY_DIR
+
+        return self.effective_log_dirs[0] / LEGACY_DIR
 
     @property
     def effective_log_dirs(self) -> tuple[Path, ...]:
         return self.log_dirs or (self.data_dir,)
 
     def worker_settings(self) -> WorkerSettings:
+        from workers.manager import WorkerSettings
+
         return WorkerSettings(
             retention_check_interval_ms=self.retention_check_interval_ms,
             cleaner_enabled=self.cleaner_enabled,
@@ -304,6 +319,8 @@ class Settings(BaseSettings):
         )
 
     def engine_config(self) -> EngineConfig:
+        from engine.log_manager import EngineConfig
+
         return EngineConfig(
             log_dirs=self.effective_log_dirs,
             default_log_config=LogConfig().with_overrides(self.topic_defaults),

@@ -59,8 +59,9 @@ def main() -> int:
 
     from engine.log_manager import ShardSpec
 
-    from .server import CannotStart, configure_logging, serve
+    from .server import serve
     from .settings import Settings
+    from .startup import CannotStart, configure_logging
 
     index = identity["index"]
     listen_fd = identity["listen_fd"]

@@ -20,33 +20,11 @@ from engine.metadata import INTERNAL_TOPICS
 
 from .remote import RemoteError, post_json
 from .settings import Settings
+from .snapshot_root import prepare_snapshot_root
 
 logger = logging.getLogger("eventlog.app")
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def prepare_snapshot_root(settings: Settings, warn: bool = True) -> None:
-    """At start-up, with the log dirs locked: move the snapshots an older version kept inside
-    the first log dir out to the snapshot root, remove unfinished ones, and (`warn`: once per
-    family) say what is wrong with where the root is (engine/snapshots.py)."""
-    root = settings.snapshot_root
-    moved = snapshots.move_legacy(settings.legacy_snapshot_root, root)
-    if moved.moved:
-        logger.info("moved %d snapshot(s) out of the log dir, from %s to %s: %s", len(moved.moved),
-                    settings.legacy_snapshot_root, root, ", ".join(moved.moved))
-    if moved.left and warn:
-        logger.warning(
-            "%s stays in the log dir (Apache Kafka will not start on that log dir until it is "
-            "moved or deleted; its snapshots stay readable by path): %s",
-            settings.legacy_snapshot_root, "; ".join(f"{n}: {w}" for n, w in moved.left.items()),
-        )
-    removed = moved.removed + snapshots.remove_unfinished(root)
-    if removed:
-        logger.info("removed unfinished snapshots: %s", ", ".join(removed))
-    if warn:
-        for problem in snapshots.placement_problems(root, settings.effective_log_dirs):
-            logger.warning("%s", problem)
 
 
 def run_snapshot(

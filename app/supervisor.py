@@ -50,7 +50,7 @@ Life of a family:
     SIGTERM,  forwarded to every shard as SIGTERM; a second signal is forwarded as it came
     SIGINT    (a second SIGINT makes the shards drop open connections). The supervisor waits
               for all: exit 0 when every shard exited 0, else 1. Shards still running
-              KILL_SLACK_S after their own watchdog (server.shutdown_watchdog_s) are killed.
+              KILL_SLACK_S after their own watchdog (startup.shutdown_watchdog_s) are killed.
     SIGHUP    forwarded to every running shard: each checks the auth file at once (shards also
               check it on their own every EVENTLOG_AUTH_RELOAD_MS); never a stop
     SIGKILL   of the supervisor: every shard has PR_SET_PDEATHSIG = SIGKILL and dies with it,
@@ -81,8 +81,8 @@ from engine.errors import DataDirError
 from engine.log_dirs import LogDir
 from engine.shards import CRASH_LOOP, DOWN, SILENT, SILENT_S, PartitionTable, table_path
 
-from .server import CannotStart, shutdown_watchdog_s
 from .settings import Settings
+from .startup import CannotStart, shutdown_watchdog_s
 
 logger = logging.getLogger("eventlog.supervisor")
 

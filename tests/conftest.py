@@ -132,12 +132,13 @@ def run_eventlog(*args: str, env: dict[str, str] | None = None) -> CommandResult
     from typer.testing import CliRunner
 
     from app import cli
+    from app.server import Server  # imported by `serve` only when it runs: patched here
 
     def serving(_server: object) -> None:
         raise AssertionError("eventlog serve got as far as serving")
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli._Server, "run", serving)
+        mp.setattr(Server, "run", serving)
         result = CliRunner().invoke(cli.cli, list(args), env=env, catch_exceptions=False)
     return CommandResult(result.exit_code, result.stdout, result.stderr)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import signal
 import struct
 import subprocess
@@ -390,6 +391,60 @@ def test_version_is_an_option_and_a_command() -> None:
     for args in (["--version"], ["version"]):
         done = run(*args)
         assert (done.returncode, done.stdout) == (0, f"eventlog {__version__}\n"), done.stderr
+
+
+# Loaded only by what needs it (issue 24): the HTTP stack (api.routes and every router, FastAPI,
+# uvicorn) by `serve`; numpy and aiokafka by the engine; rich by a command's tables or errors;
+# kio, the Kafka listener's messages, and hypothesis, which kio loads wherever it is installed,
+# by a server whose Kafka port is set.
+HTTP_STACK = ("fastapi", "starlette", "uvicorn", "api.routes", "api.records", "app.server")
+ENGINE_DEPS = ("numpy", "aiokafka", "engine.partition_log")
+KAFKA_LISTENER = ("broker.listener", "kio", "hypothesis")
+
+
+def _modules_loaded(code: str, watched: tuple[str, ...]) -> list[list[str]]:
+    """Run `code` in a fresh interpreter; after each `mark()` it calls, which of `watched` are in
+    sys.modules (one list per mark, in order)."""
+    script = (
+        "import json, sys\n"
+        "marks = []\n"
+        f"def mark(): marks.append(sorted(m for m in {watched!r} if m in sys.modules))\n"
+        f"{code}\n"
+        "print(json.dumps(marks))\n"
+    )
+    done = subprocess.run(
+        [str(VENV_BIN / "python"), "-c", script], capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_commands_that_do_not_serve_do_not_import_the_http_stack() -> None:
+    """--version, --help and every command's --help (a typo'd or exploratory `eventlog` run)
+    start without FastAPI, uvicorn, the routers, numpy, aiokafka or rich: what made each such
+    run cost a CPU-second. So does a shard family's supervisor, which serves nothing itself."""
+    runs = [["--version"], ["version"], ["--help"], *([*c.split(), "--help"] for c in COMMANDS)]
+    code = (
+        "import contextlib, io\n"
+        "from app.cli import cli\n"
+        "mark()\n"
+        f"for args in {runs!r}:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "        cli(args, prog_name='eventlog')\n"
+        "    mark()\n"
+        "import app.supervisor\n"
+        "mark()\n"
+    )
+    marks = _modules_loaded(code, (*HTTP_STACK, *ENGINE_DEPS, "rich"))
+    names = ["import app.cli", *(" ".join(r) for r in runs), "import app.supervisor"]
+    assert dict(zip(names, marks, strict=True)) == dict.fromkeys(names, [])
+
+
+def test_a_server_without_a_kafka_port_does_not_import_the_listener() -> None:
+    """The HTTP service's modules (app.main, the lifespan) load broker/ and kio only when a
+    server starts its Kafka listener (start_kafka), and never rich."""
+    marks = _modules_loaded("import app.cli, app.main\nmark()", (*KAFKA_LISTENER, "rich"))
+    assert marks == [[]]
 
 
 def test_help_is_whole_and_names_arguments_plainly() -> None:
