@@ -97,7 +97,14 @@ from .metadata import (
     encode_event,
     new_topic_id,
 )
-from .partition_log import PartitionLog, prepare_batches, wall_clock_ms
+from .partition_log import (
+    PartitionLog,
+    gc_paused,
+    loop_turn,
+    prepare_batches,
+    start_writers,
+    wall_clock_ms,
+)
 from .producer_state import DEFAULT_EXPIRATION_MS, ProducerStateManager
 from .producer_state import rebuild as rebuild_producer_state
 from .reader import read_records
@@ -106,6 +113,7 @@ from .recovery import LoadedLog, LoadStats, load_log
 from .segment import LogSegment
 from .topic_state import METADATA_LOG_CONFIG, OfflinePartition, TopicState
 from .shards import (
+    REGION_SLOTS,
     PartitionTable,
     ShardChannel,
     owner_of,
@@ -274,9 +282,9 @@ class LogManager:
         clean = all(d.had_clean_shutdown for d in self.dirs)
         await self._load_metadata(tg)
         await anyio.to_thread.run_sync(self._remove_deleted_topic_dirs)
-        loaded = await self._load_topics()
-        for state, p, log in loaded:
-            await tg.start(log.run)
+        with gc_paused():
+            loaded = await self._load_topics()
+            await start_writers(tg, [log for _state, _p, log in loaded])
         await self._open_group_offsets()
         await self._open_queues()
         for d in self.dirs:
@@ -303,6 +311,7 @@ class LogManager:
             state.partitions = [None] * meta.partitions  # type: ignore[list-item]
             states.append(state)
         mine: list[tuple[TopicState, int]] = []
+        followed_count = 0
         for state in states:
             for p in range(state.meta.partitions):
                 if self.owns(state.name, p):
@@ -310,6 +319,8 @@ class LogManager:
                 else:
                     followed = self.family.follow(state.name, state.meta.topic_id, p, state.config)
                     state.partitions[p] = followed  # type: ignore[call-overload]
+                    await loop_turn(followed_count)
+                    followed_count += 1
         todo = [(s.name, p, s.config, s.meta.topic_id) for s, p in mine]
         logs = await self._load_partitions(todo)
         for (state, p), log in zip(mine, logs, strict=True):
@@ -370,7 +381,11 @@ class LogManager:
         return None
 
     def _pick_dir(self) -> LogDir:
-        """The log dir holding the fewest partitions (first one on ties)."""
+        """The log dir holding the fewest partitions (first one on ties). One log dir (the
+        usual case) is the answer without counting: the count is O(partitions), and creating
+        a topic picks once per partition (quadratic at 50,000 partitions: issue 28)."""
+        if len(self.dirs) == 1:
+            return self.dirs[0]
         counts = {id(d): 0 for d in self.dirs}
         for d in self._partition_dir.values():
             counts[id(d)] += 1
@@ -386,6 +401,25 @@ class LogManager:
         )
         return self._make_log(topic, partition, config, loaded)
 
+    def _place(self, tps: list[tuple[str, int]]) -> list[LogDir]:
+        """Each partition's log dir, decided on the loop (what _pick_dir counts, the loop
+        changes): where its directory is, else the dir with the fewest partitions, counting
+        those placed before it in `tps`. One log dir needs no look: every partition is there
+        (no stat per partition on the loop at start-up)."""
+        if len(self.dirs) == 1:
+            return [self.dirs[0]] * len(tps)
+        counts = {id(d): 0 for d in self.dirs}
+        for d in self._partition_dir.values():
+            counts[id(d)] += 1
+        placed = []
+        for topic, partition in tps:
+            found = self._find_partition_dir(topic, partition)
+            if found is None:
+                found = min(self.dirs, key=lambda d: counts[id(d)])
+                counts[id(found)] += 1
+            placed.append(found)
+        return placed
+
     async def _load_partitions(
         self, todo: list[tuple[str, int, LogConfig, str | None]]
     ) -> list[PartitionLog | Exception]:
@@ -394,8 +428,7 @@ class LogManager:
         one per partition (at 5,000 partitions the hops and their tasks cost more than the
         loads); each partition's log, or the error that takes it offline, in `todo`'s order."""
         results: list[PartitionLog | Exception] = [None] * len(todo)  # type: ignore[list-item]
-        # each one's log dir, decided here on the loop (_pick_dir reads what the loop changes)
-        dirs = [self._find_partition_dir(t, p) or self._pick_dir() for t, p, _c, _i in todo]
+        dirs = self._place([(t, p) for t, p, _c, _i in todo])
 
         def load_chunk(start: int) -> list[Any]:
             out: list[Any] = []
@@ -451,8 +484,9 @@ class LogManager:
                 recovery_point=self._recovery_points.get(tp, 0),
                 log_start_offset=self._log_starts.get(tp, 0),
                 now_ms=self.clock(),
+                exists=existed,
             )
-            if topic_id is not None and not (directory / PARTITION_METADATA).exists():
+            if topic_id is not None and PARTITION_METADATA not in loaded.names:
                 try:
                     _write_partition_metadata(directory, topic_id)
                 except OSError as exc:
@@ -464,7 +498,10 @@ class LogManager:
             if not existed:
                 fsync_dir(directory.parent)
             producers = ProducerStateManager(directory, self.config.producer_id_expiration_ms)
-            rebuild_producer_state(producers, loaded.segments, loaded.next_offset, self.clock())
+            names = list(loaded.names) if existed else None
+            rebuild_producer_state(
+                producers, loaded.segments, loaded.next_offset, self.clock(), names
+            )
             return log_dir, directory, loaded, producers, epoch
 
         return load()
@@ -637,10 +674,16 @@ class LogManager:
             return await self.family.create_partitions(state, numbers)
         logs: list[PartitionLog] = []
         try:
-            for p in numbers:
-                log = await self._load_partition(state.name, p, state.config, state.meta.topic_id)
-                logs.append(log)
+            # made as start-up loads (chunks of partitions per worker-thread hop, several hops
+            # at once): one by one, a 1,000-partition topic waited out ~3,000 fsyncs in turn
+            todo = [(state.name, p, state.config, state.meta.topic_id) for p in numbers]
+            made = await self._load_partitions(todo)
+            logs = [log for log in made if isinstance(log, PartitionLog)]
+            for log in logs:
                 await self._tg.start(log.run)
+            failed = [exc for exc in made if isinstance(exc, Exception)]
+            if failed:
+                raise failed[0]
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await self._discard_partition_logs(logs)
@@ -868,6 +911,13 @@ class LogManager:
             )
         counts = self._partitions_per_process(topic, range(first, first + adding))
         most = max(counts)
+        if self.sharded and most > REGION_SLOTS:
+            raise InvalidPartitionsError(
+                adding,
+                reason=f"a process of this family would own {most} partitions; the partition table "
+                f"holds {REGION_SLOTS} a process: run more processes (eventlog serve --processes, "
+                f"EVENTLOG_PROCESSES) and restart (docs/OPERATIONS.md, 'Partition limits')",
+            )
         if most > BUDGET.max_partitions:
             raise OpenFilesLimitError(most, BUDGET.max_partitions, BUDGET.limit, needed=limit_for(most))
 
@@ -1052,9 +1102,10 @@ class LogManager:
     async def _close(self) -> None:
         self.ready = False
         logs = self.all_partitions()
-        for log in logs:
-            await log.close()
-        await self._wait_stopped(logs, "shutdown")
+        with gc_paused():
+            for log in logs:
+                await log.close()
+            await self._wait_stopped(logs, "shutdown")
         unclean = [log.name for log in logs if log.failed is not None or not log.stopped.is_set()]
         unclean += [o.name for o in self._offline.values()]
         for d in self.dirs:

@@ -59,7 +59,10 @@ logger = logging.getLogger("eventlog.engine")
 
 MAX_SHARDS = 256
 HEADER_BYTES = MAX_SHARDS * 64
-REGION_SLOTS = 16_384
+# slots per shard: the partitions one shard can own (its region is sparse: pages appear as
+# slots are used, 4 MiB at most). 65,536 so that a family of 2 holds 50,000 partitions with
+# room for linear probing (issue 28; it was 16,384: a shard owning more could not start)
+REGION_SLOTS = 65_536
 SLOT = struct.Struct("<QQqqQqqQ")
 SLOT_BYTES = 64
 SHARD_HEADER = struct.Struct("<QQ")
@@ -228,7 +231,10 @@ class PartitionTable:
             self._write(shard, tombstone, key, 0, 0, 0, 0, 0, 0)
             self._slots[(shard, key)] = tombstone
             return tombstone
-        raise EngineError(f"the partition table of shard {shard} is full ({REGION_SLOTS} partitions)")
+        raise EngineError(
+            f"the partition table of shard {shard} is full ({REGION_SLOTS} partitions): "
+            "run more processes (eventlog serve --processes, EVENTLOG_PROCESSES)"
+        )
 
     def _write(self, shard: int, index: int, key: int, hw: int, start: int, gen: int, base: int, end: int, flags: int) -> None:
         at = self._offset(shard, index)
