@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
-from pydantic import ValidationError
 
 # app.server (uvicorn, FastAPI, every router: about half a CPU-second to import) is imported by
-# `serve` alone; the other commands, --help and --version start without it (issue 24;
+# `serve` alone, and the settings (pydantic, a fifth of a second) by the commands that read
+# them: --help, --version and `groups reset-offsets` start with typer alone (issue 24;
 # tests/app/test_cli.py holds it).
 from . import __version__
-from .settings import Settings
 from .startup import CannotStart, configure_logging
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 cli = typer.Typer(
     name="eventlog",
@@ -74,6 +76,10 @@ SHARDS_BY_DEFAULT = True
 
 
 def _settings(**overrides: object) -> Settings:
+    from pydantic import ValidationError
+
+    from .settings import Settings
+
     given = {k: v for k, v in overrides.items() if v is not None}
     try:
         return Settings(**given)  # type: ignore[arg-type]
