@@ -39,6 +39,8 @@ MAX_GAUGES = frozenset({
     "eventlog_build_info", "python_info", "process_start_time_seconds", "process_max_fds",
     # the shard family's health: every shard reads it from the same table
     "eventlog_shard_up", "eventlog_shard_crash_looping", "eventlog_shard_restarts",
+    # a queue's oldest unacknowledged record: each shard reports its own partitions' oldest
+    "eventlog_queue_oldest_unacked_age_seconds",
 })
 
 _Labels = tuple[tuple[str, str], ...]

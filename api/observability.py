@@ -155,8 +155,9 @@ class _ShardCollector:
 
 
 class _QueueCollector:
-    """Each queue's figures (engine/queues.py Queues.figures), from the process that holds the
-    queues (shard 0 of a family; the others report none, so the family's sum is shard 0's)."""
+    """Each queue's figures (engine/queues.py Queues.figures): a shard of a family reports
+    those of the partitions it owns (engine/shard_queues.py), and the family's exposition sums
+    them (api/metrics_merge.py; the oldest unacknowledged age: the largest)."""
 
     GAUGES = (
         ("available", "records of the queue that may be leased now or once their delay ends"),
@@ -179,7 +180,6 @@ class _QueueCollector:
 
     def collect(self):  # noqa: ANN201 -- prometheus-client's collector protocol
         queues = getattr(self.engine, "queues", None)
-        # (a family's other shards hold no queues: none)
         figures: list[tuple[str, str, dict[str, int]]] = getattr(queues, "figures", list)()
         labels = ["topic", "queue"]
         families = [

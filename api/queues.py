@@ -51,7 +51,10 @@ _problems: dict[int | str, dict[str, Any]] = {
     403: {"model": Problem, "description": "forbidden"},
     404: {"model": Problem, "description": "topic_not_found, queue_not_found"},
     422: {"model": Problem, "description": "validation_error"},
-    503: {"model": Problem, "description": "unavailable: the shard holding the queues is down"},
+    503: {
+        "model": Problem,
+        "description": "unavailable: a shard owning a partition the call needs is down",
+    },
 }
 _QUEUE = "/{topic}/queues/{queue}"
 

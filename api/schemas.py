@@ -607,6 +607,11 @@ class QueuePartition(BaseModel):
         description="how old (now less its timestamp) the first record not yet acknowledged or "
         "dead-lettered is; 0 when none"
     )
+    offline: bool = Field(
+        False,
+        description="the shard owning the partition (and its window) did not answer: its figures "
+        "are 0, not known (a family of shards; docs/RELIABILITY.md)",
+    )
 
 
 class Queue(BaseModel):

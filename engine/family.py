@@ -53,6 +53,7 @@ from .follower import FollowedPartition
 from .groups import GroupFilter, GroupPage, cut_page
 from .metadata import METADATA_TOPIC, TopicMeta, decode_event
 from .partition_log import PartitionLog, PreparedBatch, gc_paused, loop_turn, start_writers
+from .shard_queues import QUEUE_CALLS, ShardQueues
 from .shards import (
     BEAT_S,
     CHANGING,
@@ -76,10 +77,6 @@ logger = logging.getLogger("eventlog.engine")
 
 # the most groups one listing call to shard 0 carries (RemoteGroups.groups_page)
 PAGE_CALL_GROUPS = 10_000
-# what a shard may ask of shard 0's queues (RemoteQueues)
-QUEUE_CALLS = frozenset(
-    {"create", "delete", "forget_topic", "names", "describe", "lease", "settle"}
-)
 
 
 class ShardFamily:
@@ -251,15 +248,15 @@ class ShardFamily:
         await anyio.to_thread.run_sync(self._read_offline_notes)
         if self.manager.is_controller:
             await self.manager._open_group_offsets()
-            await self.manager._open_queues()
+            await self._open_queues()
             if not rejoin:
                 for d in self.manager.dirs:
                     await anyio.to_thread.run_sync(d.clear_clean_shutdown)
         else:
             await table.wait_states(SERVING, forever, range(0, 1))
             self.manager.groups = RemoteGroups(self)  # type: ignore[assignment]
-            self.manager.queues = RemoteQueues(self)  # type: ignore[assignment]
             await self.catch_up_metadata()
+            await self._open_queues()  # (shard 0's queue definitions, and its migration, done)
             tg.start_soon(self._metadata_loop)
         table.set_state(me, SERVING)
         if not rejoin:
@@ -272,6 +269,14 @@ class ShardFamily:
             len(self.manager._offline), self.manager._last_shutdown(clean), BUDGET.describe(),
         )
         self.manager._log_open_files_limit()
+
+    async def _open_queues(self) -> None:
+        """The windows of the queues' partitions this shard owns (replayed), served with the
+        others' through the channel (shard_queues.py)."""
+        await self.manager._open_queues()
+        assert self.manager.queues is not None
+        local = self.manager.queues
+        self.manager.queues = ShardQueues(self, local)  # type: ignore[assignment,arg-type]
 
     async def heartbeat(self) -> None:
         """Stamp this shard's beat in the table every BEAT_S, from the event loop: the
@@ -404,6 +409,9 @@ class ShardFamily:
                 state.meta = meta
                 state.partitions = state.partitions + await self._partitions_here(state, range(len(state.partitions), meta.partitions))
             state.meta = meta
+        queues = self.manager.queues
+        if isinstance(queues, ShardQueues):  # (queues made, deleted, gone with their topic)
+            await queues.sync_definitions()
 
     async def _partitions_here(self, state: TopicState, numbers: range) -> list[Any]:
         """This shard's objects for new partitions: the logs it prepared for the controller
@@ -601,13 +609,18 @@ class ShardFamily:
         return result
 
     async def _on_queues(self, what: str, args: tuple, kwargs: dict) -> Any:
-        """A queue call another shard forwards: queues live on shard 0 (queues.py)."""
+        """A queue call another shard makes of the windows this one owns (shard_queues.py)."""
         queues = self.manager.queues
-        if queues is None or isinstance(queues, RemoteQueues):
-            raise LogClosedError("queues")
+        if not isinstance(queues, ShardQueues):
+            raise LogClosedError("queues")  # (not replayed yet)
         if what not in QUEUE_CALLS:
             raise InvalidRequestError(f"unknown queue request {what!r}")
-        return await _ready(getattr(queues, what)(*args, **kwargs))
+        return await queues.on_call(what, args, kwargs)
+
+    def _on_queue_back(self, qids: list[bytes]) -> None:
+        queues = self.manager.queues
+        if isinstance(queues, ShardQueues):
+            queues.on_back_note(qids)
 
     def register_handlers(self) -> None:
         assert self.channel is not None
@@ -620,6 +633,7 @@ class ShardFamily:
             "partition": self._on_partition,
             "groups": self._on_groups,
             "queues": self._on_queues,
+            "queue_back": self._on_queue_back,
         })
         self.channel.quick_handlers["partition_append"] = self._on_partition_append
 
@@ -693,52 +707,3 @@ class RemoteGroups:
             groups += page
             if after is None:
                 return groups
-
-
-async def _ready(value: Any) -> Any:
-    return await value if asyncio.iscoroutine(value) else value
-
-
-class RemoteQueues:
-    """The queues of a shard other than shard 0: shard 0 holds their state (queues.py), every
-    call goes there. A lease's long-poll waits on shard 0, under a deadline that covers it."""
-
-    def __init__(self, family: ShardFamily) -> None:
-        self._channel = family.channel
-        self._timeout_s = family.spec.call_timeout_s
-
-    async def _call(
-        self, what: str, *args: Any, timeout_s: float | None = None, **kwargs: Any
-    ) -> Any:
-        return await self._channel.call(0, "queues", what, args, kwargs, timeout_s=timeout_s)
-
-    async def create(self, topic: str, name: str, settings: Any) -> Any:
-        return await self._call("create", topic, name, settings)
-
-    async def delete(self, topic: str, name: str) -> None:
-        await self._call("delete", topic, name)
-
-    async def forget_topic(self, topic: str) -> int:
-        return int(await self._call("forget_topic", topic))
-
-    async def names(self, topic: str) -> list[str]:
-        return list(await self._call("names", topic))
-
-    async def describe(self, topic: str, name: str) -> Any:
-        return await self._call("describe", topic, name)
-
-    async def lease(
-        self, topic: str, name: str, max_records: int, lock_ms: int | None = None, wait_ms: int = 0,
-    ) -> Any:
-        return await self._call(
-            "lease", topic, name, max_records, lock_ms, wait_ms,
-            timeout_s=self._timeout_s + wait_ms / 1000,
-        )
-
-    async def settle(
-        self, topic: str, name: str, action: str, leases: Any, *, delay_ms: int = 0,
-        lock_ms: int | None = None,
-    ) -> Any:
-        return await self._call(
-            "settle", topic, name, action, list(leases), delay_ms=delay_ms, lock_ms=lock_ms
-        )

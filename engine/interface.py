@@ -15,8 +15,8 @@ protocols, so a change on either side that breaks the other fails the gate.
     Topic       a topic as the server holds it (topic_state.TopicState)
     Partition   one partition's reads, waits and appends (PartitionLog, FollowedPartition)
     Groups      the committed group offsets (GroupOffsets, RemoteGroups)
-    Queues      the queues: leases, acknowledgements, dead letters (queues.Queues on shard 0,
-                family.RemoteQueues on the others)
+    Queues      the queues: leases, acknowledgements, dead letters (queues.Queues in a lone
+                process, shard_queues.ShardQueues on each shard of a family)
 
 Only typing is imported at run time: importing this module costs nothing and pulls in no
 other engine module.
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .checkpoints import LeaderEpochs
     from .config import LogConfig
     from .dropped import Ranges
-    from .family import RemoteGroups, RemoteQueues
+    from .family import RemoteGroups
     from .follower import FollowedPartition
     from .groups import CommittedOffset, GroupFilter, GroupOffsets, GroupPage
     from .key_reads import KeyRecords
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from .queues import Queues as QueuesImpl
     from .reader import FetchSlice, RecordsResult
     from .segments import LogView
+    from .shard_queues import ShardQueues
     from .shards import PartitionTable, ShardChannel
     from .topic_state import OfflinePartition, TopicState
     from .wakeups import PacedEvent
@@ -259,7 +260,7 @@ if TYPE_CHECKING:
     def _conforms(
         manager: LogManager, log: PartitionLog, followed: FollowedPartition, state: TopicState,
         offsets: GroupOffsets, remote: RemoteGroups, queues: QueuesImpl,
-        remote_queues: RemoteQueues,
+        remote_queues: ShardQueues,
     ) -> tuple[Engine, Partition, Partition, Topic, Groups, Groups, Queues, Queues]:
         """Never called: mypy checks that each implementation is what its protocol says."""
         return manager, log, followed, state, offsets, remote, queues, remote_queues

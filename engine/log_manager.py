@@ -753,17 +753,24 @@ class LogManager:
             await self._sync_family()
             return state
 
-    async def add_partitions(self, name: str, count: int) -> TopicState:
-        """Grow a topic to `count` partitions; all or nothing, as create_topic."""
+    async def add_partitions(
+        self, name: str, count: int, *, internal: bool = False
+    ) -> TopicState:
+        """Grow a topic to `count` partitions; all or nothing, as create_topic. `internal`: the
+        server grows one of its own (__queue_state to a family's size: queues.py)."""
         if self.sharded and not self.is_controller:
-            await self.family.forward_topic_change("add_partitions", name, count)
+            await self.family.forward_topic_change(
+                "add_partitions", name, count, internal=internal
+            )
             return self.topic(name)
         async with self._topic_lock:
-            state = self._user_topic(name)
+            state = self.topic(name) if internal else self._user_topic(name)
             current = len(state.partitions)
             if isinstance(count, bool) or not isinstance(count, int) or count <= current or count > MAX_PARTITIONS:
                 raise InvalidPartitionsError(count if isinstance(count, int) else -1, current)
-            self._check_partition_budget(count - current, topic=name, first=current)
+            self._check_partition_budget(
+                count - current, internal=internal, topic=name, first=current
+            )
             logs = await self._create_partition_logs(state, range(current, count))
             try:
                 await self._append_event(

@@ -37,8 +37,9 @@ a family before create or delete answers, as a topic change is; a topic's deleti
 queues in the same event.
 
 Durability of the windows (the compacted internal topic __queue_state, Kafka's
-__share_group_state; created with the first window change to persist): every change that must
-survive is appended, and fsynced, before the call that made it answers:
+__share_group_state, a partition per shard of a family, shard k's being partition k: each
+process appends to its own; created with the first window change to persist): every change
+that must survive is appended, and fsynced, before the call that made it answers:
 
     key ["s", qid, partition]            {"start", "acked", "dead"}: start_offset and how many
                                          records below it were acknowledged / dead-lettered
@@ -71,9 +72,14 @@ replay needs: the settings, each partition's start, and each in-window offset's 
 Retention that deletes records still in a window does not wait: they are counted as lost to
 retention (lost_to_retention) and the window moves to the new log start.
 
-Shards: the windows live on shard 0 with __queue_state (an internal topic); other shards forward
-every call there (family.RemoteQueues), and shard 0 reads every partition, its own or followed.
-Every shard knows every queue's definition (the metadata log it follows).
+Shards: a Queues holds the windows of the partitions its process owns (Queues._owns), and
+persists them in its own partition of __queue_state; its start-up replays every partition of
+__queue_state (its own, and the others' from their files), keeping its own windows' records:
+a window's records are wherever its owner was when it wrote them (all in partition 0, written
+before the layout per owner shard; another shard's, before the family's size changed), and
+replay merges them (the largest start and count, settled over in flight). Every shard knows
+every queue's definition (the metadata log it follows); shard_queues.ShardQueues answers for
+a whole topic, asking the other owners over the channel.
 """
 
 from __future__ import annotations
@@ -103,11 +109,11 @@ from .errors import (
     InvalidRequestError,
     QueueExistsError,
     QueueNotFoundError,
+    TopicExistsError,
 )
 from .metadata import QUEUE_STATE_TOPIC, QueueMeta
 from .partition_log import prepare_batches, wall_clock_ms
 from .partitioner import partition_for_key
-from .reader import read_records
 from .records import Record, encode_batch
 
 logger = logging.getLogger(__name__)
@@ -950,6 +956,10 @@ class Queue:
         # _keep_ahead), and when they were kept (anyio's clock): dropped when it idles
         self.ahead: dict[int, dict[int, Record]] = {}
         self.leased_at = 0.0
+        # a family: shards whose long-polls asked this one for records and got none, until when
+        # (anyio's clock); told when records come back (touched): family.ShardQueues
+        self.watchers: dict[int, float] = {}
+        self.on_back: Callable[[Queue], None] | None = None
 
     def lock(self, partition: int) -> anyio.Lock:
         lock = self.locks.get(partition)
@@ -958,6 +968,12 @@ class Queue:
         return lock
 
     def touched(self) -> None:
+        self.wake_local()
+        if self.watchers and self.on_back is not None:
+            self.on_back(self)
+
+    def wake_local(self) -> None:
+        """This process's long-polls of the queue look again."""
         self.changed.set()
         self.changed = anyio.Event()
 
@@ -967,13 +983,16 @@ def _key(*parts: Any) -> bytes:
 
 
 class Queues:
-    """Every queue of a server (on shard 0 of a family), their windows and __queue_state.
+    """Every queue of a server, the windows this process owns (a shard of a family: those of
+    its partitions), and its partition of __queue_state.
 
     `engine`: the log manager (topics, partitions, create_topic); `clock`: ms since the epoch."""
 
     def __init__(self, engine: Any, clock: Callable[[], int] = wall_clock_ms) -> None:
         self.engine = engine
         self.clock = clock
+        # (a family: records came back to a queue other shards' long-polls wait on)
+        self.on_back: Callable[[Queue], None] | None = None
         self._queues: dict[tuple[str, str], Queue] = {}
         self._by_id: dict[bytes, Queue] = {}
         # (queue id, partition) -> (start, acked, dead, offsets replayed, runs replayed)
@@ -998,21 +1017,30 @@ class Queues:
         starts: dict[tuple[bytes, int], tuple[int, int, int]] = {}
         offsets: dict[tuple[bytes, int], dict[int, tuple[int, int]]] = {}
         runs: dict[tuple[bytes, int], set[tuple[int, int]]] = {}
-        if QUEUE_STATE_TOPIC in self.engine.topics:
-            log = self.engine.partition(QUEUE_STATE_TOPIC, 0)
-            await self._replay(log, settings, starts, offsets, runs)
-            await self._migrate(log, settings)
+        state = self.engine.topics.get(QUEUE_STATE_TOPIC)
+        if state is not None:
+            # every partition, not only this shard's: a window's records are where its owner
+            # was when it wrote them (partition 0 for all, before the layout per owner shard;
+            # another shard's, before the family's size changed): replay merges them
+            for log in state.partitions:
+                if _online(log):
+                    await self._replay(log, settings, starts, offsets, runs)
+                else:
+                    logger.error("queues: %s-%d is offline: the windows it holds start from "
+                                 "what the other partitions hold", QUEUE_STATE_TOPIC,
+                                 log.partition)
+            if self.engine.is_controller:
+                await self._migrate(self.engine.partition(QUEUE_STATE_TOPIC, 0), settings)
+                await self._fit_state()
         for meta in self.engine.image.queues_of():
-            q = self._define(meta)
-            for p, start in enumerate(meta.starts):
-                self._replayed[(q.qid, p)] = (start, 0, 0, {}, set())
+            self._define_new(meta)
         for (qid, p), (start, acked, dead) in starts.items():
-            if qid in self._by_id:
+            if self._mine(qid, p):
                 start = max(start, self._replayed.get((qid, p), (start,))[0])
                 kept = {o: s for o, s in offsets.get((qid, p), {}).items() if o >= start}
                 self._replayed[(qid, p)] = (start, acked, dead, kept, runs.get((qid, p), set()))
         for (qid, p), kept in offsets.items():
-            if qid in self._by_id and (qid, p) not in starts:
+            if self._mine(qid, p) and (qid, p) not in starts:
                 start = self._replayed.get((qid, p), (-1,))[0]
                 kept = {o: s for o, s in kept.items() if o >= start}
                 self._replayed[(qid, p)] = (start, 0, 0, kept, runs.get((qid, p), set()))
@@ -1022,9 +1050,53 @@ class Queues:
             meta.topic, meta.name, bytes.fromhex(meta.queue_id), meta.topic_id,
             _settings_of(meta.settings), meta.created_ms,
         )
+        q.on_back = self.on_back
         self._queues[(q.topic, q.name)] = q
         self._by_id[q.qid] = q
         return q
+
+    def _define_new(self, meta: QueueMeta) -> Queue:
+        """A queue as its queue_created event made it: its windows where the event started
+        them (what __queue_state holds, if anything, is replayed over that)."""
+        q = self._define(meta)
+        for p, start in enumerate(meta.starts):
+            if self._owns(q.topic, p):
+                self._replayed[(q.qid, p)] = (start, 0, 0, {}, set())
+        return q
+
+    def _owns(self, topic: str, partition: int) -> bool:
+        """Whether this process holds the window of `topic`'s `partition` (a lone process all;
+        a shard of a family, those of the partitions it owns)."""
+        return bool(self.engine.owns(topic, partition))
+
+    def _mine(self, qid: bytes, partition: int) -> bool:
+        q = self._by_id.get(qid)
+        return q is not None and self._owns(q.topic, partition)
+
+    async def _fit_state(self) -> None:
+        """The controller, at start-up: __queue_state has a partition for each shard of the
+        family (one, written before the layout per owner shard, or fewer shards before: grown;
+        replay reads every partition, so nothing is copied)."""
+        state = self.engine.topics.get(QUEUE_STATE_TOPIC)
+        count = self.engine.shard_count
+        if state is not None and len(state.partitions) < count:
+            await self.engine.add_partitions(QUEUE_STATE_TOPIC, count, internal=True)
+            logger.info("queues: %s grown to %d partitions, one per shard", QUEUE_STATE_TOPIC,
+                        count)
+
+    async def sync_definitions(self) -> None:
+        """A shard of a family that follows the metadata log: the queues it now defines (made
+        or deleted through shard 0, or gone with their topic), their windows here made or
+        forgotten (tombstoned in this shard's state partition)."""
+        live = {(m.topic, m.name): m for m in self.engine.image.queues_of()}
+        doomed = [
+            q for key, q in self._queues.items()
+            if (m := live.get(key)) is None or m.queue_id != q.qid.hex()
+        ]
+        await self._forget(doomed)
+        for key, meta in live.items():
+            if key not in self._queues:
+                self._define_new(meta)
 
     @staticmethod
     async def _replay(
@@ -1034,20 +1106,19 @@ class Queues:
         offsets: dict[tuple[bytes, int], dict[int, tuple[int, int]]],
         runs: dict[tuple[bytes, int], set[tuple[int, int]]],
     ) -> None:
-        """__queue_state's records into what replay keeps (_replay_one), in a worker thread."""
+        """A partition of __queue_state (this shard's or another's, read from its files alike)
+        into what replay keeps (_replay_one)."""
+        def replay(records: list[Record]) -> None:
+            for record in records:
+                _replay_one(record, settings, starts, offsets, runs)
 
-        def replay() -> None:
-            view = log.view
-            offset = view.log_start_offset
-            while offset < view.high_watermark:
-                result = read_records(view, offset, 10_000, 4 * 1024 * 1024)
-                for record in result.records:
-                    _replay_one(record, settings, starts, offsets, runs)
-                if result.next_offset <= offset:
-                    break
-                offset = result.next_offset
-
-        await anyio.to_thread.run_sync(replay)
+        offset = log.log_start_offset
+        while offset < log.high_watermark:
+            result = await log.read_records(offset, 10_000, 4 * 1024 * 1024)
+            await anyio.to_thread.run_sync(replay, result.records)  # (off the loop)
+            if result.next_offset <= offset:
+                break
+            offset = result.next_offset
 
     async def _migrate(
         self, log: Any, settings: dict[tuple[str, str], dict[str, Any] | None]
@@ -1184,9 +1255,7 @@ class Queues:
             fields = {"queue": name, "id": meta.queue_id, "settings": meta.settings,
                       "created_ms": meta.created_ms, "starts": starts}
             await self._record([("queue_created", topic, meta.topic_id, fields)])
-            q = self._define(meta)
-            for p, start in enumerate(starts):
-                self._replayed[(q.qid, p)] = (start, 0, 0, {}, set())
+            self._define_new(meta)
             return self.describe(topic, name), True
 
     async def _record(
@@ -1240,8 +1309,8 @@ class Queues:
             del self._queues[(q.topic, q.name)]
             del self._by_id[q.qid]
             q.touched()
-        if items and QUEUE_STATE_TOPIC in self.engine.topics:  # (none persisted: nothing to drop)
-            await _append(self.engine.partition(QUEUE_STATE_TOPIC, 0), items, self.clock())
+        if items and (log := self._own_state_log()) is not None:  # (else: nothing persisted)
+            await _append(log, items, self.clock())
 
     def names(self, topic: str) -> list[str]:
         state = self.engine.topic(topic)
@@ -1257,7 +1326,7 @@ class Queues:
         now = self.clock()
         parts = []
         for p, log in enumerate(state.partitions):
-            if not _online(log):
+            if not _online(log) or not self._owns(topic, p):
                 continue
             pq = self._window(q, p, log)
             # what expired is available; what is dying is dead-lettered by the next call
@@ -1271,7 +1340,7 @@ class Queues:
 
     def figures(self) -> list[tuple[str, str, dict[str, int]]]:
         """(topic, queue, its partitions' figures summed) of every queue this process holds
-        (shard 0's, in a family): what /metrics shows per queue."""
+        (in a family, of the partitions this shard owns): what /metrics shows per queue."""
         out = []
         for topic, name in sorted(self._queues):
             try:
@@ -1303,23 +1372,36 @@ class Queues:
         pq.trim(log.log_start_offset)
         return pq
 
+    def _own_state_log(self) -> Any:
+        """This process's partition of __queue_state (shard k's is k), if made yet."""
+        state = self.engine.topics.get(QUEUE_STATE_TOPIC)
+        me = self.engine.shard_index
+        return state.partitions[me] if state is not None and me < len(state.partitions) else None
+
     async def _state_log(self) -> Any:
-        """__queue_state, made by the first call with a window change to persist (one of many
-        concurrent leases, maybe: the others wait for it)."""
-        if QUEUE_STATE_TOPIC in self.engine.topics:
-            return self.engine.partition(QUEUE_STATE_TOPIC, 0)
+        """This process's partition of __queue_state, the topic made (a partition per shard) by
+        the first call with a window change to persist (one of many concurrent leases, maybe:
+        the others wait for it)."""
+        log = self._own_state_log()
+        if log is not None:
+            return log
         async with self._state_lock:
             if QUEUE_STATE_TOPIC not in self.engine.topics:
-                await self.engine.create_topic(
-                    QUEUE_STATE_TOPIC,
-                    1,
-                    {
-                        "cleanup.policy": QUEUE_STATE_CONFIG.cleanup_policy,
-                        "segment.bytes": QUEUE_STATE_CONFIG.segment_bytes,
-                    },
-                    internal=True,
-                )
-        return self.engine.partition(QUEUE_STATE_TOPIC, 0)
+                try:
+                    await self.engine.create_topic(
+                        QUEUE_STATE_TOPIC,
+                        self.engine.shard_count,
+                        {
+                            "cleanup.policy": QUEUE_STATE_CONFIG.cleanup_policy,
+                            "segment.bytes": QUEUE_STATE_CONFIG.segment_bytes,
+                        },
+                        internal=True,
+                    )
+                except TopicExistsError:  # another shard's first change made it: caught up
+                    family = getattr(self.engine, "family", None)
+                    if family is not None:
+                        await family.catch_up_metadata()
+        return self.engine.partition(QUEUE_STATE_TOPIC, self.engine.shard_index)
 
     # -- leasing ----------------------------------------------------------------------------
 
@@ -1349,7 +1431,10 @@ class Queues:
 
     async def _lease_once(self, q: Queue, n: int, lock_ms: int) -> list[LeasedRecord]:
         state = self.engine.topic(q.topic)
-        logs = [(p, log) for p, log in enumerate(state.partitions) if _online(log)]
+        logs = [
+            (p, log) for p, log in enumerate(state.partitions)
+            if _online(log) and self._owns(q.topic, p)
+        ]
         if not logs:
             return []
         q.turn = (q.turn + 1) % len(logs)
@@ -1825,5 +1910,5 @@ async def _append(log: Any, items: list[tuple[bytes, bytes | None]], now: int) -
 
 
 async def ready(value: Any) -> Any:
-    """A lone process's queues answer at once; a shard's ask shard 0 (awaitable)."""
+    """A lone process's queues answer at once; a shard's may ask the others (awaitable)."""
     return await value if inspect.isawaitable(value) else value

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from .errors import EngineError, ShardUnavailableError
-from .metadata import INTERNAL_TOPICS
+from .metadata import INTERNAL_TOPICS, QUEUE_STATE_TOPIC
 
 logger = logging.getLogger("eventlog.engine")
 
@@ -89,10 +89,15 @@ SILENT_S = 2.0
 
 def owner_of(topic: str, partition: int, count: int) -> int:
     """The shard that owns (topic, partition) in a family of `count`: internal topics live on
-    shard 0 (it writes the metadata log and holds the group offsets); a user topic's
-    partitions go round the shards from a place its name picks, so a topic's partitions
-    spread evenly whatever their number."""
-    if count <= 1 or topic in INTERNAL_TOPICS:
+    shard 0 (it writes the metadata log and holds the group offsets), but for __queue_state,
+    whose partition k is shard k's (each shard persists the queue windows of the partitions it
+    owns there: engine/queues.py); a user topic's partitions go round the shards from a place
+    its name picks, so a topic's partitions spread evenly whatever their number."""
+    if count <= 1:
+        return 0
+    if topic == QUEUE_STATE_TOPIC:
+        return partition % count
+    if topic in INTERNAL_TOPICS:
         return 0
     return (zlib.crc32(topic.encode("utf-8")) + partition) % count
 

@@ -7,9 +7,11 @@ with its own connection, on one `ordering: key` queue with a short lock and a de
 A worker leases a few records and, per batch, dies (drops its leases and its connection: the
 records come back when their lock runs out), or per record acknowledges, releases or rejects.
 Between bursts of work the server is SIGKILLed and started again (twice at N = 1, once at
-N = 2), and at N = 2 each shard is first SIGKILLed alone (shard 0 holds the queues' state;
-shard 1 owns some partitions of the topic and of the dead-letter topic, which are down while
-the workers go on: dead letters wait, and a reject meeting them answers 503).
+N = 2), and at N = 2 each shard is first SIGKILLed alone (each holds the queue's windows of the
+partitions it owns; shard 1 owns some partitions of the topic and of the dead-letter topic,
+whose windows stop while it is down: dead letters wait, and a settle meeting them answers 503).
+While shard 1 is down (its supervisor stopped, so that it is not started again meanwhile),
+leases go on from shard 0's partitions.
 
 The workers are paused around each signal (no request in flight when it lands), so every lease
 the server answered was seen by a worker: the delivery counts a record was leased with must be
@@ -240,8 +242,15 @@ def _poison(value: str) -> bool:
     return int(value[1:]) % 50 == 7
 
 
-def _produce(server: ServerProcess, pool: Pool, first: int, n: int) -> None:
+def _produce(
+    server: ServerProcess, pool: Pool, first: int, n: int, partitions: list[int] | None = None
+) -> None:
+    """`n` records "r<first>"...; keyed k0..k<KEYS - 1>, or with `partitions`, each its own key,
+    to those partitions in turn."""
     records = [{"key": f"k{i % KEYS}", "value": f"r{i}"} for i in range(first, first + n)]
+    if partitions is not None:
+        records = [{**r, "key": f"x{i}", "partition": partitions[i % len(partitions)]}
+                   for i, r in enumerate(records)]
     with server.client() as c:  # (a shard just restarted may still be 503 to the other)
         headers = {"idempotency-key": f"batch-{first}"}
 
@@ -268,10 +277,38 @@ def _shard_pid(server: ServerProcess, index: int) -> int:
     return next(pid for pid in server.shard_pids() if _identity(pid)["index"] == index)
 
 
+def _lease_while_shard_1_is_down(server: ServerProcess, pool: Pool) -> None:
+    """Shard 1 killed and not started again (its supervisor stopped): shard 0 alone accepts
+    connections and leases the records of its own partitions (shard 1's windows wait for it).
+    What it leases is the pool's to account for (the leases run out: the records come back)."""
+    assert server.proc is not None
+    mine = {p for p in range(PARTITIONS) if owner_of("jobs", p, 2) == 0}
+    # (the workers may have settled every record of shard 0's partitions by now)
+    _produce(server, pool, 10_000, 10, sorted(mine))
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        os.kill(_shard_pid(server, 1), signal.SIGKILL)
+        got: list[dict] = []
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            for _try in range(50):
+                r = c.post(Q + "/lease", json={"max_records": 5, "wait_ms": 200})
+                assert r.status_code == 200, r.text  # (shard 1's partitions: not asked for)
+                if got := r.json()["records"]:
+                    break
+        assert got, "no lease from shard 0's partitions while shard 1 was down"
+        pool._leased(got)
+        assert {r["partition"] for r in got} <= mine, got
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+
+
 def _kill_shard(server: ServerProcess, pool: Pool, index: int, restarts: int) -> None:
     pool.pause()
-    os.kill(_shard_pid(server, index), signal.SIGKILL)
-    if index == 0:  # the queues' state: leases end with it; wait until it is back
+    if index == 1:
+        _lease_while_shard_1_is_down(server, pool)
+    else:
+        os.kill(_shard_pid(server, index), signal.SIGKILL)
+    if index == 0:  # its partitions' windows: leases end with it; wait until it is back
         pool.kills.append(time.time() * 1000)
         wait_until(
             lambda: f"is back after restart {restarts}" in server.log(),
@@ -295,7 +332,10 @@ def _settled_everything(server: ServerProcess) -> bool:
     if r.status_code != 200:
         return False
     parts = r.json()["partitions"]
-    return all(p["lag"] == 0 and p["start_offset"] == p["end_offset"] for p in parts)
+    return all(
+        p["lag"] == 0 and p["start_offset"] == p["end_offset"] and not p.get("offline")
+        for p in parts
+    )
 
 
 def _dead_letters(server: ServerProcess) -> list[dict]:

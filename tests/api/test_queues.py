@@ -1,14 +1,24 @@
 """Queues over HTTP (api/queues.py): the contract in docs/API.md, "Queues", end to end, and what
-an acknowledgement is worth after a SIGKILL."""
+an acknowledgement is worth after a SIGKILL; at N = 2 too (marked `shards`: each partition's
+window on its owner shard, engine/shard_queues.py), and a family with one owner down."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
 import httpx
+import pytest
 
+from engine.shards import owner_of
+
+from ..conftest import wait_until
 from .test_api import assert_problem
+from .test_queue_kills import _shard_pid
+
+pytestmark = pytest.mark.shards
 
 Q = "/v1/topics/jobs/queues/work"
 
@@ -131,6 +141,36 @@ def test_a_lease_long_polls_until_a_record_arrives(app_server) -> None:
         assert time.monotonic() - started >= 0.2
 
 
+def test_a_long_poll_wakes_when_a_record_comes_back(app_server) -> None:
+    """A release wakes a long-poll at once, whichever shard it waits on (at N = 2 the record's
+    window is on its partition's owner: another shard's long-poll is woken by its queue_back
+    note, not by its once-a-second look). Each try on a new connection, so both shards' turn
+    comes."""
+    with app_server.client() as c:
+        setup(c, lock_ms=60_000, max_deliveries=100)
+        produce(c, [{"value": "job"}])
+    for _try in range(6):
+        with app_server.client() as holder, app_server.client() as waiter:
+            held = lease(holder, max_records=1)
+            assert len(held) == 1
+            out: list[tuple[float, list[dict]]] = []
+
+            def poll(waiter: httpx.Client = waiter, out: list = out) -> None:
+                started = time.monotonic()
+                got = lease(waiter, max_records=1, wait_ms=10_000)
+                out.append((time.monotonic() - started, got))
+
+            thread = threading.Thread(target=poll)
+            thread.start()
+            time.sleep(0.3)  # (the long-poll is waiting)
+            assert settle(holder, "release", [held[0]["lease"]]) == ["released"]
+            thread.join(timeout=15)
+            took, got = out[0]
+            assert [r["value"] for r in got] == ["job"], (_try, took)
+            assert took < 0.3 + 0.6, took  # (not the 1 s look)
+            assert settle(waiter, "release", [got[0]["lease"]]) == ["released"]
+
+
 def test_an_ack_survives_a_sigkill_and_unacked_records_come_back_counted(server_factory) -> None:
     server = server_factory().start()
     with server.client() as c:
@@ -175,3 +215,50 @@ def test_metrics_show_each_queue(app_server) -> None:
     assert value("eventlog_queue_lag") == 3
     # the oldest unsettled record was produced in this test, just now
     assert 0 <= value("eventlog_queue_oldest_unacked_age_seconds") < 60
+
+
+def test_a_family_with_an_owner_down_leases_and_settles_the_others(server_factory) -> None:
+    """N = 2, each partition's window on its owner shard: one lease gathers records of both
+    shards' partitions. With shard 1 down (killed, and kept down: its supervisor stopped), a
+    describe says its partitions are offline, a lease goes on from shard 0's, and an ack of
+    leases of both answers 503 having acknowledged shard 0's (durable: once shard 1 is back, a
+    retry finds them expired and they never come back; shard 1's come back, counted)."""
+    server = server_factory()
+    server.processes = 2
+    server.start(timeout=60)
+    assert server.proc is not None
+    owners = {p: owner_of("jobs", p, 2) for p in range(4)}
+    assert set(owners.values()) == {0, 1}
+    with server.client() as c:
+        setup(c, partitions=4, lock_ms=60_000)
+        produce(c, [{"value": f"v{p}", "partition": p} for p in range(4)])
+        got = lease(c, max_records=10)  # (the shard it reaches has two of them: the rest asked)
+        assert sorted(r["partition"] for r in got) == [0, 1, 2, 3]
+        produce(c, [{"value": f"w{p}", "partition": p} for p in range(4)])
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        os.kill(_shard_pid(server, 1), signal.SIGKILL)
+        with server.client() as c:  # (a new connection: shard 0 alone accepts now)
+            def offline() -> bool:
+                parts = c.get(Q).json()["partitions"]
+                return [bool(p.get("offline")) for p in parts] == [owners[p] == 1 for p in range(4)]
+
+            wait_until(offline, timeout=10, what="shard 1's partitions offline")
+            more = lease(c, max_records=4)
+            assert sorted(r["partition"] for r in more) == [p for p in range(4) if owners[p] == 0]
+            r = c.post(Q + "/ack", json={"leases": [x["lease"] for x in got]})
+            assert_problem(r, 503, "unavailable")
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    wait_until(lambda: "is back after restart 1" in server.log(), timeout=60, what="shard 1 back")
+    with server.client() as c:
+        assert settle(c, "ack", [x["lease"] for x in got]) == ["expired"] * 4
+        parts = c.get(Q).json()["partitions"]
+        assert [p["acked"] for p in parts] == [1 - owners[p] for p in range(4)]
+        again = lease(c, max_records=10)
+        back = sorted((r["partition"], r["value"], r["delivery_count"]) for r in again)
+        assert back == sorted(
+            [(p, f"v{p}", 2) for p in range(4) if owners[p] == 1]
+            + [(p, f"w{p}", 1) for p in range(4) if owners[p] == 1]
+        )
+    assert server.stop() == 0
