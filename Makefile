@@ -39,8 +39,10 @@ run: install-service
 # session); then the tests marked `serial` (time bounds that want a quiet machine) alone; then
 # the tests marked `shards` once more against shard families (EVENTLOG_TEST_PROCESSES=2: the API
 # tests written against one process run against two shards; tests/broker/ runs both shapes by
-# itself). TEST_WORKERS=0 runs each pass in this one process.
-TEST_WORKERS ?= 2
+# itself). TEST_WORKERS=0 runs each pass in this one process. Three workers on two cores: the
+# suite waits on servers, sleeps and fsyncs as much as it computes (a clean-clone run used 1.4
+# of the 2 cores over its 18 minutes at 3 workers); docs/PERFORMANCE.md, "The test suite's time".
+TEST_WORKERS ?= 3
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
 
 # Every pass runs even when one before it failed; make test fails if any did.
