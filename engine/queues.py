@@ -143,13 +143,15 @@ READ_AHEAD_RECORDS = 500
 READ_AHEAD_BYTES = 256 * 1024
 AHEAD_IDLE_S = 2.0
 APPEND_RECORDS = 4000  # __queue_state records in one batch (each under 200 bytes)
-# headers a dead-lettered record carries besides its own
+# headers a dead-lettered record carries besides its own (the queue's name last: one topic's
+# queues may share a dead-letter topic, and a worker of it must tell whose record it holds)
 DLQ_HEADERS = (
     "eventlog.source.topic",
     "eventlog.source.partition",
     "eventlog.source.offset",
     "eventlog.delivery.count",
     "eventlog.dead.reason",
+    "eventlog.source.queue",
 )
 REASON_MAX_DELIVERIES = "max_deliveries"
 REASON_REJECTED = "rejected"
@@ -1724,6 +1726,7 @@ class Queues:
                     (DLQ_HEADERS[2], str(e.offset).encode()),
                     (DLQ_HEADERS[3], str(e.count).encode()),
                     (DLQ_HEADERS[4], reason.encode()),
+                    (DLQ_HEADERS[5], q.name.encode()),
                 ]
                 count = len(state.partitions)
                 target = partition_for_key(r.key, count) if r.key is not None else p % count

@@ -996,7 +996,7 @@ const queuePath = (topic, queue) => `/v1/topics/${encodeURIComponent(topic)}/que
 const queueHref = (topic, queue) => `#/queues/${encodeURIComponent(topic)}/${encodeURIComponent(queue)}`;
 // the headers a queue adds to a record it dead-letters (docs/API.md, Queues); a record sent
 // back goes without them, as it was produced
-const DEAD_HEADERS = ["eventlog.source.topic", "eventlog.source.partition", "eventlog.source.offset", "eventlog.delivery.count", "eventlog.dead.reason"];
+const DEAD_HEADERS = ["eventlog.source.topic", "eventlog.source.partition", "eventlog.source.offset", "eventlog.delivery.count", "eventlog.dead.reason", "eventlog.source.queue"];
 const sumOf = (partitions, field) => partitions.reduce((n, p) => n + p[field], 0);
 // the queue's oldest unacknowledged record: the oldest of its partitions'
 const oldestOf = (partitions) => partitions.reduce((n, p) => Math.max(n, p.oldest_unacked_age_ms), 0);
@@ -1123,7 +1123,10 @@ async function deadLetters(box, queue, out, refresh) {
   const page = await get(`/v1/topics/${encodeURIComponent(dead)}/records?${q({
     order: "oldest", limit: 200, header: `eventlog.source.topic=${queue.topic}`, key_format: "base64", value_format: "base64" })}`);
   const mayWrite = can("write");
-  const rows = page.records.map((r) => {
+  // another queue of the topic may share the dead-letter topic: its records name it (records
+  // dead-lettered before the header existed name none, and are shown)
+  const ours = page.records.filter((r) => [null, queue.queue].includes(headerText(r.headers, "eventlog.source.queue")));
+  const rows = ours.map((r) => {
     const source = { topic: headerText(r.headers, "eventlog.source.topic"), partition: headerText(r.headers, "eventlog.source.partition"), offset: headerText(r.headers, "eventlog.source.offset") };
     const kept = (r.headers || []).filter((x) => !DEAD_HEADERS.includes(x.key));
     const cell = h("td");

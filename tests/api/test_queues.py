@@ -111,6 +111,7 @@ def test_lease_ack_release_reject_renew_and_dead_letters(app_server) -> None:
             "eventlog.source.offset": "1",
             "eventlog.delivery.count": "1",
             "eventlog.dead.reason": "rejected",
+            "eventlog.source.queue": "work",
         }
         assert reasons["k3"]["eventlog.dead.reason"] == "max_deliveries"
         assert reasons["k3"]["eventlog.delivery.count"] == "2"

@@ -1155,6 +1155,14 @@ def test_a_queue_from_creation_to_dead_letters_sent_back_and_deletion(
     cell = page.locator("#queue-partitions tbody tr[data-partition='0'] td").nth(6)
     cell.filter(has_text="1").wait_for()
     _close_ages(_queue_numbers(page, "queue-partitions"), _window(client.get(base).json()), 10)
+    # another queue of the topic shares the dead-letter topic: its dead letter is not shown here
+    other = "/v1/topics/jobs/queues/other"
+    client.put(other, json={"dead_letter_topic": "jobs.dead"}).raise_for_status()
+    leased = client.post(f"{other}/lease", json={"max_records": 1, "wait_ms": 2000})
+    [theirs] = leased.json()["records"]
+    client.post(f"{other}/reject", json={"leases": [theirs["lease"]]}).raise_for_status()
+    wait_until(lambda: len(_fetch(client, "jobs.dead", 0)) == 2, what="the other's dead letter")
+    client.delete(other).raise_for_status()
     page.reload()  # drawn again: the dead letter too
     dead = page.locator("#dead-letters tbody tr")
     dead.first.wait_for()

@@ -404,6 +404,7 @@ async def test_expiry_then_dead_letter_with_headers(tmp_path: Path) -> None:
             DLQ_HEADERS[2]: b"0",
             DLQ_HEADERS[3]: b"2",
             DLQ_HEADERS[4]: b"max_deliveries",
+            DLQ_HEADERS[5]: b"w",
         }
         p = engine.queues.describe("jobs", "w").partitions[0]
         assert (p["start_offset"], p["dead_lettered"], p["lag"]) == (1, 1, 0)
