@@ -58,7 +58,7 @@ from .auth import ANONYMOUS_ADMIN
 from .conditions import key_condition
 from .errors import ServerPaths
 from .keys import key_answer, path_key
-from .policy import Disconnected, Policy, Rule, length_and_authorization
+from .policy import Disconnected, Policy, Rule, first_headers, length_and_authorization
 from .quotas import FETCH, PRODUCE
 from .records import (
     REPLAYED_HEADER,
@@ -80,6 +80,7 @@ STREAM_ROUTE = PARTITION_ROUTE + "/stream"
 KEY_ROUTE = "/v1/topics/{topic}/keys/{key:path}/records"  # the template FastAPI's route has
 QUEUE_ROUTE = "/v1/topics/{topic}/queues/{queue}/"  # + lease, ack, release, reject, renew
 QUEUE_CALLS = ("lease", *queues.SETTLE_BODIES)
+_QUEUE_HEADERS = (b"content-length", b"content-type", b"authorization")
 _FORMATS = frozenset(f.value for f in Format)
 _PREFIX = "/v1/topics/"
 _JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -275,14 +276,7 @@ class HotLane:
         sent = 0
         handed_on: bytearray | None = None  # a body for the documented route
         try:
-            length = content_type = authorization = None
-            for name, value in scope["headers"]:
-                if name == b"content-length":
-                    length = length or value
-                elif name == b"content-type":
-                    content_type = content_type or value
-                elif name == b"authorization":
-                    authorization = authorization or value
+            length, content_type, authorization = first_headers(scope, _QUEUE_HEADERS)
             declared, principal, quota_on = policy.admit(
                 self.rules[route], "POST", scope["path"], length, authorization,
                 {"topic": topic, "queue": queue}, scope.get("query_string", b""),

@@ -572,14 +572,19 @@ class PolicyRoute(APIRoute):
         await scope["app"].state.policy.serve(rule, self._handle, scope, receive, send)
 
 
+def first_headers(scope: Scope, names: tuple[bytes, ...]) -> list[bytes | None]:
+    """The first value of each of these headers (lower-case names) in the request, in the
+    order asked (None: absent)."""
+    found: dict[bytes, bytes | None] = dict.fromkeys(names)
+    for name, value in scope["headers"]:
+        if name in found and found[name] is None:
+            found[name] = value
+    return [found[name] for name in names]
+
+
 def length_and_authorization(scope: Scope) -> tuple[bytes | None, bytes | None]:
     """The first Content-Length and Authorization headers of the request (None: absent)."""
-    length = authorization = None
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            length = length or value
-        elif name == b"authorization":
-            authorization = authorization or value
+    length, authorization = first_headers(scope, (b"content-length", b"authorization"))
     return length, authorization
 
 
